@@ -1,0 +1,111 @@
+//! PostgreSQL write-ahead-log positions.
+//!
+//! An LSN is a 64-bit byte position in the WAL stream. PostgreSQL prints it as two
+//! hexadecimal halves, `X/Y` (`16/B374D848`). Comparing the text form is wrong
+//! (`9/0` > `10/0` as strings), so every comparison and difference in pgfresh goes
+//! through [`Lsn`], which orders as the integer it is.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A WAL position. `Lsn(0)` is PostgreSQL's `InvalidXLogRecPtr` (`0/0`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lsn(pub u64);
+
+impl Lsn {
+    /// The invalid position `0/0`.
+    pub const INVALID: Lsn = Lsn(0);
+
+    /// True for `0/0`, which PostgreSQL uses for "unknown".
+    pub fn is_invalid(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Bytes from `other` up to `self`; zero when `other` is at or past `self`.
+    ///
+    /// `primary.bytes_ahead_of(replica)` is a replica's lag in bytes. It never goes
+    /// negative: a replica that reports a position past the primary's (a stale primary
+    /// reading) is simply "not behind".
+    pub fn bytes_ahead_of(self, other: Lsn) -> u64 {
+        self.0.saturating_sub(other.0)
+    }
+}
+
+/// The text could not be read as `X/Y`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid LSN {0:?}: expected two hexadecimal halves like 16/B374D848")]
+pub struct ParseLsnError(pub String);
+
+impl FromStr for Lsn {
+    type Err = ParseLsnError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseLsnError(s.to_string());
+        let (hi, lo) = s.trim().split_once('/').ok_or_else(err)?;
+        let valid = |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
+        if !valid(hi) || !valid(lo) {
+            return Err(err());
+        }
+        let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
+        let lo = u32::from_str_radix(lo, 16).map_err(|_| err())?;
+        Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+impl serde::Serialize for Lsn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Lsn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_formats_round_trip() {
+        for text in ["0/0", "0/1", "16/B374D848", "FFFFFFFF/FFFFFFFF", "1/0"] {
+            let lsn: Lsn = text.parse().unwrap();
+            assert_eq!(lsn.to_string(), text);
+        }
+        assert_eq!("16/B374D848".parse::<Lsn>().unwrap(), Lsn(0x16_B374_D848));
+        assert_eq!("a/b".parse::<Lsn>().unwrap().to_string(), "A/B");
+    }
+
+    #[test]
+    fn orders_numerically_not_as_text() {
+        let nine: Lsn = "9/0".parse().unwrap();
+        let ten: Lsn = "10/0".parse().unwrap();
+        assert!(nine < ten);
+        assert!("0/FFFFFFFF".parse::<Lsn>().unwrap() < "1/0".parse::<Lsn>().unwrap());
+    }
+
+    #[test]
+    fn lag_never_negative() {
+        let primary = Lsn(1000);
+        let replica = Lsn(400);
+        assert_eq!(primary.bytes_ahead_of(replica), 600);
+        // The inverted subtraction must not wrap around or go negative.
+        assert_eq!(replica.bytes_ahead_of(primary), 0);
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in ["", "/", "1/", "/1", "1", "g/0", "1/2/3", "123456789/0", "-1/0", "1 /0"] {
+            assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
+        }
+    }
+}
