@@ -1,0 +1,278 @@
+//! The configuration schema. Every field here is documented in `conf/pgfresh.toml`.
+//!
+//! Unknown keys are rejected (`deny_unknown_fields`) so a typo never silently falls back
+//! to a default.
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub proxy: ProxySection,
+    #[serde(default)]
+    pub pool: PoolSection,
+    #[serde(default)]
+    pub monitor: MonitorSection,
+    #[serde(default)]
+    pub routing: RoutingSection,
+    #[serde(default)]
+    pub nodes: Vec<NodeConfig>,
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxySection {
+    /// Address clients connect to.
+    pub listen: String,
+    /// HTTP admin listener (/metrics, /v1/status, /v1/config, status page). Empty disables it.
+    pub admin_listen: String,
+    /// Bearer token required by the admin API's PUT endpoints and status when set.
+    pub admin_token: Option<String>,
+    /// Client connections accepted at once; past it new clients get SQLSTATE 53300.
+    pub max_client_connections: usize,
+    /// A client that has not finished startup and authentication by then is dropped.
+    pub client_login_timeout_ms: u64,
+    /// SIGTERM: how long running sessions may take to finish before they are closed.
+    pub shutdown_timeout_ms: u64,
+    /// Tracing filter, e.g. "info" or "pgfresh_proxy=debug,info".
+    pub log_level: String,
+    /// Largest protocol message accepted from a client (bytes).
+    pub max_message_bytes: usize,
+}
+
+impl Default for ProxySection {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:6432".into(),
+            admin_listen: "127.0.0.1:9930".into(),
+            admin_token: None,
+            max_client_connections: 1000,
+            client_login_timeout_ms: 15_000,
+            shutdown_timeout_ms: 30_000,
+            log_level: "info".into(),
+            max_message_bytes: 1 << 30,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolSection {
+    /// Server connections per (node, user, database).
+    pub pool_size: usize,
+    /// How long a session waits for a free server connection before it gets an error.
+    pub acquire_timeout_ms: u64,
+    /// TCP connect timeout to a node.
+    pub connect_timeout_ms: u64,
+    /// Deadline for a node to finish authentication and startup.
+    pub server_login_timeout_ms: u64,
+    /// Sent to a server connection before it goes back to the pool.
+    pub reset_query: String,
+    /// Idle pooled server connections are closed after this long (0 = never).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for PoolSection {
+    fn default() -> Self {
+        Self {
+            pool_size: 20,
+            acquire_timeout_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            server_login_timeout_ms: 10_000,
+            reset_query: "DISCARD ALL".into(),
+            idle_timeout_ms: 600_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorSection {
+    /// Role used by the monitor's own connection to each node (one per node,
+    /// separate from the client pools). Needs only LOGIN.
+    pub user: String,
+    pub password: String,
+    pub database: String,
+    /// Poll period for roles, WAL positions and lag.
+    pub sr_check_period_ms: u64,
+    /// A node whose last successful poll is older than this is down.
+    pub health_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for MonitorSection {
+    fn default() -> Self {
+        Self {
+            user: "postgres".into(),
+            password: String::new(),
+            database: "postgres".into(),
+            sr_check_period_ms: 100,
+            health_timeout_ms: 2_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// How reads are spread over eligible replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadBalance {
+    Random,
+    LeastOutstanding,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RoutingSection {
+    /// Parse statements to route reads to replicas. Off: everything goes to the primary.
+    pub enable_query_parser: bool,
+    /// Force reads of recently written relations to the primary.
+    pub enable_recent_access_routing: bool,
+    /// How long a written relation stays hot.
+    pub recent_access_ttl_ms: u64,
+    /// Cap on any TTL set by file or by the admin API.
+    pub recent_access_max_ttl_ms: u64,
+    /// A relation written continuously stops being forced to the primary this long
+    /// after the first write of its hot streak. Unset: never.
+    pub max_staleness_ms: Option<u64>,
+    /// After start-up or a failover every read is treated as hot for this long.
+    pub cold_start_ms: u64,
+    /// Hard cap on tracked hot relations; past it every read of that database is hot.
+    pub recency_max_entries: usize,
+    /// Relations never tracked (e.g. append-only logs). `name` or `schema.name`.
+    pub never_track: Vec<String>,
+    /// Relations always treated as hot.
+    pub always_hot: Vec<String>,
+    /// Bytes of WAL a replica may be behind and still serve reads.
+    pub delay_threshold: Option<u64>,
+    /// Milliseconds a replica may be behind and still serve reads.
+    pub delay_threshold_by_time: Option<u64>,
+    pub load_balance: LoadBalance,
+    pub prefer_lower_delay_standby: bool,
+    /// Functions that write: statements calling them go to the primary.
+    pub write_function_list: Vec<String>,
+    /// User functions known not to write: calls stay reads.
+    pub read_only_function_list: Vec<String>,
+    /// Bounded wait for a replica to reach a required position.
+    pub replica_wait_ms: u64,
+    /// Cap on concurrent reads that fell back to the primary.
+    pub max_primary_fallbacks: usize,
+    /// Retries of an idempotent autocommit read on another node after a replica failed.
+    pub read_retry_budget: u32,
+    /// Parsed-statement cache bounds.
+    pub parse_cache_entries: u64,
+    pub parse_cache_bytes: u64,
+}
+
+impl Default for RoutingSection {
+    fn default() -> Self {
+        Self {
+            enable_query_parser: true,
+            enable_recent_access_routing: true,
+            recent_access_ttl_ms: 1_000,
+            recent_access_max_ttl_ms: 60_000,
+            max_staleness_ms: None,
+            cold_start_ms: 2_000,
+            recency_max_entries: 1_000_000,
+            never_track: Vec::new(),
+            always_hot: Vec::new(),
+            delay_threshold: Some(16 * 1024 * 1024),
+            delay_threshold_by_time: Some(2_000),
+            load_balance: LoadBalance::Random,
+            prefer_lower_delay_standby: false,
+            write_function_list: Vec::new(),
+            read_only_function_list: Vec::new(),
+            replica_wait_ms: 0,
+            max_primary_fallbacks: 1_000,
+            read_retry_budget: 1,
+            parse_cache_entries: 100_000,
+            parse_cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Take role and lag from the Patroni REST API instead of SQL polls.
+    #[serde(default)]
+    pub patroni_url: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// How a client user proves who it is to pgfresh.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthMethod {
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+    #[serde(rename = "md5")]
+    Md5,
+    #[serde(rename = "trust")]
+    Trust,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// Plain password, or a SCRAM-SHA-256 verifier (`SCRAM-SHA-256$iter:salt$stored:server`).
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default = "default_auth")]
+    pub auth: AuthMethod,
+    /// Role pgfresh logs in as on the nodes (default: the same name).
+    #[serde(default)]
+    pub server_user: Option<String>,
+    /// Password pgfresh uses on the nodes (default: `password` when it is plain text).
+    #[serde(default)]
+    pub server_password: Option<String>,
+    /// May open the admin console (virtual database `pgfresh`).
+    #[serde(default)]
+    pub admin: bool,
+}
+
+fn default_auth() -> AuthMethod {
+    AuthMethod::ScramSha256
+}
+
+impl UserConfig {
+    /// True when `password` is a stored SCRAM verifier rather than plain text.
+    pub fn password_is_verifier(&self) -> bool {
+        self.password
+            .as_deref()
+            .is_some_and(|p| p.starts_with("SCRAM-SHA-256$"))
+    }
+
+    /// The role used on the nodes.
+    pub fn server_user(&self) -> &str {
+        self.server_user.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The password used on the nodes, if one is known.
+    pub fn server_password(&self) -> Option<&str> {
+        self.server_password.as_deref().or(if self.password_is_verifier() {
+            None
+        } else {
+            self.password.as_deref()
+        })
+    }
+}
+
+impl Config {
+    /// The user entry for a login name.
+    pub fn user(&self, name: &str) -> Option<&UserConfig> {
+        self.users.iter().find(|u| u.name == name)
+    }
+}

@@ -1,0 +1,169 @@
+//! Parsing and validation. A file is accepted whole or rejected whole; every error names
+//! the key it is about.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use crate::model::{AuthMethod, Config};
+
+/// Why a configuration file was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Syntax { path: String, message: String },
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Read, parse and validate a file.
+pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_str(&text).map_err(|e| match e {
+        ConfigError::Syntax { message, .. } => ConfigError::Syntax {
+            path: path.display().to_string(),
+            message,
+        },
+        other => other,
+    })
+}
+
+/// Parse and validate TOML text.
+pub fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    let config: Config = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: "<config>".into(),
+        message: e.to_string().trim_end().to_string(),
+    })?;
+    validate(&config)?;
+    Ok(config)
+}
+
+/// Check every cross-field rule.
+pub fn validate(c: &Config) -> Result<(), ConfigError> {
+    c.proxy
+        .listen
+        .parse::<SocketAddr>()
+        .map_err(|e| ConfigError::invalid("proxy.listen", e.to_string()))?;
+    if !c.proxy.admin_listen.is_empty() {
+        c.proxy
+            .admin_listen
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::invalid("proxy.admin_listen", e.to_string()))?;
+    }
+    if c.proxy.max_client_connections == 0 {
+        return Err(ConfigError::invalid("proxy.max_client_connections", "must be at least 1"));
+    }
+    if c.proxy.max_message_bytes < 1024 {
+        return Err(ConfigError::invalid("proxy.max_message_bytes", "must be at least 1024"));
+    }
+    if c.pool.pool_size == 0 {
+        return Err(ConfigError::invalid("pool.pool_size", "must be at least 1"));
+    }
+    if c.monitor.sr_check_period_ms < 10 {
+        return Err(ConfigError::invalid("monitor.sr_check_period_ms", "must be at least 10"));
+    }
+    if c.monitor.health_timeout_ms < c.monitor.sr_check_period_ms {
+        return Err(ConfigError::invalid(
+            "monitor.health_timeout_ms",
+            "must be at least monitor.sr_check_period_ms",
+        ));
+    }
+    let r = &c.routing;
+    if r.recent_access_max_ttl_ms == 0 {
+        return Err(ConfigError::invalid("routing.recent_access_max_ttl_ms", "must be positive"));
+    }
+    if r.recent_access_ttl_ms > r.recent_access_max_ttl_ms {
+        return Err(ConfigError::invalid(
+            "routing.recent_access_ttl_ms",
+            format!(
+                "{} exceeds routing.recent_access_max_ttl_ms ({})",
+                r.recent_access_ttl_ms, r.recent_access_max_ttl_ms
+            ),
+        ));
+    }
+    if r.recency_max_entries == 0 {
+        return Err(ConfigError::invalid("routing.recency_max_entries", "must be at least 1"));
+    }
+    for (key, list) in [
+        ("routing.never_track", &r.never_track),
+        ("routing.always_hot", &r.always_hot),
+        ("routing.write_function_list", &r.write_function_list),
+        ("routing.read_only_function_list", &r.read_only_function_list),
+    ] {
+        for item in list {
+            if item.trim().is_empty() || item.split('.').count() > 2 {
+                return Err(ConfigError::invalid(key, format!("{item:?} is not `name` or `schema.name`")));
+            }
+        }
+    }
+    if c.nodes.is_empty() {
+        return Err(ConfigError::invalid("nodes", "at least one [[nodes]] entry is required"));
+    }
+    let mut names = HashSet::new();
+    let mut addrs = HashSet::new();
+    for (i, n) in c.nodes.iter().enumerate() {
+        let key = |f: &str| format!("nodes[{i}].{f}");
+        if n.name.is_empty() {
+            return Err(ConfigError::invalid(key("name"), "must not be empty"));
+        }
+        if !names.insert(n.name.as_str()) {
+            return Err(ConfigError::invalid(key("name"), format!("duplicate node name {:?}", n.name)));
+        }
+        if n.host.is_empty() {
+            return Err(ConfigError::invalid(key("host"), "must not be empty"));
+        }
+        if n.port == 0 {
+            return Err(ConfigError::invalid(key("port"), "must not be 0"));
+        }
+        if !addrs.insert((n.host.as_str(), n.port)) {
+            return Err(ConfigError::invalid(key("port"), format!("{}:{} is listed twice", n.host, n.port)));
+        }
+    }
+    let mut users = HashSet::new();
+    for (i, u) in c.users.iter().enumerate() {
+        let key = |f: &str| format!("users[{i}].{f}");
+        if u.name.is_empty() {
+            return Err(ConfigError::invalid(key("name"), "must not be empty"));
+        }
+        if !users.insert(u.name.as_str()) {
+            return Err(ConfigError::invalid(key("name"), format!("duplicate user {:?}", u.name)));
+        }
+        match u.auth {
+            AuthMethod::ScramSha256 | AuthMethod::Md5 if u.password.is_none() => {
+                return Err(ConfigError::invalid(key("password"), "required unless auth = \"trust\""));
+            }
+            AuthMethod::Md5 if u.password_is_verifier() => {
+                return Err(ConfigError::invalid(
+                    key("password"),
+                    "md5 authentication needs the plain password, not a SCRAM verifier",
+                ));
+            }
+            _ => {}
+        }
+        if u.password_is_verifier() && u.server_password.is_none() {
+            return Err(ConfigError::invalid(
+                key("server_password"),
+                "required when password is a SCRAM verifier (pgfresh must log in to the nodes)",
+            ));
+        }
+    }
+    Ok(())
+}

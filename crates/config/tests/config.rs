@@ -1,0 +1,160 @@
+use std::time::{Duration, Instant};
+
+use pgfresh_config::*;
+
+const MINIMAL: &str = r#"
+[[nodes]]
+name = "pg0"
+host = "127.0.0.1"
+port = 5432
+"#;
+
+fn with(extra: &str) -> String {
+    format!("{MINIMAL}\n{extra}")
+}
+
+#[test]
+fn minimal_file_gets_defaults() {
+    let c = parse_str(MINIMAL).unwrap();
+    assert_eq!(c.proxy.listen, "127.0.0.1:6432");
+    assert_eq!(c.routing.recent_access_ttl_ms, 1000);
+    assert_eq!(c.routing.recent_access_max_ttl_ms, 60000);
+    assert_eq!(c.nodes[0].weight, 1);
+    assert!(c.routing.enable_query_parser);
+}
+
+#[test]
+fn shipped_example_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/pgfresh.toml");
+    let c = load_file(std::path::Path::new(path)).unwrap();
+    assert_eq!(c.nodes.len(), 3);
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let err = parse_str(&with("[routing]\nrecent_acess_ttl_ms = 5\n")).unwrap_err();
+    assert!(err.to_string().contains("recent_acess_ttl_ms"), "{err}");
+    let err = parse_str(&with("[bogus]\nx = 1\n")).unwrap_err();
+    assert!(err.to_string().contains("bogus"), "{err}");
+}
+
+#[test]
+fn invalid_values_are_named() {
+    let cases = [
+        ("[routing]\nrecent_access_ttl_ms = 70000\n", "routing.recent_access_ttl_ms"),
+        ("[proxy]\nlisten = \"nope\"\n", "proxy.listen"),
+        ("[pool]\npool_size = 0\n", "pool.pool_size"),
+        ("[monitor]\nsr_check_period_ms = 5\n", "monitor.sr_check_period_ms"),
+        ("[[users]]\nname = \"a\"\n", "users[0].password"),
+        (
+            "[[nodes]]\nname = \"pg0\"\nhost = \"h\"\nport = 1\n",
+            "nodes[1].name",
+        ),
+        ("[routing]\nnever_track = [\"a.b.c\"]\n", "routing.never_track"),
+        (
+            "[[users]]\nname = \"a\"\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$a:b\"\n",
+            "users[0].server_password",
+        ),
+    ];
+    for (extra, key) in cases {
+        let err = parse_str(&with(extra)).unwrap_err();
+        assert!(err.to_string().contains(key), "{extra:?}: {err}");
+    }
+    assert!(parse_str("").unwrap_err().to_string().contains("nodes"));
+    assert!(parse_str("[proxy\n").is_err());
+}
+
+#[test]
+fn reload_classes() {
+    assert_eq!(reload_class("routing.recent_access_ttl_ms"), ReloadClass::Live);
+    assert_eq!(reload_class("routing.delay_threshold"), ReloadClass::Live);
+    assert_eq!(reload_class("nodes[0].weight"), ReloadClass::Live);
+    assert_eq!(reload_class("proxy.listen"), ReloadClass::Restart);
+    assert_eq!(reload_class("pool.pool_size"), ReloadClass::Restart);
+    assert_eq!(reload_class("routing.parse_cache_bytes"), ReloadClass::Restart);
+    assert_eq!(reload_class("something.new"), ReloadClass::Restart);
+}
+
+#[test]
+fn diff_reports_leaf_keys() {
+    let a = parse_str(MINIMAL).unwrap();
+    let b = parse_str(&with("[routing]\nrecent_access_ttl_ms = 250\n[proxy]\nlisten = \"127.0.0.1:7000\"\n")).unwrap();
+    let d = diff(&a, &b);
+    let keys: Vec<_> = d.iter().map(|k| (k.key.as_str(), k.class)).collect();
+    assert!(keys.contains(&("routing.recent_access_ttl_ms", ReloadClass::Live)), "{keys:?}");
+    assert!(keys.contains(&("proxy.listen", ReloadClass::Restart)), "{keys:?}");
+    assert_eq!(keys.len(), 2);
+}
+
+#[test]
+fn redaction_hides_secrets() {
+    let c = parse_str(&with("[proxy]\nadmin_token = \"t0k\"\n[[users]]\nname = \"a\"\npassword = \"pw\"\n")).unwrap();
+    let text = serde_json::to_string(&redacted(&c)).unwrap();
+    assert!(!text.contains("t0k") && !text.contains("\"pw\""), "{text}");
+}
+
+fn write(path: &std::path::Path, text: &str) {
+    // Write-then-rename, as editors and config managers do.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn reload_is_all_or_nothing_and_keeps_restart_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgfresh.toml");
+    write(&path, MINIMAL);
+    let h = ConfigHandle::open(&path).unwrap();
+
+    write(&path, &with("[routing]\nrecent_access_ttl_ms = 300\n[proxy]\nlisten = \"127.0.0.1:7001\"\n"));
+    let out = h.reload().unwrap();
+    assert_eq!(h.snapshot().routing.recent_access_ttl_ms, 300);
+    assert_eq!(h.snapshot().proxy.listen, "127.0.0.1:6432", "restart-only key must not change live");
+    assert_eq!(out.pending_restart.len(), 1);
+
+    write(&path, &with("[routing]\nrecent_access_ttl_ms = \"soon\"\n"));
+    assert!(h.reload().is_err());
+    assert_eq!(h.snapshot().routing.recent_access_ttl_ms, 300);
+    assert_eq!(h.reload_counts(), (1, 1));
+}
+
+#[test]
+fn api_value_survives_unrelated_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgfresh.toml");
+    write(&path, MINIMAL);
+    let h = ConfigHandle::open(&path).unwrap();
+    h.update(|c| c.routing.recent_access_ttl_ms = 350);
+    write(&path, &with("[routing]\ndelay_threshold = 1024\n"));
+    h.reload().unwrap();
+    let s = h.snapshot();
+    assert_eq!(s.routing.recent_access_ttl_ms, 350);
+    assert_eq!(s.routing.delay_threshold, Some(1024));
+    // A file change of the TTL itself wins over the pushed value.
+    write(&path, &with("[routing]\ndelay_threshold = 1024\nrecent_access_ttl_ms = 900\n"));
+    h.reload().unwrap();
+    assert_eq!(h.snapshot().routing.recent_access_ttl_ms, 900);
+}
+
+#[test]
+fn file_watch_fires_on_edit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgfresh.toml");
+    write(&path, MINIMAL);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _w = FileWatch::start(&path, Duration::from_millis(50), move || {
+        let _ = tx.send(());
+    })
+    .unwrap();
+    write(&path, &with("[routing]\nrecent_access_ttl_ms = 10\n"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut fired = false;
+    while Instant::now() < deadline {
+        if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
+            fired = true;
+            break;
+        }
+    }
+    assert!(fired, "file watch did not report the edit");
+}
