@@ -1,1 +1,242 @@
-//! pgfresh-proxy
+//! pgfresh-proxy: the listener, client sessions, server pools, the router, the admin
+//! API and console, and metrics.
+//!
+//! Start a proxy with [`Proxy::start`] on an already-bound listener and a shutdown
+//! future, so tests bind port 0 in-process.
+
+pub mod admin;
+pub mod cancel;
+pub mod client;
+pub mod console;
+pub mod context;
+pub mod error;
+pub mod io;
+pub mod listener;
+pub mod pool;
+pub mod router;
+pub mod server;
+pub mod session;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use pgfresh_balancer::{Balancer, MonitorSettings, NodeSpec};
+use pgfresh_config::{Config, ConfigHandle};
+use pgfresh_recency::{RecencyConfig, RecencyMap, RelPattern, SystemClock};
+use pgfresh_sql::{Analyzer, AnalyzerOptions, FunctionPolicy};
+use tokio::net::TcpListener;
+
+pub use context::Shared;
+pub use error::ProxyError;
+
+/// How the proxy is asked to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Stop accepting; let sessions finish their transactions up to the shutdown timeout.
+    Graceful,
+    /// Close everything now.
+    Fast,
+}
+
+pub fn monitor_settings(c: &Config) -> MonitorSettings {
+    MonitorSettings {
+        user: c.monitor.user.clone(),
+        password: c.monitor.password.clone(),
+        database: c.monitor.database.clone(),
+        sr_check_period: Duration::from_millis(c.monitor.sr_check_period_ms),
+        health_timeout: Duration::from_millis(c.monitor.health_timeout_ms),
+        connect_timeout: Duration::from_millis(c.monitor.connect_timeout_ms),
+        delay_threshold_bytes: c.routing.delay_threshold,
+        delay_threshold_ms: c.routing.delay_threshold_by_time,
+        load_balance: match c.routing.load_balance {
+            pgfresh_config::LoadBalance::Random => pgfresh_balancer::LoadBalance::Random,
+            pgfresh_config::LoadBalance::LeastOutstanding => pgfresh_balancer::LoadBalance::LeastOutstanding,
+        },
+        prefer_lower_delay_standby: c.routing.prefer_lower_delay_standby,
+        ..MonitorSettings::default()
+    }
+}
+
+fn node_specs(c: &Config) -> Vec<NodeSpec> {
+    c.nodes
+        .iter()
+        .map(|n| NodeSpec {
+            name: n.name.clone(),
+            host: n.host.clone(),
+            port: n.port,
+            weight: n.weight,
+            patroni_url: n.patroni_url.clone(),
+        })
+        .collect()
+}
+
+fn patterns(list: &[String]) -> Vec<RelPattern> {
+    list.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+fn recency_config(c: &Config) -> RecencyConfig {
+    let r = &c.routing;
+    RecencyConfig {
+        ttl_ms: r.recent_access_ttl_ms,
+        max_ttl_ms: r.recent_access_max_ttl_ms,
+        max_staleness_ms: r.max_staleness_ms,
+        cold_start_ms: r.cold_start_ms,
+        max_entries: r.recency_max_entries,
+        never_track: patterns(&r.never_track),
+        always_hot: patterns(&r.always_hot),
+    }
+}
+
+fn function_policy(c: &Config) -> FunctionPolicy {
+    FunctionPolicy::from_lists(&c.routing.write_function_list, &c.routing.read_only_function_list).unwrap_or_default()
+}
+
+/// A running proxy.
+pub struct Proxy {
+    pub shared: Arc<Shared>,
+    shutdown_tx: tokio::sync::watch::Sender<bool>,
+    /// Where the TTL in force came from ("file" or "api") and when it was set.
+    pub ttl_source: Arc<ArcSwap<admin::TtlSource>>,
+}
+
+impl Proxy {
+    /// Build the shared state and start the cluster monitor. Must run inside a tokio runtime.
+    pub fn new(config: ConfigHandle) -> Proxy {
+        let c = config.snapshot();
+        let balancer = Balancer::start(node_specs(&c), monitor_settings(&c));
+        let recency = Arc::new(RecencyMap::new(recency_config(&c), Arc::new(SystemClock::new())));
+        let analyzer = Analyzer::new(AnalyzerOptions {
+            cache_max_entries: c.routing.parse_cache_entries,
+            cache_max_bytes: c.routing.parse_cache_bytes,
+        });
+        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(Shared {
+            policy: ArcSwap::from_pointee(function_policy(&c)),
+            config,
+            pools: pool::Pools::default(),
+            cancels: cancel::CancelRegistry::default(),
+            analyzer,
+            recency,
+            balancer,
+            clients: AtomicUsize::new(0),
+            fallbacks_in_flight: AtomicUsize::new(0),
+            shutdown: shutdown_rx,
+        });
+        let proxy = Proxy {
+            shared,
+            shutdown_tx,
+            ttl_source: Arc::new(ArcSwap::from_pointee(admin::TtlSource::file())),
+        };
+        proxy.spawn_background();
+        proxy
+    }
+
+    /// Tasks that live as long as the proxy: recency sweeping, role-change handling.
+    fn spawn_background(&self) {
+        let shared = self.shared.clone();
+        let mut stop = self.shared.shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut events = shared.balancer.subscribe();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        shared.recency.sweep(10_000);
+                        let stats = shared.recency.stats();
+                        metrics::gauge!("pgfresh_hot_relations").set(shared.recency.len() as f64);
+                        metrics::gauge!("pgfresh_recent_access_ttl_ms").set(shared.recency.ttl_ms() as f64);
+                        let _ = stats;
+                    }
+                    ev = events.recv() => match ev {
+                        Ok(pgfresh_balancer::ClusterEvent::RoleChanged { node, .. }) => {
+                            tracing::warn!(node, "node changed role: closing its server connections");
+                            shared.pools.invalidate_node(node);
+                            shared.recency.begin_cold_start();
+                        }
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(_) => return,
+                    },
+                    _ = stop.changed() => return,
+                }
+            }
+        });
+    }
+
+    /// Apply a config snapshot's live keys to the running parts (recency, balancer,
+    /// function lists). Called after every successful reload or API change.
+    pub fn apply_config(shared: &Shared) {
+        let c = shared.config.snapshot();
+        let r = &c.routing;
+        shared.recency.set_max_ttl_ms(r.recent_access_max_ttl_ms);
+        shared.recency.set_ttl_ms(r.recent_access_ttl_ms);
+        shared.recency.set_max_staleness_ms(r.max_staleness_ms);
+        shared.recency.set_cold_start_ms(r.cold_start_ms);
+        shared.recency.set_max_entries(r.recency_max_entries);
+        shared.recency.set_lists(patterns(&r.never_track), patterns(&r.always_hot));
+        shared.balancer.update_settings(monitor_settings(&c));
+        shared.balancer.update_weights(c.nodes.iter().map(|n| n.weight).collect());
+        shared.policy.store(Arc::new(function_policy(&c)));
+    }
+
+    /// Re-read the config file and apply it; logs and counts the outcome.
+    pub fn reload(&self) -> Result<(), pgfresh_config::ConfigError> {
+        let before = self.shared.config.snapshot().routing.recent_access_ttl_ms;
+        match self.shared.config.reload() {
+            Ok(outcome) => {
+                metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
+                for k in &outcome.applied {
+                    tracing::info!(key = %k.key, source = "file", "config key applied");
+                }
+                for k in &outcome.pending_restart {
+                    tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
+                }
+                Self::apply_config(&self.shared);
+                if outcome.applied.iter().any(|k| k.key == "routing.recent_access_ttl_ms") {
+                    self.ttl_source.store(Arc::new(admin::TtlSource::file()));
+                }
+                let _ = before;
+                Ok(())
+            }
+            Err(e) => {
+                metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
+                tracing::error!(error = %e, "config reload rejected; the running config stays in force");
+                Err(e)
+            }
+        }
+    }
+
+    /// Serve clients on `listener` (and the admin API on `admin`, when given) until
+    /// `stop` resolves, then shut down as it says.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        admin: Option<TcpListener>,
+        stop: impl std::future::Future<Output = Stop>,
+    ) {
+        let this = Arc::new(self);
+        if let Some(admin) = admin {
+            tokio::spawn(admin::serve(admin, this.clone()));
+        }
+        let (accept_stop_tx, accept_stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let accept = tokio::spawn(listener::serve(listener, this.shared.clone(), async move {
+            let _ = accept_stop_rx.await;
+        }));
+        let how = stop.await;
+        let _ = accept_stop_tx.send(());
+        let _ = accept.await;
+        let _ = this.shutdown_tx.send(true);
+        let timeout = match how {
+            Stop::Fast => Duration::ZERO,
+            Stop::Graceful => Duration::from_millis(this.shared.config.snapshot().proxy.shutdown_timeout_ms),
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Sessions close themselves at their next idle point; wait for them.
+        while this.shared.client_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        this.shared.balancer.shutdown();
+    }
+}

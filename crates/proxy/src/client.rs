@@ -1,0 +1,140 @@
+//! The client's side of connection start: TLS/GSS refusal, cancel requests, the
+//! startup message, and authentication against `[[users]]`.
+
+use bytes::BytesMut;
+use pgfresh_config::{AuthMethod, Config, UserConfig};
+use pgfresh_wire::auth::{md5_password_hash, parse_sasl_initial_response, ScramServer, ScramVerifier};
+use pgfresh_wire::{build, decode_startup, parse_frontend, CancelKey, Decoded, FrontendMessage, Limits, StartupPacket};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::error::ProxyError;
+use crate::io::{fill, read_frame, ReadError, Side};
+
+/// What the client asked for at startup, once it has proved who it is.
+#[derive(Debug)]
+pub enum Opening {
+    /// A session for `user` on `database`.
+    Session(Login),
+    /// A cancel request for the session holding this key.
+    Cancel(CancelKey),
+}
+
+#[derive(Debug, Clone)]
+pub struct Login {
+    pub user: UserConfig,
+    pub database: String,
+    /// Startup parameters other than user/database, in the client's order.
+    pub params: Vec<(String, String)>,
+}
+
+fn read_err(e: ReadError) -> ProxyError {
+    match e {
+        ReadError::Closed | ReadError::Truncated => ProxyError::ClientGone,
+        ReadError::Io(e) => ProxyError::ClientIo(e),
+        ReadError::Frame(f) => ProxyError::ClientProtocol(f),
+    }
+}
+
+/// Read startup-phase packets until a StartupMessage or CancelRequest arrives, then
+/// authenticate. TLS and GSS encryption requests are answered `N` on the same socket.
+pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: &mut S,
+    buf: &mut BytesMut,
+    config: &Config,
+) -> Result<Opening, ProxyError> {
+    let limits = Limits {
+        max_message: config.proxy.max_message_bytes,
+        max_startup: 10 * 1024,
+    };
+    let startup = loop {
+        match decode_startup(buf, &limits)? {
+            Decoded::Incomplete { .. } => fill(sock, buf).await.map_err(read_err)?,
+            Decoded::Frame(StartupPacket::SslRequest) | Decoded::Frame(StartupPacket::GssEncRequest) => {
+                write(sock, &build::ssl_no()).await?;
+            }
+            Decoded::Frame(StartupPacket::Cancel(key)) => return Ok(Opening::Cancel(key)),
+            Decoded::Frame(StartupPacket::Startup(m)) => break m,
+        }
+    };
+    let user_name = startup
+        .user()
+        .ok_or_else(|| ProxyError::Startup("no PostgreSQL user name specified in startup packet".into()))?
+        .to_string();
+    let database = startup.database().unwrap_or(&user_name).to_string();
+    let params: Vec<(String, String)> = startup
+        .params
+        .iter()
+        .filter(|(k, _)| k != "user" && k != "database")
+        .cloned()
+        .collect();
+    let Some(user) = config.user(&user_name).cloned() else {
+        // Same answer as a wrong password, as PostgreSQL gives, so user names cannot be probed.
+        return Err(ProxyError::AuthFailed(user_name));
+    };
+    authenticate(sock, buf, &user, &limits).await?;
+    Ok(Opening::Session(Login { user, database, params }))
+}
+
+async fn write<S: AsyncWrite + Unpin>(sock: &mut S, bytes: &[u8]) -> Result<(), ProxyError> {
+    sock.write_all(bytes).await.map_err(ProxyError::ClientIo)
+}
+
+async fn read_password<S: AsyncRead + Unpin>(
+    sock: &mut S,
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Vec<u8>, ProxyError> {
+    let frame = read_frame(sock, buf, limits, Side::Frontend).await.map_err(read_err)?;
+    match parse_frontend(&frame)? {
+        FrontendMessage::Password(body) => Ok(body.to_vec()),
+        _ => Err(ProxyError::Startup(format!(
+            "expected a password message, got message type {:?}",
+            frame.tag as char
+        ))),
+    }
+}
+
+async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: &mut S,
+    buf: &mut BytesMut,
+    user: &UserConfig,
+    limits: &Limits,
+) -> Result<(), ProxyError> {
+    let failed = || ProxyError::AuthFailed(user.name.clone());
+    match user.auth {
+        AuthMethod::Trust => {}
+        AuthMethod::Md5 => {
+            let password = user.password.as_deref().ok_or_else(failed)?;
+            let salt: [u8; 4] = rand::random();
+            write(sock, &build::auth_md5(salt)).await?;
+            let answer = read_password(sock, buf, limits).await?;
+            let expected = md5_password_hash(&user.name, password, salt);
+            let answer = answer.strip_suffix(b"\0").unwrap_or(&answer);
+            if !constant_time_eq(answer, expected.as_bytes()) {
+                return Err(failed());
+            }
+        }
+        AuthMethod::ScramSha256 => {
+            let stored = user.password.as_deref().ok_or_else(failed)?;
+            let verifier = if user.password_is_verifier() {
+                ScramVerifier::parse(stored).map_err(|_| failed())?
+            } else {
+                ScramVerifier::from_password(stored, &rand::random::<[u8; 16]>(), 4096)
+            };
+            let mut server = ScramServer::new(verifier, &mut rand::rng());
+            write(sock, &build::auth_sasl(&["SCRAM-SHA-256"])).await?;
+            let first = read_password(sock, buf, limits).await?;
+            let (mechanism, data) = parse_sasl_initial_response(&first)?;
+            let server_first = server.client_first(mechanism, data).map_err(|_| failed())?;
+            write(sock, &build::auth_sasl_continue(&server_first)).await?;
+            let last = read_password(sock, buf, limits).await?;
+            let server_final = server.client_final(&last).map_err(|_| failed())?;
+            write(sock, &build::auth_sasl_final(&server_final)).await?;
+        }
+    }
+    write(sock, &build::authentication_ok()).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,81 @@
+//! State shared by every session of one proxy instance.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use pgfresh_balancer::Balancer;
+use pgfresh_config::{Config, ConfigHandle};
+use pgfresh_recency::RecencyMap;
+use pgfresh_sql::{Analyzer, FunctionPolicy};
+
+use crate::cancel::CancelRegistry;
+use crate::pool::{PoolSettings, Pools};
+use crate::server::Target;
+
+pub struct Shared {
+    pub config: ConfigHandle,
+    pub pools: Pools,
+    pub cancels: CancelRegistry,
+    pub analyzer: Analyzer,
+    pub recency: Arc<RecencyMap>,
+    pub balancer: Balancer,
+    /// Function lists compiled from the config; rebuilt on reload.
+    pub policy: ArcSwap<FunctionPolicy>,
+    pub clients: AtomicUsize,
+    /// Reads currently running on the primary because no replica could serve them.
+    pub fallbacks_in_flight: AtomicUsize,
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Shared {
+    pub fn pool_settings(c: &Config) -> PoolSettings {
+        PoolSettings {
+            pool_size: c.pool.pool_size,
+            acquire_timeout: Duration::from_millis(c.pool.acquire_timeout_ms),
+            connect_timeout: Duration::from_millis(c.pool.connect_timeout_ms),
+            login_timeout: Duration::from_millis(c.pool.server_login_timeout_ms),
+            idle_timeout: Duration::from_millis(c.pool.idle_timeout_ms),
+        }
+    }
+
+    /// The connection target for `node` as `user` on `database`, or None when the
+    /// node is no longer configured.
+    pub fn target(c: &Config, node: usize, user: &pgfresh_config::UserConfig, database: &str) -> Option<Target> {
+        let n = c.nodes.get(node)?;
+        Some(Target {
+            node,
+            node_name: n.name.as_str().into(),
+            host: n.host.as_str().into(),
+            port: n.port,
+            user: user.server_user().into(),
+            password: user.server_password().map(Into::into),
+            database: database.into(),
+        })
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.load(Ordering::Relaxed)
+    }
+}
+
+/// Holds one of the `max_primary_fallbacks` slots while a fallback read runs.
+pub struct FallbackSlot(Arc<Shared>);
+
+impl FallbackSlot {
+    pub fn try_take(shared: &Arc<Shared>, max: usize) -> Option<Self> {
+        let prev = shared.fallbacks_in_flight.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            shared.fallbacks_in_flight.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(shared.clone()))
+    }
+}
+
+impl Drop for FallbackSlot {
+    fn drop(&mut self) {
+        self.0.fallbacks_in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,101 @@
+//! Internal errors and the one place that turns them into what a client sees.
+
+use bytes::Bytes;
+use pgfresh_wire::{sqlstate, ErrorResponse, FrameError};
+
+/// Everything that can go wrong inside a session.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("client protocol violation: {0}")]
+    ClientProtocol(#[from] FrameError),
+    #[error("client closed the connection")]
+    ClientGone,
+    #[error("client I/O: {0}")]
+    ClientIo(std::io::Error),
+    #[error("password authentication failed for user \"{0}\"")]
+    AuthFailed(String),
+    #[error("no such user \"{0}\"")]
+    UnknownUser(String),
+    #[error("{0}")]
+    Startup(String),
+    #[error("too many client connections")]
+    TooManyClients,
+    #[error("timed out waiting for a server connection to {node}")]
+    PoolTimeout { node: String },
+    #[error("cannot connect to {node}: {reason}")]
+    ServerConnect { node: String, reason: String },
+    /// The server rejected our login; carries the server's own error fields.
+    #[error("server refused login: {message}")]
+    ServerLogin { code: String, message: String },
+    #[error("server connection to {node} lost: {reason}")]
+    ServerLost { node: String, reason: String },
+    #[error("server connection to {node} lost after COMMIT was sent")]
+    CommitOutcomeUnknown { node: String },
+    #[error("server {node} sent an invalid message: {reason}")]
+    ServerProtocol { node: String, reason: String },
+    #[error("no primary is available")]
+    NoPrimary,
+    #[error("the node serving this transaction changed role")]
+    RoleChanged,
+    #[error("login timed out")]
+    LoginTimeout,
+    #[error("pgfresh is shutting down")]
+    Shutdown,
+    #[error("no replica can serve this read consistently and the primary fallback limit is reached")]
+    FallbackLimit,
+}
+
+/// How the error ends the exchange with the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Send the error and close the client connection.
+    Fatal,
+    /// Send the error, then ReadyForQuery; the session goes on.
+    Recoverable,
+    /// Nothing can be sent: the client is gone.
+    Silent,
+}
+
+impl ProxyError {
+    /// The SQLSTATE a client sees for this error.
+    pub fn sqlstate(&self) -> &'static str {
+        use ProxyError::*;
+        match self {
+            ClientProtocol(e) => e.sqlstate(),
+            ClientGone | ClientIo(_) => sqlstate::CONNECTION_FAILURE,
+            AuthFailed(_) => sqlstate::INVALID_PASSWORD,
+            UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
+            Startup(_) => sqlstate::PROTOCOL_VIOLATION,
+            TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+            ServerConnect { .. } | NoPrimary => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            ServerLogin { .. } => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            ServerLost { .. } | RoleChanged => sqlstate::CONNECTION_FAILURE,
+            CommitOutcomeUnknown { .. } => sqlstate::TRANSACTION_RESOLUTION_UNKNOWN,
+            ServerProtocol { .. } => sqlstate::PROTOCOL_VIOLATION,
+            LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
+            Shutdown => sqlstate::ADMIN_SHUTDOWN,
+            FallbackLimit => sqlstate::REPLICA_NOT_CAUGHT_UP,
+        }
+    }
+
+    pub fn disposition(&self) -> Disposition {
+        use ProxyError::*;
+        match self {
+            ClientGone | ClientIo(_) => Disposition::Silent,
+            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit => Disposition::Recoverable,
+            _ => Disposition::Fatal,
+        }
+    }
+
+    /// The ErrorResponse frame for this error.
+    pub fn to_client(&self) -> Bytes {
+        if let ProxyError::ServerLogin { code, message } = self {
+            return ErrorResponse::fatal(code.clone(), message.clone()).to_bytes();
+        }
+        let resp = match self.disposition() {
+            Disposition::Recoverable => ErrorResponse::error(self.sqlstate(), self.to_string()),
+            _ => ErrorResponse::fatal(self.sqlstate(), self.to_string()),
+        };
+        resp.to_bytes()
+    }
+}

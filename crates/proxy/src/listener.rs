@@ -1,0 +1,100 @@
+//! The client listener: accept, admit (connection limit), open (startup, auth,
+//! cancel) under the login timeout, then run the session.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::client::{open, Opening};
+use crate::context::Shared;
+use crate::error::ProxyError;
+use crate::session::Session;
+
+/// Accept clients on `listener` until `shutdown` resolves. Running sessions are not
+/// waited for here; see [`crate::Proxy::run`].
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((sock, peer)) => {
+                    let _ = sock.set_nodelay(true);
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        handle_client(sock, shared).await;
+                        tracing::trace!(%peer, "client done");
+                    });
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+struct ClientCount(Arc<Shared>);
+
+impl Drop for ClientCount {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("pgfresh_client_connections").decrement(1.0);
+    }
+}
+
+async fn handle_client(mut sock: TcpStream, shared: Arc<Shared>) {
+    let config = shared.config.snapshot();
+    let count = shared.clients.fetch_add(1, Ordering::AcqRel) + 1;
+    metrics::gauge!("pgfresh_client_connections").increment(1.0);
+    let _guard = ClientCount(shared.clone());
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let login_timeout = Duration::from_millis(config.proxy.client_login_timeout_ms);
+    let opened = tokio::time::timeout(login_timeout, open(&mut sock, &mut buf, &config)).await;
+    let login = match opened {
+        Err(_) => {
+            reject(&mut sock, ProxyError::LoginTimeout).await;
+            return;
+        }
+        Ok(Err(e)) => {
+            reject(&mut sock, e).await;
+            return;
+        }
+        Ok(Ok(Opening::Cancel(key))) => {
+            shared.cancels.cancel(key).await;
+            return;
+        }
+        Ok(Ok(Opening::Session(login))) => login,
+    };
+    if count > config.proxy.max_client_connections {
+        reject(&mut sock, ProxyError::TooManyClients).await;
+        return;
+    }
+    if login.database == "pgfresh" {
+        crate::console::run(sock, buf, shared, login).await;
+        return;
+    }
+    let registration = shared.cancels.register();
+    let mut session = Session::new(shared.clone(), sock, buf, login, registration.slot.clone());
+    match tokio::time::timeout(login_timeout, session.start(registration.key)).await {
+        Ok(Ok(())) => session.run().await,
+        Ok(Err(e)) => session.reject(e).await,
+        Err(_) => session.reject(ProxyError::LoginTimeout).await,
+    }
+}
+
+async fn reject(sock: &mut TcpStream, e: ProxyError) {
+    metrics::counter!("pgfresh_client_login_failures_total", "sqlstate" => e.sqlstate()).increment(1);
+    tracing::info!(error = %e, "client rejected");
+    if !matches!(e, ProxyError::ClientGone | ProxyError::ClientIo(_)) {
+        let _ = sock.write_all(&e.to_client()).await;
+    }
+    let _ = sock.shutdown().await;
+}

@@ -1,0 +1,247 @@
+//! The router: a pure function from a unit's analysis, the session's state, the
+//! recency map and the config snapshot to a target with a machine-readable reason.
+//!
+//! A "unit" is what must run on one node: a simple-query string, or an extended-query
+//! batch up to Sync. The cluster view is consulted afterwards by the session, which
+//! turns [`Target::Replica`] into a concrete replica (or a counted fallback).
+
+use pgfresh_config::RoutingSection;
+use pgfresh_lsn::Lsn;
+use pgfresh_recency::{Hotness, RecencyMap, RelKey};
+use pgfresh_sql::{Analysis, FunctionPolicy, Kind, MustPrimary, RouteHint, TxEffect, VolatilityOracle};
+
+/// Where a unit should run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Primary,
+    /// Any eligible replica that has replayed `required` (when set).
+    Replica { required: Option<Lsn> },
+    /// The node the session is already using (open transaction, session-only statements).
+    Current,
+}
+
+/// Why. Used as the `reason` label of `pgfresh_routed_total`, in debug logs and in
+/// `pgfresh explain`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The parser is off: everything goes to the primary.
+    ParserDisabled,
+    Write,
+    Ddl,
+    /// Could not be classified with certainty (parse failure).
+    Unclassified,
+    /// A read a standby cannot or must not run (locking clause, nextval, ...).
+    MustPrimary(&'static str),
+    /// A user or listed function that may write.
+    WriteFunction,
+    /// Transaction control or a utility statement outside a read-only transaction.
+    TransactionControl,
+    Utility,
+    /// A read of a relation written within the recency window.
+    HotRelation,
+    /// A read touching a relation whose write position a replica must reach.
+    HotRelationLsn,
+    /// The session is pinned to the primary (temp table, LISTEN, ...).
+    SessionPinned(&'static str),
+    /// A `/* pgfresh:primary */` comment or `pgfresh.route = primary`.
+    Hint,
+    /// Inside an open transaction: stays on its node.
+    InTransaction,
+    /// A write-capable transaction starts: primary.
+    WriteCapableTxn,
+    /// A read-only transaction starts on a replica.
+    ReadOnlyTxn,
+    /// A read that may run on a replica.
+    Replica,
+    /// Session-state statement: runs where the session is.
+    SessionState,
+    /// A replica was wanted but none is eligible (counted as a fallback).
+    NoEligibleReplica,
+    /// Reading the system catalogs: primary, where DDL is current.
+    Catalog,
+}
+
+impl Reason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::ParserDisabled => "parser_disabled",
+            Reason::Write => "write",
+            Reason::Ddl => "ddl",
+            Reason::Unclassified => "unclassified",
+            Reason::MustPrimary(_) => "must_primary",
+            Reason::WriteFunction => "write_function",
+            Reason::TransactionControl => "transaction_control",
+            Reason::Utility => "utility",
+            Reason::HotRelation => "hot_relation",
+            Reason::HotRelationLsn => "hot_relation_lsn",
+            Reason::SessionPinned(_) => "session_pinned",
+            Reason::Hint => "hint",
+            Reason::InTransaction => "in_transaction",
+            Reason::WriteCapableTxn => "write_capable_txn",
+            Reason::ReadOnlyTxn => "read_only_txn",
+            Reason::Replica => "replica",
+            Reason::SessionState => "session_state",
+            Reason::NoEligibleReplica => "no_eligible_replica",
+            Reason::Catalog => "catalog",
+        }
+    }
+
+    /// Detail for logs and `explain` (the must-primary cause, the pin reason).
+    pub fn detail(&self) -> Option<&'static str> {
+        match self {
+            Reason::MustPrimary(d) | Reason::SessionPinned(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+/// What the router needs to know about the session.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionView {
+    /// A transaction is open (or about to be, for a deferred BEGIN) on some node.
+    pub in_transaction: bool,
+    /// The open transaction was declared read-only (or the session defaults to it).
+    pub read_only_txn: bool,
+    /// A reason pinning the session to the primary.
+    pub pinned: Option<&'static str>,
+    /// The session asked for the primary (`SET pgfresh.route = 'primary'`).
+    pub route_primary: bool,
+}
+
+/// Everything else the decision reads.
+pub struct RouteCtx<'a> {
+    pub routing: &'a RoutingSection,
+    pub policy: &'a FunctionPolicy,
+    pub oracle: Option<&'a dyn VolatilityOracle>,
+    pub recency: &'a RecencyMap,
+    pub database: &'a str,
+}
+
+/// The decision for one unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub target: Target,
+    pub reason: Reason,
+}
+
+fn must_primary_name(m: &MustPrimary) -> &'static str {
+    match m {
+        MustPrimary::LockingClause => "locking_clause",
+        MustPrimary::Sequence(_) => "sequence",
+        MustPrimary::AdvisoryLock { .. } => "advisory_lock",
+        MustPrimary::Notify => "notify",
+        MustPrimary::TxidFunction(_) => "txid_function",
+        MustPrimary::SelectInto => "select_into",
+        MustPrimary::WritableCte => "writable_cte",
+        MustPrimary::Lock => "lock",
+        MustPrimary::Listen => "listen",
+        MustPrimary::CopyFrom => "copy_from",
+        MustPrimary::CopyServerFile => "copy_server_file",
+        MustPrimary::CallProcedure => "call",
+        MustPrimary::DoBlock => "do",
+        MustPrimary::TwoPhaseCommit => "two_phase_commit",
+        MustPrimary::SerializableTxn => "serializable",
+        MustPrimary::TempRelation(_) => "temp_relation",
+        MustPrimary::SetConfig => "set_config",
+        MustPrimary::ExplainAnalyzeWrite => "explain_analyze_write",
+        MustPrimary::BuiltinWriter(_) => "builtin_writer",
+        MustPrimary::ServerState(_) => "server_state",
+        MustPrimary::ListedWriteFunction(_) => "write_function_list",
+        MustPrimary::UserFunction(_) => "user_function",
+    }
+}
+
+const fn decision(target: Target, reason: Reason) -> Decision {
+    Decision { target, reason }
+}
+
+/// Route one unit made of `parts` (a simple-query string is one part; an extended
+/// batch has one part per statement it parses or executes).
+pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) -> Decision {
+    let r = ctx.routing;
+    if session.in_transaction {
+        return decision(Target::Current, Reason::InTransaction);
+    }
+    if !r.enable_query_parser {
+        return decision(Target::Primary, Reason::ParserDisabled);
+    }
+    let mut kind = Kind::Read;
+    let mut any_statement = false;
+    for a in parts {
+        kind = kind.combine(a.kind);
+        any_statement |= !a.statements.is_empty() || a.kind == Kind::Unclassified;
+    }
+    match kind {
+        Kind::Unclassified => return decision(Target::Primary, Reason::Unclassified),
+        Kind::Write => return decision(Target::Primary, Reason::Write),
+        Kind::Ddl => return decision(Target::Primary, Reason::Ddl),
+        Kind::Utility => return decision(Target::Primary, Reason::Utility),
+        Kind::Transaction => {
+            // A transaction starting here (BEGIN sent with or without statements).
+            let read_only = parts.iter().flat_map(|a| &a.statements).any(|s| {
+                matches!(&s.tx, Some(TxEffect::Begin(m)) | Some(TxEffect::SetTransaction(m)) if m.read_only == Some(true))
+            }) || session.read_only_txn;
+            let serializable = parts.iter().any(|a| a.must_primary.contains(&MustPrimary::SerializableTxn));
+            if !read_only || serializable {
+                return decision(Target::Primary, Reason::WriteCapableTxn);
+            }
+            // A read-only transaction: its reads decide below, like any read.
+        }
+        Kind::Session => return decision(Target::Current, Reason::SessionState),
+        Kind::Read => {}
+    }
+    if !any_statement {
+        // Empty query: answer from wherever the session is.
+        return decision(Target::Current, Reason::SessionState);
+    }
+    for a in parts {
+        if let Some(m) = a.must_primary.first() {
+            return decision(Target::Primary, Reason::MustPrimary(must_primary_name(m)));
+        }
+        if !a.function_reasons(ctx.policy, ctx.oracle).is_empty() {
+            return decision(Target::Primary, Reason::WriteFunction);
+        }
+    }
+    if let Some(pin) = session.pinned {
+        return decision(Target::Primary, Reason::SessionPinned(pin));
+    }
+    if session.route_primary || parts.iter().any(|a| a.hint == Some(RouteHint::Primary)) {
+        return decision(Target::Primary, Reason::Hint);
+    }
+    if parts.iter().any(|a| a.touches_catalog) {
+        return decision(Target::Primary, Reason::Catalog);
+    }
+    let mut required: Option<Lsn> = None;
+    if r.enable_recent_access_routing {
+        for a in parts {
+            let keys: Vec<RelKey<'_>> = a
+                .reads
+                .iter()
+                .map(|n| RelKey {
+                    schema: n.schema.as_deref(),
+                    name: &n.name,
+                })
+                .collect();
+            if keys.is_empty() {
+                continue;
+            }
+            match ctx.recency.lookup(ctx.database, &keys) {
+                Hotness::Cold => {}
+                Hotness::Hot { required_lsn: None, .. } => {
+                    return decision(Target::Primary, Reason::HotRelation);
+                }
+                Hotness::Hot { required_lsn: Some(l), .. } => {
+                    required = Some(required.map_or(l, |x| x.max(l)));
+                }
+            }
+        }
+    }
+    let reason = if kind == Kind::Transaction {
+        Reason::ReadOnlyTxn
+    } else if required.is_some() {
+        Reason::HotRelationLsn
+    } else {
+        Reason::Replica
+    };
+    decision(Target::Replica { required }, reason)
+}

@@ -1,0 +1,238 @@
+//! One connection from pgfresh to a PostgreSQL node: connect, authenticate, start up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pgfresh_wire::{build, parse_backend, Auth, BackendMessage, CancelKey, Limits, TxStatus};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::error::ProxyError;
+use crate::io::{read_frame, ReadError, Side};
+
+/// Where a node is and who we log in as.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub node: usize,
+    pub node_name: Arc<str>,
+    pub host: Arc<str>,
+    pub port: u16,
+    pub user: Arc<str>,
+    pub password: Option<Arc<str>>,
+    pub database: Arc<str>,
+}
+
+/// An authenticated, started server connection.
+pub struct ServerConn {
+    pub target: Target,
+    pub stream: TcpStream,
+    pub rbuf: BytesMut,
+    pub key: CancelKey,
+    /// ParameterStatus values the server reported, kept current.
+    pub params: HashMap<String, String>,
+    /// Named prepared statements that exist on this connection, by name, with the
+    /// hash of their text so a redefinition is noticed.
+    pub prepared: HashMap<String, u64>,
+    /// The session-state version last replayed on this connection (see session::state).
+    pub state_version: u64,
+    /// The cluster generation the connection was made in; a role change makes it stale.
+    pub generation: u64,
+    pub tx: TxStatus,
+}
+
+/// Limits for server traffic: servers are trusted more than clients, but a corrupted
+/// stream must still not make us allocate without bound.
+pub fn server_limits() -> Limits {
+    Limits {
+        max_message: 1 << 30,
+        max_startup: 10 * 1024,
+    }
+}
+
+impl ServerConn {
+    /// Connect, authenticate and wait for the first ReadyForQuery.
+    pub async fn connect(
+        target: Target,
+        startup_params: &[(String, String)],
+        connect_timeout: Duration,
+        login_timeout: Duration,
+        generation: u64,
+    ) -> Result<ServerConn, ProxyError> {
+        let err = |reason: String| ProxyError::ServerConnect {
+            node: target.node_name.to_string(),
+            reason,
+        };
+        let addr = format!("{}:{}", target.host, target.port);
+        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(&addr))
+            .await
+            .map_err(|_| err("connect timed out".into()))?
+            .map_err(|e| err(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = ServerConn {
+            target: target.clone(),
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            key: CancelKey { pid: 0, secret: 0 },
+            params: HashMap::new(),
+            prepared: HashMap::new(),
+            state_version: 0,
+            generation,
+            tx: TxStatus::Idle,
+        };
+        tokio::time::timeout(login_timeout, conn.login(startup_params))
+            .await
+            .map_err(|_| err("login timed out".into()))??;
+        Ok(conn)
+    }
+
+    async fn login(&mut self, startup_params: &[(String, String)]) -> Result<(), ProxyError> {
+        let mut params: Vec<(&str, &str)> = vec![("user", &self.target.user), ("database", &self.target.database)];
+        for (k, v) in startup_params {
+            if !matches!(k.as_str(), "user" | "database" | "replication") {
+                params.push((k, v));
+            }
+        }
+        let startup = build::startup(&params);
+        self.send(&startup).await?;
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let frame = self.read().await?;
+            match parse_backend(&frame).map_err(|e| self.protocol(e.to_string()))? {
+                BackendMessage::Authentication(auth) => match auth {
+                    Auth::Ok => {}
+                    Auth::CleartextPassword => {
+                        let pw = self.password()?;
+                        let msg = build::password_message(&[pw.as_bytes(), b"\0"].concat());
+                        self.send(&msg).await?;
+                    }
+                    Auth::Md5Password { salt } => {
+                        let pw = self.password()?;
+                        let hash = postgres_protocol::authentication::md5_hash(
+                            self.target.user.as_bytes(),
+                            pw.as_bytes(),
+                            salt,
+                        );
+                        let msg = build::password_message(&[hash.as_bytes(), b"\0"].concat());
+                        self.send(&msg).await?;
+                    }
+                    Auth::Sasl { mechanisms } => {
+                        if !mechanisms.contains(&"SCRAM-SHA-256") {
+                            return Err(self.protocol(format!("no supported SASL mechanism in {mechanisms:?}")));
+                        }
+                        let pw = self.password()?;
+                        let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
+                        let msg = build::sasl_initial_response("SCRAM-SHA-256", s.message());
+                        scram = Some(s);
+                        self.send(&msg).await?;
+                    }
+                    Auth::SaslContinue(data) => {
+                        let data = data.to_vec();
+                        let s = scram.as_mut().ok_or_else(|| self.protocol("unexpected SASL continue".into()))?;
+                        s.update(&data).map_err(|e| self.protocol(e.to_string()))?;
+                        let msg = build::sasl_response(s.message());
+                        self.send(&msg).await?;
+                    }
+                    Auth::SaslFinal(data) => {
+                        let data = data.to_vec();
+                        let mut s = scram.take().ok_or_else(|| self.protocol("unexpected SASL final".into()))?;
+                        s.finish(&data).map_err(|e| self.protocol(format!("server signature: {e}")))?;
+                    }
+                    other => return Err(self.protocol(format!("unsupported authentication request {other:?}"))),
+                },
+                BackendMessage::ParameterStatus { name, value } => {
+                    self.params.insert(name.to_string(), value.to_string());
+                }
+                BackendMessage::BackendKeyData(key) => self.key = key,
+                BackendMessage::ReadyForQuery(tx) => {
+                    self.tx = tx;
+                    return Ok(());
+                }
+                BackendMessage::ErrorResponse(fields) => {
+                    return Err(ProxyError::ServerLogin {
+                        code: fields.code.unwrap_or("08000").to_string(),
+                        message: fields.message.unwrap_or("server refused the connection").to_string(),
+                    });
+                }
+                BackendMessage::NoticeResponse(_) | BackendMessage::NegotiateProtocolVersion => {}
+                _ => return Err(self.protocol(format!("unexpected message {:?} during login", frame.tag as char))),
+            }
+        }
+    }
+
+    fn password(&self) -> Result<Arc<str>, ProxyError> {
+        self.target.password.clone().ok_or_else(|| ProxyError::ServerConnect {
+            node: self.target.node_name.to_string(),
+            reason: format!("server asks for a password and none is configured for user {}", self.target.user),
+        })
+    }
+
+    fn protocol(&self, reason: String) -> ProxyError {
+        ProxyError::ServerProtocol {
+            node: self.target.node_name.to_string(),
+            reason,
+        }
+    }
+
+    pub fn lost(&self, e: impl std::fmt::Display) -> ProxyError {
+        ProxyError::ServerLost {
+            node: self.target.node_name.to_string(),
+            reason: e.to_string(),
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ProxyError> {
+        self.stream.write_all(bytes).await.map_err(|e| self.lost(e))
+    }
+
+    /// Read one frame (used outside the relay loop: login, reset, injected queries).
+    pub async fn read(&mut self) -> Result<pgfresh_wire::Frame, ProxyError> {
+        read_frame(&mut self.stream, &mut self.rbuf, &server_limits(), Side::Backend)
+            .await
+            .map_err(|e| match e {
+                ReadError::Frame(f) => self.protocol(f.to_string()),
+                other => self.lost(other),
+            })
+    }
+
+    /// Run a simple query and discard its results; Err carries the server's error
+    /// message. Leaves the connection idle (ReadyForQuery seen).
+    pub async fn run_quiet(&mut self, sql: &str) -> Result<Result<(), String>, ProxyError> {
+        self.send(&build::query(sql)).await?;
+        self.drain_until_ready().await
+    }
+
+    /// Consume replies until ReadyForQuery. Returns the first error's message, if any.
+    pub async fn drain_until_ready(&mut self) -> Result<Result<(), String>, ProxyError> {
+        let mut outcome = Ok(());
+        loop {
+            let frame = self.read().await?;
+            match parse_backend(&frame).map_err(|e| self.protocol(e.to_string()))? {
+                BackendMessage::ReadyForQuery(tx) => {
+                    self.tx = tx;
+                    return Ok(outcome);
+                }
+                BackendMessage::ErrorResponse(f) if outcome.is_ok() => {
+                    outcome = Err(format!(
+                        "{}: {}",
+                        f.code.unwrap_or("XX000"),
+                        f.message.unwrap_or("error")
+                    ));
+                }
+                BackendMessage::ParameterStatus { name, value } => {
+                    self.params.insert(name.to_string(), value.to_string());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Bytes of a Terminate message, for a polite close.
+    pub async fn terminate(mut self) {
+        let t: Bytes = build::terminate();
+        let _ = self.stream.write_all(&t).await;
+        let _ = self.stream.shutdown().await;
+    }
+}

@@ -1,0 +1,546 @@
+//! Client frames → units → routed and sent.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
+use pgfresh_wire::{build, parse_frontend, FrontendMessage, TxStatus};
+
+use super::state::{text_hash, PinReason, Prepared};
+use super::unit::{ClientUnit, InFlight};
+use super::{DeferredBegin, Session};
+use crate::context::FallbackSlot;
+use crate::error::ProxyError;
+use crate::io::{try_frame, Side};
+use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target};
+
+/// An extended batch larger than this is sent before its Sync arrives.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// An Analysis for a single statement (the inner statement of SQL PREPARE).
+fn analysis_of(stmt: &Statement) -> Analysis {
+    Analysis {
+        statements: vec![stmt.clone()],
+        kind: stmt.kind,
+        reads: stmt.reads.clone(),
+        writes: stmt.writes.clone(),
+        must_primary: stmt.must_primary.clone(),
+        functions: stmt.functions.clone(),
+        touches_catalog: stmt.touches_catalog,
+        hint: None,
+        comments: Vec::new(),
+        error: None,
+    }
+}
+
+impl Session {
+    /// Split every complete client frame off the buffer into units.
+    pub(super) fn process_client(&mut self) -> Result<(), ProxyError> {
+        while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
+            let Some(frame) = try_frame(&mut self.cbuf, &self.limits, Side::Frontend)? else {
+                return Ok(());
+            };
+            let msg = parse_frontend(&frame)?;
+            match msg {
+                FrontendMessage::Query { sql } => {
+                    let mut unit = ClientUnit::new();
+                    let analysis = self.shared.analyzer.analyze(sql);
+                    for name in analysis.executes() {
+                        if let Some((_, inner)) = self.state.sql_prepared.get(name) {
+                            unit.parts.push(inner.clone());
+                            unit.sql_executes.push(name.to_string());
+                        }
+                    }
+                    unit.parts.insert(0, analysis);
+                    unit.simple_sql = Some(sql.to_string());
+                    unit.synced = true;
+                    unit.frames.push(frame.raw);
+                    self.ready.push_back(unit);
+                }
+                FrontendMessage::Parse { name, sql, .. } => {
+                    let analysis = self.shared.analyzer.analyze(sql);
+                    self.state.prepared.insert(
+                        name.to_string(),
+                        Prepared {
+                            parse: frame.raw.clone(),
+                            analysis: analysis.clone(),
+                            hash: text_hash(&frame.raw),
+                        },
+                    );
+                    self.batch.parts.push(analysis);
+                    self.batch.parses.push(name.to_string());
+                    self.push_batch(frame.raw);
+                }
+                FrontendMessage::Bind { statement, .. } => {
+                    if let Some(p) = self.state.prepared.get(statement) {
+                        self.batch.parts.push(p.analysis.clone());
+                    }
+                    if !self.batch.parses.iter().any(|n| n == statement) {
+                        self.batch.uses_statements.push(statement.to_string());
+                    }
+                    self.push_batch(frame.raw);
+                }
+                FrontendMessage::Describe { kind, name } => {
+                    if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
+                        self.batch.uses_statements.push(name.to_string());
+                    }
+                    self.push_batch(frame.raw);
+                }
+                FrontendMessage::Close { kind, name } => {
+                    if kind == b'S' {
+                        self.state.prepared.remove(name);
+                        self.batch.parses.retain(|n| n != name);
+                    }
+                    self.push_batch(frame.raw);
+                }
+                FrontendMessage::Execute { .. } => self.push_batch(frame.raw),
+                FrontendMessage::Sync => {
+                    self.batch.frames.push(frame.raw);
+                    self.batch.synced = true;
+                    let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+                    self.ready.push_back(unit);
+                }
+                FrontendMessage::Flush => {
+                    self.batch.frames.push(frame.raw);
+                    let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+                    self.ready.push_back(unit);
+                }
+                FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail { .. } => {
+                    if let Some(last) = self.ready.back_mut() {
+                        last.frames.push(frame.raw);
+                        continue;
+                    }
+                    let mut unit = ClientUnit::new();
+                    unit.passthrough = true;
+                    unit.frames.push(frame.raw);
+                    self.ready.push_back(unit);
+                }
+                FrontendMessage::FunctionCall => {
+                    let mut unit = ClientUnit::new();
+                    unit.force_primary = true;
+                    unit.synced = true;
+                    unit.frames.push(frame.raw);
+                    self.ready.push_back(unit);
+                }
+                FrontendMessage::Terminate => {
+                    self.terminating = true;
+                }
+                FrontendMessage::Password(_) => {
+                    return Err(ProxyError::Startup("unexpected password message".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn push_batch(&mut self, raw: Bytes) {
+        self.batch.frames.push(raw);
+        if self.batch.bytes() > MAX_BATCH_BYTES {
+            let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+            self.ready.push_back(unit);
+        }
+    }
+
+    /// Route and send ready units in order, stopping at one that must wait for the
+    /// active backend to drain.
+    pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
+        while let Some(unit) = self.ready.pop_front() {
+            if unit.passthrough {
+                let Some(node) = self.active else { continue };
+                self.send_frames(node, &unit.frames).await?;
+                continue;
+            }
+            if let Some(node) = self.open_unit_node {
+                self.send_unit(node, unit, None, Reason::InTransaction).await?;
+                continue;
+            }
+            if self.answer_locally(&unit) {
+                continue;
+            }
+            let decision = self.route(&unit);
+            let node = match self.resolve(decision) {
+                Ok(n) => n,
+                Err(e) => {
+                    // Nothing was sent: answer this unit with the error and go on.
+                    self.fail_unit(&unit, &e);
+                    continue;
+                }
+            };
+            if Some(node) != self.active && !self.inflight.is_empty() {
+                // Pipelined units ahead are still running on another node.
+                self.ready.push_front(unit);
+                return Ok(());
+            }
+            if let Err(e) = self.attach(node).await {
+                self.fail_unit(&unit, &e);
+                continue;
+            }
+            self.send_unit(node, unit, Some(decision), decision.reason).await?;
+        }
+        Ok(())
+    }
+
+    /// Answer an error for a unit that could not be sent anywhere.
+    fn fail_unit(&mut self, unit: &ClientUnit, e: &ProxyError) {
+        tracing::warn!(error = %e, "cannot route statement");
+        if unit.synced {
+            self.send_error(e, true);
+        } else {
+            // The client waits for Sync before ReadyForQuery; skip to it.
+            self.send_error(e, false);
+        }
+    }
+
+    /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
+    /// pgfresh itself. Returns true when the unit was answered.
+    fn answer_locally(&mut self, unit: &ClientUnit) -> bool {
+        let Some(sql) = &unit.simple_sql else { return false };
+        let [analysis] = unit.parts.as_slice() else { return false };
+        let [stmt] = analysis.statements.as_slice() else { return false };
+        if let Some(SessionEffect::Set { name, value, .. }) = &stmt.session {
+            if name == "pgfresh.route" {
+                let v = value.as_deref().unwrap_or("auto").trim_matches('\'').to_ascii_lowercase();
+                self.state.route_primary = v == "primary";
+                if self.state.route_primary {
+                    self.state.pins.insert(PinReason::RouteSetting);
+                } else {
+                    self.state.pins.remove(&PinReason::RouteSetting);
+                }
+                self.out.push(build::command_complete("SET"));
+                self.out.push(build::ready_for_query(self.tx));
+                return true;
+            }
+        }
+        let enabled = self.shared.config.snapshot().routing.enable_query_parser;
+        match &stmt.tx {
+            Some(TxEffect::Begin(_)) if enabled && self.tx == TxStatus::Idle && self.inflight.is_empty() => {
+                self.deferred_begin = Some(DeferredBegin {
+                    sql: sql.clone(),
+                    analysis: analysis.clone(),
+                });
+                self.tx = TxStatus::InTransaction;
+                self.out.push(build::command_complete("BEGIN"));
+                self.out.push(build::ready_for_query(TxStatus::InTransaction));
+                true
+            }
+            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. }) if self.deferred_begin.is_some() => {
+                self.deferred_begin = None;
+                self.tx = TxStatus::Idle;
+                let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) { "COMMIT" } else { "ROLLBACK" };
+                self.out.push(build::command_complete(tag));
+                self.out.push(build::ready_for_query(TxStatus::Idle));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn route(&self, unit: &ClientUnit) -> Decision {
+        if unit.force_primary {
+            return Decision {
+                target: Target::Primary,
+                reason: Reason::MustPrimary("function_call"),
+            };
+        }
+        let config = self.shared.config.snapshot();
+        let policy = self.shared.policy.load();
+        let ctx = RouteCtx {
+            routing: &config.routing,
+            policy: &policy,
+            oracle: None,
+            recency: &self.shared.recency,
+            database: &self.login.database,
+        };
+        let mut parts: Vec<&Analysis> = Vec::with_capacity(unit.parts.len() + 1);
+        if let Some(d) = &self.deferred_begin {
+            parts.push(&d.analysis);
+        }
+        parts.extend(unit.parts.iter().map(|a| &**a));
+        let view = SessionView {
+            in_transaction: self.tx != TxStatus::Idle && self.deferred_begin.is_none(),
+            read_only_txn: self.state.default_read_only,
+            pinned: self.state.pinned().map(PinReason::as_str),
+            route_primary: self.state.route_primary,
+        };
+        decide(&parts, &view, &ctx)
+    }
+
+    /// Turn a decision into a node.
+    fn resolve(&mut self, d: Decision) -> Result<usize, ProxyError> {
+        let primary = || self.shared.balancer.primary().ok_or(ProxyError::NoPrimary);
+        let (node, reason) = match d.target {
+            Target::Primary => (primary()?, d.reason),
+            Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
+            Target::Replica { required } => match self.shared.balancer.select_replica(required) {
+                Some(sel) => {
+                    let node = *sel;
+                    self.replica_guard = Some(sel);
+                    (node, d.reason)
+                }
+                None => {
+                    let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
+                    let slot = FallbackSlot::try_take(&self.shared, max).ok_or(ProxyError::FallbackLimit)?;
+                    self.fallback_slot = Some(slot);
+                    metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica").increment(1);
+                    (primary()?, Reason::NoEligibleReplica)
+                }
+            },
+        };
+        let is_primary = self.shared.balancer.primary() == Some(node);
+        metrics::counter!(
+            "pgfresh_routed_total",
+            "target" => if is_primary { "primary" } else { "replica" },
+            "reason" => reason.as_str()
+        )
+        .increment(1);
+        tracing::debug!(node, reason = reason.as_str(), detail = reason.detail(), "routed");
+        Ok(node)
+    }
+
+    async fn send_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
+        let Some(leased) = self.backends[node].as_mut() else {
+            return Err(ProxyError::NoPrimary);
+        };
+        let result = match frames {
+            [one] => leased.conn.send(one).await,
+            many => {
+                let mut buf = bytes::BytesMut::with_capacity(many.iter().map(Bytes::len).sum());
+                for f in many {
+                    buf.extend_from_slice(f);
+                }
+                leased.conn.send(&buf).await
+            }
+        };
+        result.map_err(|e| {
+            let reason = e.to_string();
+            self.backend_lost(node, &reason)
+        })
+    }
+
+    /// Queue an injected simple query (its replies are swallowed).
+    async fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+        self.send_frames(node, &[build::query(sql)]).await?;
+        self.inflight.push_back(InFlight::injected());
+        Ok(())
+    }
+
+    /// Send a routed unit to `node`, after whatever must precede it there: replayed
+    /// settings, a deferred BEGIN, statements to prepare again.
+    async fn send_unit(
+        &mut self,
+        node: usize,
+        unit: ClientUnit,
+        decision: Option<Decision>,
+        reason: Reason,
+    ) -> Result<(), ProxyError> {
+        let continuing = decision.is_none();
+        if !continuing {
+            let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
+            if conn_version != Some(self.state.version) {
+                let sql = self.state.replay_sql();
+                self.inject_query(node, &sql).await?;
+            }
+            if let Some(begin) = self.deferred_begin.take() {
+                self.inject_query(node, &begin.sql).await?;
+            }
+            for name in &unit.sql_executes {
+                let key = format!("sql:{name}");
+                let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else { continue };
+                let hash = text_hash(text.as_bytes());
+                let has = self.backends[node].as_ref().and_then(|l| l.conn.prepared.get(&key).copied());
+                if has != Some(hash) {
+                    let mut sql = String::new();
+                    if has.is_some() {
+                        sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
+                    }
+                    sql.push_str(&text);
+                    self.inject_query(node, &sql).await?;
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.prepared.insert(key, hash);
+                    }
+                }
+            }
+        }
+        // Protocol-level statements this unit uses that the node does not have (or has
+        // in another version), and client Parses of names the node still holds stale.
+        let mut pre: Vec<Bytes> = Vec::new();
+        let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
+        if let Some(l) = self.backends[node].as_mut() {
+            for name in &unit.uses_statements {
+                let Some(p) = self.state.prepared.get(name) else { continue };
+                match l.conn.prepared.get(name) {
+                    Some(h) if *h == p.hash => {}
+                    other => {
+                        if other.is_some() && !name.is_empty() {
+                            pre.push(build::close(b'S', name));
+                            swallow_close += 1;
+                        }
+                        pre.push(p.parse.clone());
+                        swallow_parse += 1;
+                        l.conn.prepared.insert(name.clone(), p.hash);
+                    }
+                }
+            }
+            for name in &unit.parses {
+                if !name.is_empty() && l.conn.prepared.contains_key(name) {
+                    pre.push(build::close(b'S', name));
+                    swallow_close += 1;
+                }
+                if let Some(p) = self.state.prepared.get(name) {
+                    l.conn.prepared.insert(name.clone(), p.hash);
+                }
+            }
+            if unit.simple_sql.is_some() {
+                // A simple query destroys the unnamed statement.
+                l.conn.prepared.remove("");
+            }
+        }
+        // Session effects of this unit, applied optimistically; the node that runs the
+        // unit is then up to date with the session's settings.
+        self.apply_session_effects(&unit);
+        for s in unit.parts.iter().flat_map(|a| &a.statements) {
+            let key_hash = match &s.session {
+                Some(SessionEffect::Prepare { name, .. }) => self
+                    .state
+                    .sql_prepared
+                    .get(name)
+                    .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
+                Some(SessionEffect::Deallocate(Some(name))) => Some((format!("sql:{name}"), None)),
+                _ => None,
+            };
+            if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
+                match hash {
+                    Some(h) => l.conn.prepared.insert(key, h),
+                    None => l.conn.prepared.remove(&key),
+                };
+            }
+        }
+        let autocommit = self.tx == TxStatus::Idle
+            && !unit
+                .parts
+                .iter()
+                .flat_map(|a| &a.statements)
+                .any(|s| matches!(s.tx, Some(TxEffect::Begin(_))));
+        let commit_sent = unit
+            .parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| matches!(s.tx, Some(TxEffect::Commit { .. })));
+        if let Some(l) = self.backends[node].as_mut() {
+            l.conn.state_version = self.state.version;
+        }
+        if !pre.is_empty() {
+            self.send_frames(node, &pre).await?;
+        }
+        self.send_frames(node, &unit.frames).await?;
+        let writes = unit.writes();
+        if continuing {
+            if let Some(last) = self.inflight.back_mut() {
+                last.writes.extend(writes);
+                last.closed = unit.synced;
+                last.commit_sent |= commit_sent;
+            }
+        } else {
+            let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
+            f.swallow_parse = swallow_parse;
+            f.swallow_close = swallow_close;
+            f.commit_sent = commit_sent;
+            self.inflight.push_back(f);
+        }
+        if continuing {
+            if let Some(last) = self.inflight.back_mut() {
+                last.swallow_parse += swallow_parse;
+                last.swallow_close += swallow_close;
+            }
+        }
+        self.open_unit_node = if unit.synced { None } else { Some(node) };
+        Ok(())
+    }
+
+    fn apply_session_effects(&mut self, unit: &ClientUnit) {
+        for (i, a) in unit.parts.iter().enumerate() {
+            for s in &a.statements {
+                if s.must_primary
+                    .iter()
+                    .any(|m| matches!(m, MustPrimary::AdvisoryLock { session_level: true }))
+                {
+                    self.state.pins.insert(PinReason::AdvisoryLock);
+                }
+                let Some(effect) = &s.session else { continue };
+                let text = || {
+                    let sql = if i == 0 { unit.simple_sql.as_deref() } else { None };
+                    sql.and_then(|t| t.get(s.text_range.0..s.text_range.1)).map(str::to_string)
+                };
+                match effect {
+                    SessionEffect::Set { name, value, local: false } => {
+                        let stmt = text().or_else(|| {
+                            value
+                                .as_ref()
+                                .map(|v| format!("SET {} = {}", super::state::quote_ident(name), super::state::literal(v)))
+                        });
+                        self.state.set(name, value.as_deref(), stmt);
+                    }
+                    SessionEffect::Reset(name) => self.state.set(name, None, None),
+                    SessionEffect::ResetAll => self.state.reset_all(),
+                    SessionEffect::SetRole(v) => self.state.set("role", v.as_deref(), text()),
+                    SessionEffect::SetSessionAuthorization(v) => {
+                        self.state.set("session_authorization", v.as_deref(), text())
+                    }
+                    SessionEffect::SetConfig {
+                        name: Some(name),
+                        value,
+                        local: Some(false),
+                    } => {
+                        let stmt = value
+                            .as_ref()
+                            .map(|v| format!("SET {} = {}", super::state::quote_ident(name), super::state::literal(v)));
+                        self.state.set(name, value.as_deref(), stmt);
+                    }
+                    SessionEffect::Discard(kind) => match kind {
+                        DiscardKind::All => {
+                            self.state.reset_all();
+                            self.state.prepared.clear();
+                            self.state.sql_prepared.clear();
+                            let route = self.state.pins.contains(&PinReason::RouteSetting);
+                            self.state.pins.clear();
+                            if route {
+                                self.state.pins.insert(PinReason::RouteSetting);
+                            }
+                        }
+                        DiscardKind::Temp => {
+                            self.state.pins.remove(&PinReason::TempTable);
+                        }
+                        DiscardKind::Plans | DiscardKind::Sequences => {}
+                    },
+                    SessionEffect::Prepare { name, inner } => {
+                        if let Some(t) = text() {
+                            self.state
+                                .sql_prepared
+                                .insert(name.clone(), (t, Arc::new(analysis_of(inner))));
+                        }
+                    }
+                    SessionEffect::Deallocate(Some(name)) => {
+                        self.state.sql_prepared.remove(name);
+                    }
+                    SessionEffect::Deallocate(None) => self.state.sql_prepared.clear(),
+                    SessionEffect::Listen(_) => {
+                        self.state.pins.insert(PinReason::Listen);
+                    }
+                    SessionEffect::Unlisten(None) => {
+                        self.state.pins.remove(&PinReason::Listen);
+                    }
+                    SessionEffect::DeclareCursor { with_hold: true, .. } => {
+                        self.state.pins.insert(PinReason::HoldCursor);
+                    }
+                    SessionEffect::CloseCursor(None) => {
+                        self.state.pins.remove(&PinReason::HoldCursor);
+                    }
+                    SessionEffect::CreateTemp(_) => {
+                        self.state.pins.insert(PinReason::TempTable);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}

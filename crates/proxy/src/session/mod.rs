@@ -1,0 +1,311 @@
+//! One client session: the loop that reads the client and the backend it is using,
+//! routes each unit, and relays replies.
+//!
+//! The session holds at most one server connection per node (session pooling) and
+//! one *active* backend, the one whose replies it is relaying. It switches backends
+//! only between units, when the active backend owes nothing (see [`unit::InFlight`]).
+
+mod client_side;
+mod relay;
+pub mod state;
+pub mod unit;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use pgfresh_wire::{build, CancelKey, Limits, TxStatus};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::cancel::{CancelSlot, CancelTarget};
+use crate::client::Login;
+use crate::context::{FallbackSlot, Shared};
+use crate::error::{Disposition, ProxyError};
+use crate::pool::Leased;
+use state::SessionState;
+use unit::{ClientUnit, InFlight};
+
+/// A transaction BEGIN that pgfresh answered itself and will send to the node the
+/// transaction's first real statement is routed to.
+pub struct DeferredBegin {
+    pub sql: String,
+    pub analysis: Arc<pgfresh_sql::Analysis>,
+}
+
+pub struct Session {
+    shared: Arc<Shared>,
+    client: TcpStream,
+    cbuf: BytesMut,
+    limits: Limits,
+    login: Login,
+    cancel_slot: CancelSlot,
+    /// Server connections by node index.
+    backends: Vec<Option<Leased>>,
+    active: Option<usize>,
+    /// Units sent to the active backend and not yet answered by ReadyForQuery.
+    inflight: VecDeque<InFlight>,
+    state: SessionState,
+    /// Transaction status as the client last saw it.
+    tx: TxStatus,
+    deferred_begin: Option<DeferredBegin>,
+    /// Relations written by the open explicit transaction.
+    tx_writes: Vec<pgfresh_sql::RelName>,
+    /// The extended-protocol batch being collected (up to Sync or Flush).
+    batch: ClientUnit,
+    /// Units read from the client, in order, not yet sent. The front one may be
+    /// waiting for the active backend to drain before the session can move nodes.
+    ready: VecDeque<ClientUnit>,
+    /// An extended batch was sent up to a Flush: the rest of it, up to Sync, goes to
+    /// the same node.
+    open_unit_node: Option<usize>,
+    /// Replica selection guard (least-outstanding accounting) and fallback slot held
+    /// while a unit runs.
+    replica_guard: Option<pgfresh_balancer::Selection>,
+    fallback_slot: Option<FallbackSlot>,
+    /// Output to the client, flushed once per loop turn.
+    out: Vec<Bytes>,
+    terminating: bool,
+}
+
+impl Session {
+    pub fn new(shared: Arc<Shared>, client: TcpStream, cbuf: BytesMut, login: Login, cancel_slot: CancelSlot) -> Self {
+        let config = shared.config.snapshot();
+        let nodes = config.nodes.len();
+        let mut state = SessionState::default();
+        for (k, v) in &login.params {
+            match k.as_str() {
+                "options" => {
+                    for (name, value) in state::parse_options(v) {
+                        if name == "pgfresh.route" {
+                            state.route_primary = value.eq_ignore_ascii_case("primary");
+                        } else {
+                            state.set_param(&name, &value);
+                        }
+                    }
+                }
+                "replication" => {}
+                _ => state.set_param(k, v),
+            }
+        }
+        if state.route_primary {
+            state.pins.insert(state::PinReason::RouteSetting);
+        }
+        Self {
+            limits: Limits {
+                max_message: config.proxy.max_message_bytes,
+                max_startup: 10 * 1024,
+            },
+            shared,
+            client,
+            cbuf,
+            login,
+            cancel_slot,
+            backends: (0..nodes).map(|_| None).collect(),
+            active: None,
+            inflight: VecDeque::new(),
+            state,
+            tx: TxStatus::Idle,
+            deferred_begin: None,
+            tx_writes: Vec::new(),
+            batch: ClientUnit::new(),
+            ready: VecDeque::new(),
+            open_unit_node: None,
+            replica_guard: None,
+            fallback_slot: None,
+            out: Vec::new(),
+            terminating: false,
+        }
+    }
+
+    /// Finish login: connect to the primary, replay the startup parameters, and send
+    /// the client its ParameterStatus set, BackendKeyData and ReadyForQuery.
+    pub async fn start(&mut self, key: CancelKey) -> Result<(), ProxyError> {
+        let primary = self.shared.balancer.primary().ok_or(ProxyError::NoPrimary)?;
+        self.attach(primary).await?;
+        let Some(leased) = self.backends[primary].as_mut() else {
+            return Err(ProxyError::NoPrimary);
+        };
+        let sql = self.state.replay_sql();
+        if let Err(msg) = leased.conn.run_quiet(&sql).await? {
+            return Err(ProxyError::ServerLogin {
+                code: msg.get(..5).unwrap_or("08000").to_string(),
+                message: msg,
+            });
+        }
+        leased.conn.state_version = self.state.version;
+        let mut out = BytesMut::new();
+        let mut params: Vec<_> = leased.conn.params.iter().collect();
+        params.sort();
+        for (k, v) in params {
+            out.extend_from_slice(&build::parameter_status(k, v));
+        }
+        out.extend_from_slice(&build::backend_key_data(key));
+        out.extend_from_slice(&build::ready_for_query(TxStatus::Idle));
+        self.client.write_all(&out).await.map_err(ProxyError::ClientIo)?;
+        Ok(())
+    }
+
+    /// Run until the client leaves or an error ends the session.
+    pub async fn run(mut self) {
+        let result = self.main_loop().await;
+        if let Err(e) = &result {
+            match e.disposition() {
+                Disposition::Silent => {}
+                _ => {
+                    let _ = self.client.write_all(&e.to_client()).await;
+                }
+            }
+            tracing::debug!(user = %self.login.user.name, error = %e, "session ended with error");
+        }
+        self.release_all().await;
+    }
+
+    async fn main_loop(&mut self) -> Result<(), ProxyError> {
+        let mut shutdown = self.shared.shutdown.clone();
+        loop {
+            self.process_client()?;
+            self.dispatch_ready().await?;
+            self.flush_client().await?;
+            if self.terminating && self.inflight.is_empty() {
+                return Ok(());
+            }
+            let read_client = self.ready.is_empty() && !self.terminating;
+            let active = self.active;
+            let mut server = active.and_then(|n| self.backends[n].as_mut());
+            let server_reading = server.is_some() && !self.inflight.is_empty() || server.is_some();
+            tokio::select! {
+                r = self.client.read_buf(&mut self.cbuf), if read_client => {
+                    match r {
+                        Ok(0) => {
+                            if !self.cbuf.is_empty() {
+                                tracing::debug!("client closed the connection in the middle of a message");
+                            }
+                            return Ok(());
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Err(ProxyError::ClientIo(e)),
+                    }
+                }
+                r = async {
+                    let s = server.as_mut().expect("guarded by server_reading");
+                    if s.conn.rbuf.capacity() - s.conn.rbuf.len() < 4096 { s.conn.rbuf.reserve(32 * 1024); }
+                    s.conn.stream.read_buf(&mut s.conn.rbuf).await
+                }, if server_reading => {
+                    let node = active.unwrap_or_default();
+                    match r {
+                        Ok(0) => return Err(self.backend_lost(node, "connection closed by the server")),
+                        Ok(_) => self.relay(node)?,
+                        Err(e) => return Err(self.backend_lost(node, &e.to_string())),
+                    }
+                }
+                _ = shutdown.changed() => {
+                    if self.tx == TxStatus::Idle && self.inflight.is_empty() {
+                        return Err(ProxyError::Shutdown);
+                    }
+                    // Finish the transaction first; checked again at the next turn.
+                }
+            }
+            if *shutdown.borrow() && self.tx == TxStatus::Idle && self.inflight.is_empty() && self.ready.is_empty() {
+                self.flush_client().await?;
+                return Err(ProxyError::Shutdown);
+            }
+        }
+    }
+
+    /// A backend connection failed. What the client gets depends on where it failed.
+    fn backend_lost(&mut self, node: usize, reason: &str) -> ProxyError {
+        let name = self.backends[node]
+            .as_ref()
+            .map(|l| l.conn.target.node_name.to_string())
+            .unwrap_or_default();
+        self.backends[node] = None;
+        if self.active == Some(node) {
+            self.active = None;
+        }
+        let committing = self.inflight.iter().any(|u| u.commit_sent);
+        tracing::warn!(node = %name, reason, "server connection lost");
+        if committing {
+            ProxyError::CommitOutcomeUnknown { node: name }
+        } else {
+            ProxyError::ServerLost {
+                node: name,
+                reason: reason.to_string(),
+            }
+        }
+    }
+
+    async fn flush_client(&mut self) -> Result<(), ProxyError> {
+        for chunk in self.out.drain(..) {
+            self.client.write_all(&chunk).await.map_err(ProxyError::ClientIo)?;
+        }
+        Ok(())
+    }
+
+    /// Make sure the session holds a connection to `node`, and record it as the
+    /// target of this client's cancel requests.
+    async fn attach(&mut self, node: usize) -> Result<(), ProxyError> {
+        let generation = self.shared.pools.generation(node);
+        if let Some(l) = &self.backends[node] {
+            if l.conn.generation == generation {
+                self.set_active(node);
+                return Ok(());
+            }
+            // The node changed role since this connection was made: do not reuse it.
+            if let Some(stale) = self.backends[node].take() {
+                tokio::spawn(stale.conn.terminate());
+            }
+        }
+        let config = self.shared.config.snapshot();
+        let target = Shared::target(&config, node, &self.login.user, &self.login.database).ok_or(ProxyError::NoPrimary)?;
+        let leased = self
+            .shared
+            .pools
+            .acquire(&target, &[], &Shared::pool_settings(&config))
+            .await?;
+        self.backends[node] = Some(leased);
+        self.set_active(node);
+        Ok(())
+    }
+
+    fn set_active(&mut self, node: usize) {
+        self.active = Some(node);
+        if let Some(l) = &self.backends[node] {
+            *self.cancel_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
+                host: l.conn.target.host.clone(),
+                port: l.conn.target.port,
+                key: l.conn.key,
+            });
+        }
+    }
+
+    async fn release_all(&mut self) {
+        let reset = self.shared.config.snapshot().pool.reset_query.clone();
+        for slot in self.backends.iter_mut() {
+            if let Some(mut leased) = slot.take() {
+                if self.active == leased.conn.target.node.into() && !self.inflight.is_empty() {
+                    // Mid-query: the connection's state is unknown; close it.
+                    leased.conn.tx = TxStatus::Failed;
+                }
+                self.shared.pools.release(leased, &reset).await;
+            }
+        }
+        *self.cancel_slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Login failed after the client authenticated: tell it why and give back what
+    /// the session took.
+    pub async fn reject(mut self, e: ProxyError) {
+        tracing::info!(user = %self.login.user.name, error = %e, "session start failed");
+        let _ = self.client.write_all(&e.to_client()).await;
+        self.release_all().await;
+    }
+
+    /// Queue an error (and, outside a unit, ReadyForQuery) for the client.
+    fn send_error(&mut self, e: &ProxyError, ready: bool) {
+        self.out.push(e.to_client());
+        if ready {
+            self.out.push(build::ready_for_query(self.tx));
+        }
+    }
+}

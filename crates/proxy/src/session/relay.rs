@@ -1,0 +1,218 @@
+//! Server replies → client. Complete frames are scanned in place; the ones the
+//! session must act on are inspected, replies to injected work are cut out, and the
+//! rest is forwarded as contiguous chunks without copying.
+//!
+//! Recency marks are made here, while scanning, so a write's relations are marked
+//! before its CommandComplete or ReadyForQuery reaches the client.
+
+use pgfresh_recency::RelKey;
+use pgfresh_wire::{parse_backend, BackendMessage, Frame, TxStatus};
+
+use super::Session;
+use crate::error::ProxyError;
+use crate::server::server_limits;
+
+/// What to do with one server frame.
+enum Action {
+    Forward,
+    Swallow,
+}
+
+impl Session {
+    /// Process the complete frames buffered from `node`'s connection.
+    pub(super) fn relay(&mut self, node: usize) -> Result<(), ProxyError> {
+        let max = server_limits().max_message;
+        loop {
+            // Find the longest run of complete frames to forward, stopping at a frame
+            // that must be swallowed.
+            let mut pos = 0;
+            let mut swallow_at = None;
+            loop {
+                let Some(leased) = self.backends[node].as_ref() else { return Ok(()) };
+                let buf = &leased.conn.rbuf;
+                if buf.len() - pos < 5 {
+                    break;
+                }
+                let len = u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]) as usize;
+                if len < 4 || len > max {
+                    let name = leased.conn.target.node_name.to_string();
+                    return Err(ProxyError::ServerProtocol {
+                        node: name,
+                        reason: format!("invalid message length {len}"),
+                    });
+                }
+                if buf.len() - pos < 1 + len {
+                    break;
+                }
+                let tag = buf[pos];
+                let body_start = pos + 5;
+                let body_end = pos + 1 + len;
+                let action = self.on_server_message(node, tag, body_start, body_end);
+                if let Action::Swallow = action {
+                    swallow_at = Some((pos, 1 + len));
+                    break;
+                }
+                pos = body_end;
+            }
+            let Some(leased) = self.backends[node].as_mut() else { return Ok(()) };
+            if pos > 0 {
+                self.out.push(leased.conn.rbuf.split_to(pos).freeze());
+            }
+            match swallow_at {
+                Some((_, len)) => {
+                    let _ = leased.conn.rbuf.split_to(len);
+                }
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Inspect one server frame (bytes `[start, end)` of the node's buffer are its body).
+    fn on_server_message(&mut self, node: usize, tag: u8, start: usize, end: usize) -> Action {
+        let injected = self.inflight.front().is_some_and(|u| u.injected);
+        match tag {
+            b'Z' => {
+                let status = self.backends[node]
+                    .as_ref()
+                    .and_then(|l| l.conn.rbuf.get(start).copied())
+                    .and_then(TxStatus::from_byte)
+                    .unwrap_or(TxStatus::Failed);
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.tx = status;
+                }
+                let unit = self.inflight.pop_front();
+                if self.inflight.is_empty() {
+                    self.replica_guard = None;
+                    self.fallback_slot = None;
+                }
+                match unit {
+                    Some(u) if u.injected => Action::Swallow,
+                    Some(u) => {
+                        if status == TxStatus::Idle {
+                            self.tx_writes.clear();
+                        } else if !u.autocommit && !u.error {
+                            self.tx_writes.extend(u.writes);
+                        }
+                        self.tx = status;
+                        Action::Forward
+                    }
+                    None => {
+                        self.tx = status;
+                        Action::Forward
+                    }
+                }
+            }
+            b'C' => {
+                if injected {
+                    return Action::Swallow;
+                }
+                let is_commit = self.body(node, start, end).starts_with(b"COMMIT");
+                let Some(u) = self.inflight.front_mut() else { return Action::Forward };
+                u.replied = true;
+                if u.autocommit && !u.writes.is_empty() {
+                    let w = u.writes.clone();
+                    self.mark(&w);
+                } else if is_commit {
+                    u.committed = true;
+                    let mut w = std::mem::take(&mut self.tx_writes);
+                    w.extend(u.writes.iter().cloned());
+                    self.mark(&w);
+                }
+                Action::Forward
+            }
+            b'E' => {
+                if let Some(u) = self.inflight.front_mut() {
+                    u.error = true;
+                }
+                if injected {
+                    let text = self.body(node, start, end).to_vec();
+                    if let Ok(frame) = Frame::from_raw(frame_bytes(tag, &text)) {
+                        if let Ok(BackendMessage::ErrorResponse(f)) = parse_backend(&frame) {
+                            tracing::warn!(
+                                code = f.code.unwrap_or(""),
+                                message = f.message.unwrap_or(""),
+                                "a statement pgfresh replayed on a backend failed"
+                            );
+                        }
+                    }
+                    return Action::Swallow;
+                }
+                Action::Forward
+            }
+            b'1' => self.swallow_counted(|u| &mut u.swallow_parse),
+            b'3' => self.swallow_counted(|u| &mut u.swallow_close),
+            b'S' => {
+                let body = self.body(node, start, end).to_vec();
+                let mut parts = body.split(|b| *b == 0);
+                if let (Some(k), Some(v)) = (parts.next(), parts.next()) {
+                    if let (Ok(k), Ok(v)) = (std::str::from_utf8(k), std::str::from_utf8(v)) {
+                        if let Some(l) = self.backends[node].as_mut() {
+                            l.conn.params.insert(k.to_string(), v.to_string());
+                        }
+                    }
+                }
+                if injected {
+                    Action::Swallow
+                } else {
+                    Action::Forward
+                }
+            }
+            // Notifications and notices are the client's whoever caused them.
+            b'A' | b'N' => Action::Forward,
+            _ if injected => Action::Swallow,
+            _ => {
+                if let Some(u) = self.inflight.front_mut() {
+                    u.replied = true;
+                }
+                Action::Forward
+            }
+        }
+    }
+
+    fn swallow_counted(&mut self, field: impl Fn(&mut super::unit::InFlight) -> &mut u32) -> Action {
+        match self.inflight.front_mut() {
+            Some(u) if u.injected => Action::Swallow,
+            Some(u) => {
+                let n = field(u);
+                if *n > 0 {
+                    *n -= 1;
+                    Action::Swallow
+                } else {
+                    Action::Forward
+                }
+            }
+            None => Action::Forward,
+        }
+    }
+
+    fn body(&self, node: usize, start: usize, end: usize) -> &[u8] {
+        self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.rbuf.get(start..end))
+            .unwrap_or(&[])
+    }
+
+    /// Mark relations as written, before the reply that confirms the write is
+    /// forwarded to the client.
+    fn mark(&self, writes: &[pgfresh_sql::RelName]) {
+        if writes.is_empty() {
+            return;
+        }
+        let keys: Vec<RelKey<'_>> = writes
+            .iter()
+            .map(|n| RelKey {
+                schema: n.schema.as_deref(),
+                name: &n.name,
+            })
+            .collect();
+        self.shared.recency.mark(&self.login.database, &keys, None);
+    }
+}
+
+fn frame_bytes(tag: u8, body: &[u8]) -> bytes::Bytes {
+    let mut v = Vec::with_capacity(body.len() + 5);
+    v.push(tag);
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v.into()
+}

@@ -1,0 +1,208 @@
+//! Session state that must follow a client across the backend connections it uses:
+//! settings (startup parameters and SET/RESET/DISCARD), prepared statements, and the
+//! reasons that pin a session to the primary.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use pgfresh_sql::Analysis;
+
+/// Why a session is pinned to the primary until the reason is cleared.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PinReason {
+    TempTable,
+    Listen,
+    AdvisoryLock,
+    HoldCursor,
+    RouteSetting,
+}
+
+impl PinReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PinReason::TempTable => "temp_table",
+            PinReason::Listen => "listen",
+            PinReason::AdvisoryLock => "advisory_lock",
+            PinReason::HoldCursor => "hold_cursor",
+            PinReason::RouteSetting => "route_setting",
+        }
+    }
+}
+
+/// A statement prepared by the client, remembered so it can be prepared again on
+/// another node.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The Parse frame exactly as the client sent it.
+    pub parse: bytes::Bytes,
+    pub analysis: Arc<Analysis>,
+    pub hash: u64,
+}
+
+#[derive(Default)]
+pub struct SessionState {
+    /// `SET` statements to replay on a connection, in order, one per parameter:
+    /// (parameter name, the SQL statement that sets it).
+    settings: Vec<(String, String)>,
+    /// Bumped on every change of `settings`; each server connection records the
+    /// version it has.
+    pub version: u64,
+    /// Protocol-level named statements by name ("" is the unnamed one).
+    pub prepared: HashMap<String, Prepared>,
+    /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
+    pub sql_prepared: HashMap<String, (String, Arc<Analysis>)>,
+    pub pins: BTreeSet<PinReason>,
+    /// Route hint for the whole session (`SET pgfresh.route`, startup options).
+    pub route_primary: bool,
+    /// `default_transaction_read_only` is on for this session.
+    pub default_read_only: bool,
+}
+
+pub fn text_hash(bytes: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+/// Quote a value as a SQL string literal.
+pub fn literal(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "''"))
+}
+
+impl SessionState {
+    /// Record a startup parameter: replayed as `SET name = 'value'`.
+    pub fn set_param(&mut self, name: &str, value: &str) {
+        let stmt = format!("SET {} = {}", quote_ident(&name.to_ascii_lowercase()), literal(value));
+        self.set(name, Some(value), Some(stmt));
+    }
+
+    /// Record a parameter change. `value` is the new value as text (for the settings
+    /// pgfresh itself reads); `stmt` is the SQL that reproduces it on another
+    /// connection, `None` to return the parameter to its default.
+    pub fn set(&mut self, name: &str, value: Option<&str>, stmt: Option<String>) {
+        let name = name.to_ascii_lowercase();
+        if name == "default_transaction_read_only" {
+            self.default_read_only = value
+                .map(|v| matches!(v.trim_matches('\'').to_ascii_lowercase().as_str(), "on" | "true" | "yes" | "1"))
+                .unwrap_or(false);
+        }
+        self.settings.retain(|(n, _)| *n != name);
+        if let Some(stmt) = stmt {
+            self.settings.push((name, stmt));
+        }
+        self.version += 1;
+    }
+
+    /// RESET ALL / DISCARD ALL.
+    pub fn reset_all(&mut self) {
+        self.settings.clear();
+        self.default_read_only = false;
+        self.version += 1;
+    }
+
+    /// The SQL that brings a freshly reset connection to this session's settings.
+    /// Values are already SQL text (as the client wrote them in SET) except startup
+    /// parameters, which are quoted when recorded.
+    pub fn replay_sql(&self) -> String {
+        let mut sql = String::from("RESET ALL;");
+        for (_, stmt) in &self.settings {
+            sql.push_str(stmt);
+            sql.push(';');
+        }
+        sql
+    }
+
+    pub fn settings(&self) -> &[(String, String)] {
+        &self.settings
+    }
+
+    pub fn pinned(&self) -> Option<&PinReason> {
+        self.pins.iter().next()
+    }
+}
+
+/// Quote a GUC name if it is not a plain (possibly dotted) lowercase identifier.
+pub fn quote_ident(name: &str) -> String {
+    let plain = name
+        .split('.')
+        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// Parse `-c name=value` pairs (and `--name=value`) from the startup `options` string.
+pub fn parse_options(options: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut escaped = false;
+    for ch in options.chars() {
+        if escaped {
+            cur.push(ch);
+            escaped = false;
+        } else if ch == '\\' {
+            escaped = true;
+        } else if ch.is_whitespace() {
+            if !cur.is_empty() {
+                words.push(std::mem::take(&mut cur));
+            }
+        } else {
+            cur.push(ch);
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    let mut it = words.into_iter();
+    while let Some(w) = it.next() {
+        let pair = if w == "-c" {
+            it.next()
+        } else if let Some(rest) = w.strip_prefix("-c") {
+            Some(rest.to_string())
+        } else {
+            w.strip_prefix("--").map(str::to_string)
+        };
+        if let Some((k, v)) = pair.as_deref().and_then(|p| p.split_once('=')) {
+            out.push((k.replace('-', "_"), v.to_string()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parsing() {
+        assert_eq!(
+            parse_options("-c pgfresh.route=primary -csearch_path=a,b --statement-timeout=5s"),
+            vec![
+                ("pgfresh.route".into(), "primary".into()),
+                ("search_path".into(), "a,b".into()),
+                ("statement_timeout".into(), "5s".into())
+            ]
+        );
+        assert_eq!(parse_options("-c x=a\\ b"), vec![("x".into(), "a b".into())]);
+    }
+
+    #[test]
+    fn settings_replay_keeps_last_value() {
+        let mut s = SessionState::default();
+        s.set("search_path", Some("a"), Some("SET search_path = a".into()));
+        s.set_param("TimeZone", "UTC");
+        s.set("search_path", Some("b"), Some("set search_path to b".into()));
+        assert_eq!(s.replay_sql(), "RESET ALL;SET timezone = 'UTC';set search_path to b;");
+        s.set("search_path", None, None);
+        assert_eq!(s.replay_sql(), "RESET ALL;SET timezone = 'UTC';");
+        let v = s.version;
+        s.reset_all();
+        assert!(s.version > v);
+        assert_eq!(s.replay_sql(), "RESET ALL;");
+    }
+}

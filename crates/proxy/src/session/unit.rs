@@ -1,0 +1,119 @@
+//! Units of work and the replies a backend still owes for them.
+//!
+//! A unit is a simple-query string, an extended-query batch up to Sync, or a query
+//! pgfresh injects itself (replaying settings, re-preparing a statement). Every unit
+//! sent to a backend is queued here until its ReadyForQuery arrives, so the session
+//! always knows whether a backend is idle, and which replies belong to whom.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgfresh_sql::{Analysis, RelName};
+
+use crate::router::Reason;
+
+/// A unit read from the client and waiting to be routed.
+pub struct ClientUnit {
+    /// The client's frames, in order.
+    pub frames: Vec<Bytes>,
+    /// The analyses that decide where it runs.
+    pub parts: Vec<Arc<Analysis>>,
+    /// Ends with Sync or is a simple Query/FunctionCall: a ReadyForQuery will answer it.
+    pub synced: bool,
+    /// Bind/Describe of named statements, which must exist on the target node.
+    pub uses_statements: Vec<String>,
+    /// Parse messages in this unit (statement names).
+    pub parses: Vec<String>,
+    /// SQL `EXECUTE` names used by a simple query.
+    pub sql_executes: Vec<String>,
+    /// The SQL of a simple Query unit.
+    pub simple_sql: Option<String>,
+    /// CopyData/CopyDone/CopyFail: forwarded to the active backend as they come.
+    pub passthrough: bool,
+    /// Must run on the primary whatever its analysis says (FunctionCall).
+    pub force_primary: bool,
+}
+
+impl ClientUnit {
+    pub fn new() -> Self {
+        Self {
+            frames: Vec::new(),
+            parts: Vec::new(),
+            synced: false,
+            uses_statements: Vec::new(),
+            parses: Vec::new(),
+            sql_executes: Vec::new(),
+            simple_sql: None,
+            passthrough: false,
+            force_primary: false,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.frames.iter().map(Bytes::len).sum()
+    }
+
+    pub fn writes(&self) -> Vec<RelName> {
+        let mut w: Vec<RelName> = self.parts.iter().flat_map(|a| a.writes.iter().cloned()).collect();
+        w.sort();
+        w.dedup();
+        w
+    }
+}
+
+/// A unit on its way through a backend: what to do with its replies.
+#[derive(Debug)]
+pub struct InFlight {
+    /// Injected by pgfresh: its replies are not the client's and are swallowed.
+    pub injected: bool,
+    /// ParseComplete/CloseComplete replies to swallow (re-prepares sent ahead of the
+    /// client's own messages).
+    pub swallow_parse: u32,
+    pub swallow_close: u32,
+    /// Relations the unit writes.
+    pub writes: Vec<RelName>,
+    /// Ran outside an explicit transaction: its writes are committed when its
+    /// statement completes.
+    pub autocommit: bool,
+    /// Saw an ErrorResponse.
+    pub error: bool,
+    /// Saw CommandComplete "COMMIT".
+    pub committed: bool,
+    /// Rows or other replies already reached the client (retry is no longer possible).
+    pub replied: bool,
+    /// The unit was routed for this reason (for logs).
+    pub reason: Option<Reason>,
+    /// The Sync for this unit has been sent (extended batches can stay open over Flush).
+    pub closed: bool,
+    /// The unit ends a transaction with COMMIT: a lost connection leaves its outcome unknown.
+    pub commit_sent: bool,
+}
+
+impl InFlight {
+    pub fn injected() -> Self {
+        Self {
+            injected: true,
+            swallow_parse: 0,
+            swallow_close: 0,
+            writes: Vec::new(),
+            autocommit: false,
+            error: false,
+            committed: false,
+            replied: false,
+            reason: None,
+            closed: true,
+            commit_sent: false,
+        }
+    }
+
+    pub fn client(writes: Vec<RelName>, autocommit: bool, reason: Reason, closed: bool) -> Self {
+        Self {
+            injected: false,
+            writes,
+            autocommit,
+            reason: Some(reason),
+            closed,
+            ..Self::injected()
+        }
+    }
+}
