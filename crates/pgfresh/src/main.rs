@@ -1,1 +1,168 @@
-fn main() {}
+//! The `pgfresh` command: run the proxy, validate a config, explain a routing
+//! decision, or run the self-contained demo.
+
+mod demo;
+mod explain;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pgfresh_config::ConfigHandle;
+use pgfresh_proxy::{Proxy, Stop};
+
+#[derive(Parser)]
+#[command(name = "pgfresh", version, about = "PostgreSQL proxy: reads to replicas, never stale")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file (for the default `run`).
+    #[arg(short = 'c', long = "config", default_value = "conf/pgfresh.toml", global = true)]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (the default).
+    Run,
+    /// Validate a config file and print the effective values and their reload class.
+    Check,
+    /// Print the analysis of a statement and the routing decision with its reasons.
+    Explain {
+        /// The SQL text.
+        sql: String,
+    },
+    /// Start a throwaway primary + 2 streaming standbys and pgfresh in front of them.
+    Demo {
+        /// Where the proxy listens.
+        #[arg(long, default_value = "127.0.0.1:6432")]
+        listen: String,
+        /// Where the admin HTTP API listens.
+        #[arg(long, default_value = "127.0.0.1:9930")]
+        admin_listen: String,
+    },
+}
+
+fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PGFRESH_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check => check(&cli.config),
+        Command::Explain { sql } => explain::explain(&cli.config, &sql),
+        Command::Run => {
+            let handle = match ConfigHandle::open(&cli.config) {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("pgfresh: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_tracing(&handle.snapshot().proxy.log_level);
+            runtime().block_on(run(handle))
+        }
+        Command::Demo { listen, admin_listen } => {
+            init_tracing("info");
+            demo::demo(&listen, &admin_listen)
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime")
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match pgfresh_config::load_file(path) {
+        Ok(c) => {
+            println!("{}: valid", path.display());
+            for (key, value, class) in pgfresh_config::describe(&pgfresh_config::redacted(&c)) {
+                let class = match class {
+                    pgfresh_config::ReloadClass::Live => "live",
+                    pgfresh_config::ReloadClass::Restart => "restart",
+                };
+                println!("{key} = {value}    # {class}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pgfresh: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Run the proxy until SIGTERM (graceful) or SIGINT (fast); SIGHUP and file edits reload.
+pub async fn run(handle: ConfigHandle) -> ExitCode {
+    let config = handle.snapshot();
+    let listener = match tokio::net::TcpListener::bind(&config.proxy.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pgfresh: cannot listen on {}: {e}", config.proxy.listen);
+            return ExitCode::from(1);
+        }
+    };
+    let admin = if config.proxy.admin_listen.is_empty() {
+        None
+    } else {
+        match tokio::net::TcpListener::bind(&config.proxy.admin_listen).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("pgfresh: cannot listen on {}: {e}", config.proxy.admin_listen);
+                return ExitCode::from(1);
+            }
+        }
+    };
+    let proxy = Proxy::new(handle.clone());
+    let shared = proxy.shared.clone();
+    let ttl_source = proxy.ttl_source.clone();
+    // Reloads: file watch and SIGHUP both funnel into one task.
+    let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let _watch = handle.path().and_then(|p| {
+        let tx = reload_tx.clone();
+        pgfresh_config::FileWatch::start(p, std::time::Duration::from_millis(200), move || {
+            let _ = tx.send("file");
+        })
+        .map_err(|e| tracing::warn!(error = %e, "cannot watch the config file; SIGHUP still reloads"))
+        .ok()
+    });
+    {
+        let tx = reload_tx.clone();
+        tokio::spawn(async move {
+            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                let _ = tx.send("sighup");
+            }
+        });
+    }
+    tokio::spawn(async move {
+        while let Some(why) = reload_rx.recv().await {
+            tracing::info!(trigger = why, "reloading config");
+            let _ = pgfresh_proxy::reload_config(&shared, &ttl_source);
+        }
+    });
+    tracing::info!(listen = %config.proxy.listen, admin = %config.proxy.admin_listen, "pgfresh listening");
+    proxy.run(listener, admin, stop_signal()).await;
+    ExitCode::SUCCESS
+}
+
+/// Resolves on SIGTERM (graceful) or SIGINT (fast).
+pub async fn stop_signal() -> Stop {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        std::future::pending::<()>().await;
+        return Stop::Fast;
+    };
+    tokio::select! {
+        _ = term.recv() => { tracing::info!("SIGTERM: finishing sessions"); Stop::Graceful }
+        _ = int.recv() => { tracing::info!("SIGINT: closing now"); Stop::Fast }
+    }
+}
