@@ -1,0 +1,218 @@
+//! Typed, borrowing views of the messages a client sends.
+//!
+//! [`parse_frontend`] reads a [`Frame`] on demand; the returned view borrows
+//! strings and byte slices from the frame, so inspecting a message costs no
+//! copies beyond the small vectors of Parse and Bind. Every field is
+//! validated: strings must be NUL-terminated UTF-8, counts must be
+//! non-negative and fit in the body, and no bytes may trail the last field.
+
+use crate::cursor::Cursor;
+use crate::framing::{Frame, FrameError};
+
+/// A client message, borrowed from its [`Frame`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrontendMessage<'a> {
+    /// Simple query (`Q`); may contain several statements.
+    Query {
+        /// The SQL text.
+        sql: &'a str,
+    },
+    /// Parse (`P`): prepare `sql` as statement `name` (empty = unnamed).
+    Parse {
+        /// Statement name, empty for the unnamed statement.
+        name: &'a str,
+        /// The SQL text.
+        sql: &'a str,
+        /// Parameter type OIDs the client specified (0 = unspecified).
+        param_types: Vec<u32>,
+    },
+    /// Bind (`B`): create `portal` from `statement` with parameters.
+    Bind {
+        /// Portal name, empty for the unnamed portal.
+        portal: &'a str,
+        /// Prepared statement name, empty for the unnamed statement.
+        statement: &'a str,
+        /// Parameter format codes (0 text, 1 binary).
+        param_formats: Vec<i16>,
+        /// Parameter values; `None` is SQL NULL.
+        params: Vec<Option<&'a [u8]>>,
+        /// Result column format codes.
+        result_formats: Vec<i16>,
+    },
+    /// Describe (`D`) a statement (`kind = b'S'`) or portal (`b'P'`).
+    Describe {
+        /// `b'S'` or `b'P'`.
+        kind: u8,
+        /// Statement or portal name.
+        name: &'a str,
+    },
+    /// Execute (`E`) a portal.
+    Execute {
+        /// Portal name.
+        portal: &'a str,
+        /// Row limit, 0 = no limit.
+        max_rows: i32,
+    },
+    /// Close (`C`) a statement (`kind = b'S'`) or portal (`b'P'`).
+    Close {
+        /// `b'S'` or `b'P'`.
+        kind: u8,
+        /// Statement or portal name.
+        name: &'a str,
+    },
+    /// Sync (`S`): end of an extended-query batch.
+    Sync,
+    /// Flush (`H`): ask the server to send pending output.
+    Flush,
+    /// CopyData (`d`) payload.
+    CopyData(&'a [u8]),
+    /// CopyDone (`c`).
+    CopyDone,
+    /// CopyFail (`f`) with the client's reason.
+    CopyFail {
+        /// Error message from the client.
+        message: &'a str,
+    },
+    /// Terminate (`X`).
+    Terminate,
+    /// PasswordMessage, SASLInitialResponse or SASLResponse (`p`): the raw
+    /// body; which one it is depends on the authentication exchange (see
+    /// [`crate::auth::parse_sasl_initial_response`]).
+    Password(&'a [u8]),
+    /// FunctionCall (`F`), passed through without inspection.
+    FunctionCall,
+}
+
+/// Parses a client frame into a typed view.
+///
+/// Fails with [`FrameError::UnknownTag`] for a type byte a client may not
+/// send and [`FrameError::Malformed`] for a body that does not match its
+/// message format.
+pub fn parse_frontend(frame: &Frame) -> Result<FrontendMessage<'_>, FrameError> {
+    let tag = frame.tag;
+    let mut cur = Cursor::new(tag, frame.body());
+    let msg = match tag {
+        b'Q' => FrontendMessage::Query {
+            sql: cur.cstr("query string")?,
+        },
+        b'P' => {
+            let name = cur.cstr("statement name")?;
+            let sql = cur.cstr("query string")?;
+            let n = cur.count(4, "parameter type count")?;
+            let mut param_types = Vec::with_capacity(n);
+            for _ in 0..n {
+                param_types.push(cur.u32("parameter type")?);
+            }
+            FrontendMessage::Parse {
+                name,
+                sql,
+                param_types,
+            }
+        }
+        b'B' => parse_bind(&mut cur)?,
+        b'D' => {
+            let kind = describe_kind(&mut cur)?;
+            FrontendMessage::Describe {
+                kind,
+                name: cur.cstr("name")?,
+            }
+        }
+        b'E' => FrontendMessage::Execute {
+            portal: cur.cstr("portal name")?,
+            max_rows: cur.i32("row limit")?,
+        },
+        b'C' => {
+            let kind = describe_kind(&mut cur)?;
+            FrontendMessage::Close {
+                kind,
+                name: cur.cstr("name")?,
+            }
+        }
+        b'S' => FrontendMessage::Sync,
+        b'H' => FrontendMessage::Flush,
+        b'd' => FrontendMessage::CopyData(cur.rest()),
+        b'c' => FrontendMessage::CopyDone,
+        b'f' => FrontendMessage::CopyFail {
+            message: cur.cstr("error message")?,
+        },
+        b'X' => FrontendMessage::Terminate,
+        b'p' => FrontendMessage::Password(cur.rest()),
+        b'F' => {
+            cur.rest();
+            FrontendMessage::FunctionCall
+        }
+        other => return Err(FrameError::UnknownTag(other)),
+    };
+    cur.finish()?;
+    Ok(msg)
+}
+
+fn describe_kind(cur: &mut Cursor<'_>) -> Result<u8, FrameError> {
+    match cur.u8("target kind")? {
+        k @ (b'S' | b'P') => Ok(k),
+        k => Err(cur.malformed(format!("target kind must be 'S' or 'P', got byte {k}"))),
+    }
+}
+
+fn parse_bind<'a>(cur: &mut Cursor<'a>) -> Result<FrontendMessage<'a>, FrameError> {
+    let portal = cur.cstr("portal name")?;
+    let statement = cur.cstr("statement name")?;
+    let n = cur.count(2, "parameter format count")?;
+    let mut param_formats = Vec::with_capacity(n);
+    for _ in 0..n {
+        param_formats.push(format_code(cur, "parameter format")?);
+    }
+    let n = cur.count(4, "parameter count")?;
+    let mut params = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = cur.i32("parameter length")?;
+        params.push(match len {
+            -1 => None,
+            len if len < 0 => {
+                return Err(cur.malformed(format!("parameter length {len} is negative")))
+            }
+            len => Some(cur.bytes(len as usize, "parameter value")?),
+        });
+    }
+    let n = cur.count(2, "result format count")?;
+    let mut result_formats = Vec::with_capacity(n);
+    for _ in 0..n {
+        result_formats.push(format_code(cur, "result format")?);
+    }
+    Ok(FrontendMessage::Bind {
+        portal,
+        statement,
+        param_formats,
+        params,
+        result_formats,
+    })
+}
+
+/// Format codes are read as-is: their meaning (and the consistency of their
+/// count with the parameters) is the server's to judge, so a client gets the
+/// same error it would get without the proxy.
+fn format_code(cur: &mut Cursor<'_>, what: &str) -> Result<i16, FrameError> {
+    cur.i16(what)
+}
+
+impl FrontendMessage<'_> {
+    /// The message type byte.
+    pub fn tag(&self) -> u8 {
+        match self {
+            FrontendMessage::Query { .. } => b'Q',
+            FrontendMessage::Parse { .. } => b'P',
+            FrontendMessage::Bind { .. } => b'B',
+            FrontendMessage::Describe { .. } => b'D',
+            FrontendMessage::Execute { .. } => b'E',
+            FrontendMessage::Close { .. } => b'C',
+            FrontendMessage::Sync => b'S',
+            FrontendMessage::Flush => b'H',
+            FrontendMessage::CopyData(_) => b'd',
+            FrontendMessage::CopyDone => b'c',
+            FrontendMessage::CopyFail { .. } => b'f',
+            FrontendMessage::Terminate => b'X',
+            FrontendMessage::Password(_) => b'p',
+            FrontendMessage::FunctionCall => b'F',
+        }
+    }
+}
