@@ -1,0 +1,156 @@
+//! Entry points: parse once, classify each statement, combine the verdicts.
+
+use pg_query::protobuf::Token;
+
+use crate::classify::{classify, sort_dedup};
+use crate::model::{Analysis, Kind, RouteHint, Statement};
+
+/// Analyses SQL text without the cache. Pure, synchronous, never panics on any input.
+///
+/// Empty text (or text with only comments and semicolons), a NUL byte, and anything the
+/// PostgreSQL parser rejects yield [`Kind::Unclassified`] with the reason in
+/// [`Analysis::error`].
+pub fn analyze_uncached(sql: &str) -> Analysis {
+    let comments = if sql.contains("/*") || sql.contains("--") {
+        scan_comments(sql)
+    } else {
+        Vec::new()
+    };
+    let hint = comments
+        .iter()
+        .find_map(|(c, leading)| if *leading { hint_of(c) } else { None });
+    let comments: Vec<String> = comments.into_iter().map(|(c, _)| c).collect();
+
+    let parsed = match pg_query::parse(sql) {
+        Ok(p) => p,
+        Err(e) => {
+            let mut a = Analysis::unclassified(error_message(e));
+            a.comments = comments;
+            a.hint = hint;
+            return a;
+        }
+    };
+    let mut statements = Vec::with_capacity(parsed.protobuf.stmts.len());
+    for raw in &parsed.protobuf.stmts {
+        let start = usize::try_from(raw.stmt_location)
+            .unwrap_or(0)
+            .min(sql.len());
+        let end = match usize::try_from(raw.stmt_len) {
+            Ok(0) | Err(_) => sql.len(),
+            Ok(len) => start.saturating_add(len).min(sql.len()),
+        };
+        let stmt = match raw.stmt.as_deref().and_then(|n| n.node.as_ref()) {
+            Some(node) => classify(node, (start, end)),
+            None => Statement::new(Kind::Unclassified, (start, end)),
+        };
+        statements.push(stmt);
+    }
+    let mut analysis = combine(statements);
+    analysis.comments = comments;
+    analysis.hint = hint;
+    analysis
+}
+
+/// Analyses raw bytes, as they arrive in a protocol message: text that is not valid UTF-8 is
+/// unclassified.
+pub fn analyze_bytes(sql: &[u8]) -> Analysis {
+    match std::str::from_utf8(sql) {
+        Ok(s) => analyze_uncached(s),
+        Err(e) => Analysis::unclassified(format!("invalid UTF-8 in query text: {e}")),
+    }
+}
+
+fn error_message(e: pg_query::Error) -> String {
+    match e {
+        pg_query::Error::Parse(m) => m,
+        pg_query::Error::Conversion(_) => "query text contains a NUL byte".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Builds the combined analysis from the per-statement ones.
+pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
+    if statements.is_empty() {
+        return Analysis::unclassified("empty query");
+    }
+    let mut a = Analysis::unclassified("");
+    a.error = None;
+    a.kind = Kind::Read;
+    if let [only] = statements.as_slice() {
+        a.kind = only.kind;
+        a.reads.clone_from(&only.reads);
+        a.writes.clone_from(&only.writes);
+        a.must_primary.clone_from(&only.must_primary);
+        a.functions.clone_from(&only.functions);
+        a.touches_catalog = only.touches_catalog;
+    } else {
+        for s in &statements {
+            a.kind = a.kind.combine(s.kind);
+            a.reads.extend(s.reads.iter().cloned());
+            a.writes.extend(s.writes.iter().cloned());
+            a.must_primary.extend(s.must_primary.iter().cloned());
+            a.functions.extend(s.functions.iter().cloned());
+            a.touches_catalog |= s.touches_catalog;
+        }
+        sort_dedup(&mut a.reads);
+        sort_dedup(&mut a.writes);
+        sort_dedup(&mut a.must_primary);
+        sort_dedup(&mut a.functions);
+    }
+    if a.kind == Kind::Unclassified {
+        a.error = Some("statement could not be classified".to_owned());
+    }
+    a.statements = statements;
+    a
+}
+
+/// Comments in the text, each with whether it precedes the first non-comment token.
+fn scan_comments(sql: &str) -> Vec<(String, bool)> {
+    let Ok(scan) = pg_query::scan(sql) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut leading = true;
+    for t in &scan.tokens {
+        let is_comment = t.token == Token::CComment as i32 || t.token == Token::SqlComment as i32;
+        if !is_comment {
+            leading = false;
+            continue;
+        }
+        let (Ok(s), Ok(e)) = (usize::try_from(t.start), usize::try_from(t.end)) else {
+            continue;
+        };
+        if let Some(text) = sql.get(s..e) {
+            out.push((text.to_owned(), leading));
+        }
+    }
+    out
+}
+
+/// `pgfresh:primary` / `pgfresh:replica` as a word of a comment.
+fn hint_of(comment: &str) -> Option<RouteHint> {
+    let body = comment
+        .strip_prefix("/*")
+        .map(|b| b.strip_suffix("*/").unwrap_or(b))
+        .or_else(|| comment.strip_prefix("--"))
+        .unwrap_or(comment);
+    body.split(|c: char| c.is_whitespace() || c == ',' || c == ';')
+        .find_map(|w| match w.to_ascii_lowercase().as_str() {
+            "pgfresh:primary" => Some(RouteHint::Primary),
+            "pgfresh:replica" => Some(RouteHint::Replica),
+            _ => None,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hint_parsing() {
+        assert_eq!(hint_of("/* pgfresh:primary */"), Some(RouteHint::Primary));
+        assert_eq!(hint_of("-- PGFRESH:REPLICA"), Some(RouteHint::Replica));
+        assert_eq!(hint_of("/*pgfresh:replica*/"), Some(RouteHint::Replica));
+        assert_eq!(hint_of("/* app=web */"), None);
+    }
+}

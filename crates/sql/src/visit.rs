@@ -1,0 +1,530 @@
+//! One recursive pass over a statement's parse tree, collecting relations, functions and
+//! must-primary reasons with their context (write target, CTE scope, locking clause).
+
+use pg_query::protobuf::{self, a_const, Node};
+use pg_query::{NodeEnum, NodeRef};
+
+use crate::functions::{classify_builtin, Builtin};
+use crate::model::{MustPrimary, SessionEffect};
+use crate::names::{FuncName, RelName};
+
+/// Accumulates what one statement touches.
+#[derive(Default)]
+pub(crate) struct Walker {
+    pub reads: Vec<RelName>,
+    pub writes: Vec<RelName>,
+    pub reasons: Vec<MustPrimary>,
+    pub functions: Vec<FuncName>,
+    pub session: Option<SessionEffect>,
+    pub touches_catalog: bool,
+    /// A data-modifying statement (INSERT/UPDATE/DELETE/MERGE/SELECT INTO) was seen.
+    pub writes_data: bool,
+    /// CTE names visible at the current point, innermost last.
+    ctes: Vec<String>,
+}
+
+/// Folded relation name of a RangeVar.
+pub(crate) fn rel_name(rv: &protobuf::RangeVar) -> RelName {
+    RelName::new(Some(rv.schemaname.as_str()), &rv.relname)
+}
+
+/// Folded function name from a `funcname` list (`[catalog.]schema.name` keeps the last two).
+pub(crate) fn func_name(parts: &[Node]) -> Option<FuncName> {
+    let mut strings = parts.iter().filter_map(|n| match &n.node {
+        Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+        _ => None,
+    });
+    let count = parts.len();
+    let strings: Vec<&str> = strings.by_ref().collect();
+    if strings.len() != count || strings.is_empty() {
+        return None;
+    }
+    let name = strings[strings.len() - 1];
+    let schema = (strings.len() >= 2).then(|| strings[strings.len() - 2]);
+    Some(FuncName::new(schema, name))
+}
+
+/// The string value of a literal (`'x'`, `42`, `1.5`, `true`), as PostgreSQL would print it.
+pub(crate) fn const_text(node: &Node) -> Option<String> {
+    match &node.node {
+        Some(NodeEnum::AConst(c)) => match &c.val {
+            Some(a_const::Val::Sval(s)) => Some(s.sval.clone()),
+            Some(a_const::Val::Ival(i)) => Some(i.ival.to_string()),
+            Some(a_const::Val::Fval(f)) => Some(f.fval.clone()),
+            Some(a_const::Val::Boolval(b)) => Some(if b.boolval { "on" } else { "off" }.into()),
+            Some(a_const::Val::Bsval(b)) => Some(b.bsval.clone()),
+            None => None,
+        },
+        Some(NodeEnum::TypeCast(t)) => t.arg.as_deref().and_then(const_text),
+        Some(NodeEnum::String(s)) => Some(s.sval.clone()),
+        Some(NodeEnum::Integer(i)) => Some(i.ival.to_string()),
+        Some(NodeEnum::Boolean(b)) => Some(if b.boolval { "on" } else { "off" }.into()),
+        _ => None,
+    }
+}
+
+impl Walker {
+    fn opt(&mut self, node: &Option<Box<Node>>) {
+        if let Some(n) = node {
+            self.expr(n);
+        }
+    }
+
+    fn list(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            self.expr(n);
+        }
+    }
+
+    fn reason(&mut self, r: MustPrimary) {
+        self.reasons.push(r);
+    }
+
+    fn note_special(&mut self, rv: &protobuf::RangeVar, name: &RelName) {
+        if rv.relpersistence == "t" || name.schema().is_some_and(|s| s.starts_with("pg_temp")) {
+            self.reason(MustPrimary::TempRelation(name.clone()));
+        }
+    }
+
+    /// A relation in a reading position; CTE names in scope are not relations.
+    pub fn read_rel(&mut self, rv: &protobuf::RangeVar) {
+        if rv.schemaname.is_empty() && self.ctes.contains(&rv.relname) {
+            return;
+        }
+        let name = rel_name(rv);
+        self.note_special(rv, &name);
+        if name.is_system_catalog() {
+            self.touches_catalog = true;
+        }
+        self.reads.push(name);
+    }
+
+    /// A relation that the statement writes (never a CTE name).
+    pub fn write_rel(&mut self, rv: &protobuf::RangeVar) {
+        let name = rel_name(rv);
+        self.note_special(rv, &name);
+        self.writes.push(name);
+    }
+
+    /// A list of RangeVar nodes that are written (TRUNCATE, DDL targets).
+    pub fn write_rels(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            if let Some(NodeEnum::RangeVar(rv)) = &n.node {
+                self.write_rel(rv);
+            }
+        }
+    }
+
+    /// A list of RangeVar nodes that are only read or locked.
+    pub fn read_rels(&mut self, nodes: &[Node]) {
+        for n in nodes {
+            if let Some(NodeEnum::RangeVar(rv)) = &n.node {
+                self.read_rel(rv);
+            }
+        }
+    }
+
+    /// Enters a WITH clause; returns the scope mark to restore with [`Walker::leave_with`].
+    fn enter_with(&mut self, with: &Option<protobuf::WithClause>) -> usize {
+        let mark = self.ctes.len();
+        if let Some(w) = with {
+            for cte in &w.ctes {
+                if let Some(NodeEnum::CommonTableExpr(c)) = &cte.node {
+                    if w.recursive {
+                        self.ctes.push(c.ctename.clone());
+                    }
+                    if let Some(q) = &c.ctequery {
+                        self.query(q, true);
+                    }
+                    if !w.recursive {
+                        self.ctes.push(c.ctename.clone());
+                    }
+                }
+            }
+        }
+        mark
+    }
+
+    fn leave_with(&mut self, mark: usize) {
+        self.ctes.truncate(mark);
+    }
+
+    /// A statement in query position. `nested` is true inside a CTE or subquery, where a
+    /// data-modifying statement makes a writable CTE.
+    pub fn query(&mut self, node: &Node, nested: bool) {
+        match &node.node {
+            Some(NodeEnum::SelectStmt(s)) => self.select(s),
+            Some(NodeEnum::InsertStmt(s)) => self.insert(s, nested),
+            Some(NodeEnum::UpdateStmt(s)) => self.update(s, nested),
+            Some(NodeEnum::DeleteStmt(s)) => self.delete(s, nested),
+            Some(NodeEnum::MergeStmt(s)) => self.merge(s, nested),
+            Some(other) => self.fallback(other),
+            None => {}
+        }
+    }
+
+    pub fn select(&mut self, s: &protobuf::SelectStmt) {
+        let mark = self.enter_with(&s.with_clause);
+        if let Some(l) = &s.larg {
+            self.select(l);
+        }
+        if let Some(r) = &s.rarg {
+            self.select(r);
+        }
+        for item in &s.from_clause {
+            self.range_item(item);
+        }
+        self.list(&s.distinct_clause);
+        self.list(&s.target_list);
+        self.opt(&s.where_clause);
+        self.list(&s.group_clause);
+        self.opt(&s.having_clause);
+        self.list(&s.window_clause);
+        for row in &s.values_lists {
+            self.expr(row);
+        }
+        self.list(&s.sort_clause);
+        self.opt(&s.limit_offset);
+        self.opt(&s.limit_count);
+        if !s.locking_clause.is_empty() {
+            self.reason(MustPrimary::LockingClause);
+        }
+        if let Some(into) = &s.into_clause {
+            self.writes_data = true;
+            self.reason(MustPrimary::SelectInto);
+            if let Some(rel) = &into.rel {
+                self.write_rel(rel);
+                if rel.relpersistence == "t" && self.session.is_none() {
+                    self.session = Some(SessionEffect::CreateTemp(rel_name(rel)));
+                }
+            }
+        }
+        self.leave_with(mark);
+    }
+
+    fn dml_common(&mut self, nested: bool) {
+        self.writes_data = true;
+        if nested {
+            self.reason(MustPrimary::WritableCte);
+        }
+    }
+
+    pub fn insert(&mut self, s: &protobuf::InsertStmt, nested: bool) {
+        self.dml_common(nested);
+        let mark = self.enter_with(&s.with_clause);
+        if let Some(rel) = &s.relation {
+            self.write_rel(rel);
+        }
+        if let Some(src) = &s.select_stmt {
+            self.query(src, true);
+        }
+        if let Some(oc) = &s.on_conflict_clause {
+            if let Some(infer) = &oc.infer {
+                self.list(&infer.index_elems);
+                self.opt(&infer.where_clause);
+            }
+            self.list(&oc.target_list);
+            self.opt(&oc.where_clause);
+        }
+        self.list(&s.returning_list);
+        self.leave_with(mark);
+    }
+
+    pub fn update(&mut self, s: &protobuf::UpdateStmt, nested: bool) {
+        self.dml_common(nested);
+        let mark = self.enter_with(&s.with_clause);
+        if let Some(rel) = &s.relation {
+            self.write_rel(rel);
+        }
+        for item in &s.from_clause {
+            self.range_item(item);
+        }
+        self.list(&s.target_list);
+        self.opt(&s.where_clause);
+        self.list(&s.returning_list);
+        self.leave_with(mark);
+    }
+
+    pub fn delete(&mut self, s: &protobuf::DeleteStmt, nested: bool) {
+        self.dml_common(nested);
+        let mark = self.enter_with(&s.with_clause);
+        if let Some(rel) = &s.relation {
+            self.write_rel(rel);
+        }
+        for item in &s.using_clause {
+            self.range_item(item);
+        }
+        self.opt(&s.where_clause);
+        self.list(&s.returning_list);
+        self.leave_with(mark);
+    }
+
+    pub fn merge(&mut self, s: &protobuf::MergeStmt, nested: bool) {
+        self.dml_common(nested);
+        let mark = self.enter_with(&s.with_clause);
+        if let Some(rel) = &s.relation {
+            self.write_rel(rel);
+        }
+        if let Some(src) = &s.source_relation {
+            self.range_item(src);
+        }
+        self.opt(&s.join_condition);
+        for w in &s.merge_when_clauses {
+            if let Some(NodeEnum::MergeWhenClause(c)) = &w.node {
+                self.opt(&c.condition);
+                self.list(&c.target_list);
+                self.list(&c.values);
+            }
+        }
+        self.list(&s.returning_list);
+        self.leave_with(mark);
+    }
+
+    /// An item of a FROM / USING list.
+    fn range_item(&mut self, node: &Node) {
+        match &node.node {
+            Some(NodeEnum::RangeVar(rv)) => self.read_rel(rv),
+            Some(NodeEnum::JoinExpr(j)) => {
+                if let Some(l) = &j.larg {
+                    self.range_item(l);
+                }
+                if let Some(r) = &j.rarg {
+                    self.range_item(r);
+                }
+                self.opt(&j.quals);
+            }
+            Some(NodeEnum::RangeSubselect(r)) => {
+                if let Some(q) = &r.subquery {
+                    self.query(q, true);
+                }
+            }
+            Some(NodeEnum::RangeFunction(r)) => {
+                // `functions` holds lists of (FuncCall, column definitions).
+                for f in &r.functions {
+                    self.expr(f);
+                }
+            }
+            Some(NodeEnum::RangeTableSample(r)) => {
+                if let Some(rel) = &r.relation {
+                    self.range_item(rel);
+                }
+                self.list(&r.args);
+                self.opt(&r.repeatable);
+            }
+            Some(NodeEnum::RangeTableFunc(r)) => {
+                self.opt(&r.docexpr);
+                self.opt(&r.rowexpr);
+                self.list(&r.namespaces);
+                for c in &r.columns {
+                    if let Some(NodeEnum::RangeTableFuncCol(col)) = &c.node {
+                        self.opt(&col.colexpr);
+                        self.opt(&col.coldefexpr);
+                    }
+                }
+            }
+            Some(_) => self.expr(node),
+            None => {}
+        }
+    }
+
+    pub fn func_call(&mut self, f: &protobuf::FuncCall) {
+        if let Some(name) = func_name(&f.funcname) {
+            match classify_builtin(&name) {
+                Builtin::Primary(r) => self.reason(r),
+                Builtin::SetConfig => {
+                    self.reason(MustPrimary::SetConfig);
+                    if self.session.is_none() {
+                        let arg = |i: usize| f.args.get(i).and_then(const_text);
+                        self.session = Some(SessionEffect::SetConfig {
+                            name: arg(0),
+                            value: arg(1),
+                            local: arg(2).map(|v| matches!(v.as_str(), "on" | "true" | "t")),
+                        });
+                    }
+                }
+                Builtin::StandbySafe | Builtin::Unknown => {}
+            }
+            self.functions.push(name);
+        }
+        self.list(&f.args);
+        self.list(&f.agg_order);
+        self.opt(&f.agg_filter);
+        if let Some(w) = &f.over {
+            self.window(w);
+        }
+    }
+
+    fn window(&mut self, w: &protobuf::WindowDef) {
+        self.list(&w.partition_clause);
+        self.list(&w.order_clause);
+        self.opt(&w.start_offset);
+        self.opt(&w.end_offset);
+    }
+
+    fn json_value(&mut self, v: &Option<Box<protobuf::JsonValueExpr>>) {
+        if let Some(v) = v {
+            self.opt(&v.raw_expr);
+            self.opt(&v.formatted_expr);
+        }
+    }
+
+    /// An expression (or any node in expression position).
+    pub fn expr(&mut self, node: &Node) {
+        let Some(n) = &node.node else { return };
+        match n {
+            NodeEnum::ColumnRef(_)
+            | NodeEnum::ParamRef(_)
+            | NodeEnum::AConst(_)
+            | NodeEnum::AStar(_)
+            | NodeEnum::Integer(_)
+            | NodeEnum::Float(_)
+            | NodeEnum::String(_)
+            | NodeEnum::Boolean(_)
+            | NodeEnum::BitString(_)
+            | NodeEnum::SqlvalueFunction(_)
+            | NodeEnum::CurrentOfExpr(_)
+            | NodeEnum::SetToDefault(_)
+            | NodeEnum::TypeName(_)
+            | NodeEnum::Alias(_)
+            | NodeEnum::ColumnDef(_)
+            | NodeEnum::RangeTableFuncCol(_)
+            | NodeEnum::JsonFormat(_)
+            | NodeEnum::JsonOutput(_)
+            | NodeEnum::JsonReturning(_) => {}
+            NodeEnum::AExpr(e) => {
+                self.opt(&e.lexpr);
+                self.opt(&e.rexpr);
+            }
+            NodeEnum::BoolExpr(e) => self.list(&e.args),
+            NodeEnum::NullTest(e) => self.opt(&e.arg),
+            NodeEnum::BooleanTest(e) => self.opt(&e.arg),
+            NodeEnum::TypeCast(e) => self.opt(&e.arg),
+            NodeEnum::CollateClause(e) => self.opt(&e.arg),
+            NodeEnum::NamedArgExpr(e) => self.opt(&e.arg),
+            NodeEnum::AIndirection(e) => {
+                self.opt(&e.arg);
+                self.list(&e.indirection);
+            }
+            NodeEnum::AIndices(e) => {
+                self.opt(&e.lidx);
+                self.opt(&e.uidx);
+            }
+            NodeEnum::AArrayExpr(e) => self.list(&e.elements),
+            NodeEnum::RowExpr(e) => self.list(&e.args),
+            NodeEnum::CoalesceExpr(e) => self.list(&e.args),
+            NodeEnum::MinMaxExpr(e) => self.list(&e.args),
+            NodeEnum::CaseExpr(e) => {
+                self.opt(&e.arg);
+                self.list(&e.args);
+                self.opt(&e.defresult);
+            }
+            NodeEnum::CaseWhen(e) => {
+                self.opt(&e.expr);
+                self.opt(&e.result);
+            }
+            NodeEnum::List(l) => self.list(&l.items),
+            NodeEnum::ResTarget(t) => {
+                self.list(&t.indirection);
+                self.opt(&t.val);
+            }
+            NodeEnum::MultiAssignRef(m) => self.opt(&m.source),
+            NodeEnum::SubLink(s) => {
+                self.opt(&s.testexpr);
+                if let Some(q) = &s.subselect {
+                    self.query(q, true);
+                }
+            }
+            NodeEnum::FuncCall(f) => self.func_call(f),
+            NodeEnum::SortBy(s) => self.opt(&s.node),
+            NodeEnum::WindowDef(w) => self.window(w),
+            NodeEnum::GroupingSet(g) => self.list(&g.content),
+            NodeEnum::XmlExpr(x) => {
+                self.list(&x.named_args);
+                self.list(&x.args);
+            }
+            NodeEnum::XmlSerialize(x) => self.opt(&x.expr),
+            NodeEnum::IndexElem(i) => self.opt(&i.expr),
+            NodeEnum::JsonValueExpr(v) => {
+                self.opt(&v.raw_expr);
+                self.opt(&v.formatted_expr);
+            }
+            NodeEnum::JsonObjectConstructor(j) => self.list(&j.exprs),
+            NodeEnum::JsonArrayConstructor(j) => self.list(&j.exprs),
+            NodeEnum::JsonArrayQueryConstructor(j) => {
+                if let Some(q) = &j.query {
+                    self.query(q, true);
+                }
+            }
+            NodeEnum::JsonKeyValue(kv) => {
+                self.opt(&kv.key);
+                self.json_value(&kv.value);
+            }
+            NodeEnum::JsonIsPredicate(j) => self.opt(&j.expr),
+            NodeEnum::JsonScalarExpr(j) => self.opt(&j.expr),
+            NodeEnum::JsonParseExpr(j) => self.json_value(&j.expr),
+            NodeEnum::JsonSerializeExpr(j) => self.json_value(&j.expr),
+            NodeEnum::JsonArgument(a) => self.json_value(&a.val),
+            NodeEnum::JsonFuncExpr(j) => {
+                self.json_value(&j.context_item);
+                self.opt(&j.pathspec);
+                self.list(&j.passing);
+                for b in [&j.on_empty, &j.on_error].into_iter().flatten() {
+                    self.opt(&b.expr);
+                }
+            }
+            NodeEnum::SelectStmt(_)
+            | NodeEnum::InsertStmt(_)
+            | NodeEnum::UpdateStmt(_)
+            | NodeEnum::DeleteStmt(_)
+            | NodeEnum::MergeStmt(_) => self.query(node, true),
+            NodeEnum::RangeVar(rv) => self.read_rel(rv),
+            NodeEnum::JoinExpr(_)
+            | NodeEnum::RangeSubselect(_)
+            | NodeEnum::RangeFunction(_)
+            | NodeEnum::RangeTableSample(_)
+            | NodeEnum::RangeTableFunc(_) => self.range_item(node),
+            other => self.fallback(other),
+        }
+    }
+
+    /// Conservative catch-all for node types the walker does not model: every relation found
+    /// anywhere below counts as read, every data-modifying statement as a writable CTE.
+    fn fallback(&mut self, node: &NodeEnum) {
+        for (n, _, _, _) in node.nodes() {
+            match n {
+                NodeRef::RangeVar(rv) => self.read_rel(rv),
+                NodeRef::FuncCall(f) => {
+                    if let Some(name) = func_name(&f.funcname) {
+                        if let Builtin::Primary(r) = classify_builtin(&name) {
+                            self.reason(r);
+                        } else if let Builtin::SetConfig = classify_builtin(&name) {
+                            self.reason(MustPrimary::SetConfig);
+                        }
+                        self.functions.push(name);
+                    }
+                }
+                NodeRef::InsertStmt(s) => self.fallback_write(s.relation.as_ref()),
+                NodeRef::UpdateStmt(s) => self.fallback_write(s.relation.as_ref()),
+                NodeRef::DeleteStmt(s) => self.fallback_write(s.relation.as_ref()),
+                NodeRef::MergeStmt(s) => self.fallback_write(s.relation.as_ref()),
+                NodeRef::SelectStmt(s) => {
+                    if !s.locking_clause.is_empty() {
+                        self.reason(MustPrimary::LockingClause);
+                    }
+                    if s.into_clause.is_some() {
+                        self.writes_data = true;
+                        self.reason(MustPrimary::SelectInto);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn fallback_write(&mut self, rel: Option<&protobuf::RangeVar>) {
+        self.dml_common(true);
+        if let Some(rv) = rel {
+            self.write_rel(rv);
+        }
+    }
+}
