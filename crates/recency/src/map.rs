@@ -1,0 +1,431 @@
+//! The map itself: construction, settings, and recording writes.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use dashmap::mapref::entry::Entry as MapEntry;
+use dashmap::DashMap;
+use pgfresh_lsn::Lsn;
+
+use crate::clock::Clock;
+use crate::config::{RecencyConfig, RelKey, RelPattern};
+use crate::counters::Counters;
+use crate::hotness::RecencyStats;
+use crate::key::{BorrowedKey, KeyView, SlotKey};
+
+/// `max_staleness_ms` value meaning "no cap".
+pub(crate) const NO_STALENESS_CAP: u64 = u64::MAX;
+
+/// Queue items a full map sweeps before it gives up on storing a write.
+const RECLAIM_BATCH: usize = 64;
+
+/// Number of sweep-queue stripes (independent mutexes).
+const QUEUE_STRIPES: usize = 32;
+
+/// One written relation: a schema (or none, for an unqualified write) under a
+/// (database, name) slot.
+pub(crate) struct Entry {
+    pub(crate) schema: Option<Box<str>>,
+    pub(crate) last_write_ms: u64,
+    /// First write of the current unbroken hot streak.
+    pub(crate) streak_start_ms: u64,
+    /// Highest commit LSN of the streak; 0 when any write of it had none.
+    pub(crate) lsn: u64,
+    pub(crate) writes: u64,
+    pub(crate) hits: AtomicU64,
+}
+
+impl Entry {
+    fn new(schema: Option<&str>, now: u64, lsn: u64) -> Self {
+        Entry {
+            schema: schema.map(Into::into),
+            last_write_ms: now,
+            streak_start_ms: now,
+            lsn,
+            writes: 1,
+            hits: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&mut self, now: u64, ttl: u64, lsn: u64) {
+        if now.saturating_sub(self.last_write_ms) >= ttl {
+            // The previous write has expired: a new streak begins and the old
+            // position no longer matters.
+            self.streak_start_ms = now;
+            self.lsn = lsn;
+        } else {
+            self.lsn = combine_lsn(self.lsn, lsn);
+        }
+        self.last_write_ms = self.last_write_ms.max(now);
+        self.writes += 1;
+    }
+}
+
+/// Merges two commit positions where 0 means "unknown": unknown wins, since a reader
+/// cannot wait for a position nobody knows.
+pub(crate) fn combine_lsn(a: u64, b: u64) -> u64 {
+    if a == 0 || b == 0 {
+        0
+    } else {
+        a.max(b)
+    }
+}
+
+/// All entries sharing a (database, name).
+pub(crate) struct Slot {
+    /// Distinguishes this slot from an earlier one with the same key, so a stale
+    /// sweep-queue item never touches a re-created slot.
+    pub(crate) generation: u64,
+    pub(crate) entries: Vec<Entry>,
+}
+
+/// Dropped writes of one database while the map was full.
+pub(crate) struct OverflowState {
+    pub(crate) last_drop_ms: u64,
+    pub(crate) lsn: u64,
+}
+
+/// A reminder to look at a slot once `since_ms + ttl` has passed.
+pub(crate) struct QueueItem {
+    pub(crate) key: SlotKey,
+    pub(crate) generation: u64,
+    pub(crate) since_ms: u64,
+}
+
+pub(crate) struct Lists {
+    pub(crate) never_track: Vec<RelPattern>,
+    pub(crate) always_hot: Vec<RelPattern>,
+}
+
+/// The recency map: which relations of which database were written recently.
+///
+/// The proxy calls [`RecencyMap::mark`] when a writing transaction commits (before
+/// the client sees the commit) and [`RecencyMap::lookup`] to route each read. A
+/// background task calls [`RecencyMap::sweep`] periodically to free expired entries.
+/// All methods take `&self`; share the map with an `Arc`.
+///
+/// Storage is a [`DashMap`] keyed by (database, relation name); each slot holds one
+/// entry per schema the name was written under (or none, for an unqualified write),
+/// which is what the conservative schema matching needs. Lookups take only the
+/// shard read locks of the slots they probe; there is no global lock on the read
+/// path, and a lookup of relations that are not in the map allocates nothing.
+///
+/// Settings (TTL, caps, lists) live in atomics and are read at each call, so changes
+/// apply to existing entries at once.
+pub struct RecencyMap {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) ttl_ms: AtomicU64,
+    pub(crate) max_ttl_ms: AtomicU64,
+    pub(crate) max_staleness_ms: AtomicU64,
+    pub(crate) cold_start_ms: AtomicU64,
+    /// End of the cold-start window; 0 when none is pending.
+    pub(crate) cold_start_until: AtomicU64,
+    pub(crate) max_entries: AtomicUsize,
+    pub(crate) entries: AtomicUsize,
+    pub(crate) lists: ArcSwap<Lists>,
+    pub(crate) slots: DashMap<SlotKey, Slot>,
+    pub(crate) overflow: DashMap<Box<str>, OverflowState>,
+    pub(crate) overflow_dbs: AtomicUsize,
+    pub(crate) queue: Box<[Mutex<VecDeque<QueueItem>>]>,
+    pub(crate) sweep_cursor: AtomicUsize,
+    next_generation: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+enum MarkOutcome {
+    Stored,
+    Full,
+}
+
+impl RecencyMap {
+    /// A map with `cfg`, reading time from `clock`. The TTL is clamped to
+    /// `max_ttl_ms`. The cold-start window (if `cold_start_ms > 0`) begins now.
+    pub fn new(cfg: RecencyConfig, clock: Arc<dyn Clock>) -> Self {
+        let map = RecencyMap {
+            clock,
+            ttl_ms: AtomicU64::new(cfg.ttl_ms.min(cfg.max_ttl_ms)),
+            max_ttl_ms: AtomicU64::new(cfg.max_ttl_ms),
+            max_staleness_ms: AtomicU64::new(cfg.max_staleness_ms.unwrap_or(NO_STALENESS_CAP)),
+            cold_start_ms: AtomicU64::new(cfg.cold_start_ms),
+            cold_start_until: AtomicU64::new(0),
+            max_entries: AtomicUsize::new(cfg.max_entries),
+            entries: AtomicUsize::new(0),
+            lists: ArcSwap::from_pointee(Lists {
+                never_track: cfg.never_track,
+                always_hot: cfg.always_hot,
+            }),
+            slots: DashMap::new(),
+            overflow: DashMap::new(),
+            overflow_dbs: AtomicUsize::new(0),
+            queue: (0..QUEUE_STRIPES).map(|_| Mutex::default()).collect(),
+            sweep_cursor: AtomicUsize::new(0),
+            next_generation: AtomicU64::new(1),
+            counters: Counters::default(),
+        };
+        map.begin_cold_start();
+        map
+    }
+
+    /// Sets the TTL, clamped to the max TTL, and returns the value in effect. Applies
+    /// to existing entries at once: shortening it cools entries older than the new
+    /// value, lengthening it re-heats entries that are unswept and within it.
+    pub fn set_ttl_ms(&self, ms: u64) -> u64 {
+        let effective = ms.min(self.max_ttl_ms.load(Ordering::Acquire));
+        self.ttl_ms.store(effective, Ordering::Release);
+        effective
+    }
+
+    /// The TTL in effect.
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms.load(Ordering::Acquire)
+    }
+
+    /// Sets the cap on the TTL; a TTL above the new cap is lowered to it. Returns
+    /// the TTL in effect afterwards.
+    pub fn set_max_ttl_ms(&self, ms: u64) -> u64 {
+        self.max_ttl_ms.store(ms, Ordering::Release);
+        let previous = self.ttl_ms.fetch_min(ms, Ordering::AcqRel);
+        previous.min(ms)
+    }
+
+    /// The cap on the TTL.
+    pub fn max_ttl_ms(&self) -> u64 {
+        self.max_ttl_ms.load(Ordering::Acquire)
+    }
+
+    /// Sets or clears the staleness cap (see [`RecencyConfig::max_staleness_ms`]).
+    /// `Some(0)` means writes never force reads.
+    pub fn set_max_staleness_ms(&self, ms: Option<u64>) {
+        self.max_staleness_ms
+            .store(ms.unwrap_or(NO_STALENESS_CAP), Ordering::Release);
+    }
+
+    /// The staleness cap.
+    pub fn max_staleness_ms(&self) -> Option<u64> {
+        match self.max_staleness_ms.load(Ordering::Acquire) {
+            NO_STALENESS_CAP => None,
+            ms => Some(ms),
+        }
+    }
+
+    /// Sets the length of future cold-start windows (a running window keeps its end).
+    pub fn set_cold_start_ms(&self, ms: u64) {
+        self.cold_start_ms.store(ms, Ordering::Release);
+    }
+
+    /// Sets the entry cap. Lowering it below the current count drops no entry; new
+    /// writes overflow until enough entries expire.
+    pub fn set_max_entries(&self, max: usize) {
+        self.max_entries.store(max, Ordering::Release);
+    }
+
+    /// Replaces the never-track and always-hot lists. Entries already recorded for a
+    /// relation that becomes never-tracked stay until they expire.
+    pub fn set_lists(&self, never_track: Vec<RelPattern>, always_hot: Vec<RelPattern>) {
+        self.lists.store(Arc::new(Lists {
+            never_track,
+            always_hot,
+        }));
+    }
+
+    /// Starts a cold-start window of `cold_start_ms` from now: every lookup answers
+    /// hot until it ends. Call it on failover or when the node set changes. A window
+    /// already running is extended, never shortened. While the TTL is 0 lookups
+    /// ignore the window (recency forcing is off altogether).
+    pub fn begin_cold_start(&self) {
+        let ms = self.cold_start_ms.load(Ordering::Acquire);
+        if ms == 0 {
+            return;
+        }
+        let until = self.clock.now_ms().saturating_add(ms);
+        self.cold_start_until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Number of entries held, including expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.entries.load(Ordering::Acquire)
+    }
+
+    /// True when no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> RecencyStats {
+        let c = &self.counters;
+        let hits_recent_write = c.hits_recent_write.get();
+        let hits_always_hot = c.hits_always_hot.get();
+        let hits_cold_start = c.hits_cold_start.get();
+        let hits_overflow = c.hits_overflow.get();
+        RecencyStats {
+            marks: c.marks.get(),
+            never_tracked: c.never_tracked.get(),
+            lookups: c.lookups.get(),
+            hits: hits_recent_write + hits_always_hot + hits_cold_start + hits_overflow,
+            hits_recent_write,
+            hits_always_hot,
+            hits_cold_start,
+            hits_overflow,
+            stale_releases: c.stale_releases.get(),
+            expirations: c.expirations.get(),
+            overflows: c.overflows.get(),
+            entries: self.len() as u64,
+        }
+    }
+
+    /// Records that a transaction which wrote `rels` in database `db` committed at
+    /// `commit_lsn` (when known). Call it before the commit's result is forwarded to
+    /// the client; once it returns, every lookup sees the write.
+    ///
+    /// Does nothing while the TTL is 0. Relations covered by the never-track list
+    /// are skipped. A relation that would need a new entry while the map holds
+    /// `max_entries` is dropped after a small reclaiming sweep; the database is then
+    /// reported hot ([`crate::HotReason::Overflow`]) for one TTL after the last drop.
+    /// `Lsn(0)` counts as unknown.
+    pub fn mark(&self, db: &str, rels: &[RelKey<'_>], commit_lsn: Option<Lsn>) {
+        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        if ttl == 0 || rels.is_empty() {
+            return;
+        }
+        let lists = self.lists.load_full();
+        let now = self.clock.now_ms();
+        let lsn = commit_lsn.map_or(0, |l| l.0);
+        let (mut stored, mut skipped) = (0, 0);
+        for rel in rels {
+            if lists.never_track.iter().any(|p| p.covers(rel)) {
+                skipped += 1;
+            } else if self.mark_one(db, rel, now, ttl, lsn) {
+                stored += 1;
+            }
+        }
+        if stored > 0 {
+            self.counters.marks.add(stored);
+        }
+        if skipped > 0 {
+            self.counters.never_tracked.add(skipped);
+        }
+    }
+
+    fn mark_one(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64) -> bool {
+        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn) {
+            return true;
+        }
+        self.sweep(RECLAIM_BATCH);
+        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn) {
+            return true;
+        }
+        self.record_overflow(db, now, lsn);
+        false
+    }
+
+    fn try_mark(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64) -> MarkOutcome {
+        let probe = BorrowedKey { db, name: rel.name };
+        if let Some(mut slot) = self.slots.get_mut(&probe as &dyn KeyView) {
+            return self.update_slot(&mut slot, rel.schema, now, ttl, lsn, false);
+        }
+        if !self.reserve() {
+            return MarkOutcome::Full;
+        }
+        let key = SlotKey::new(db, rel.name);
+        match self.slots.entry(key.clone()) {
+            MapEntry::Occupied(mut slot) => {
+                self.update_slot(slot.get_mut(), rel.schema, now, ttl, lsn, true)
+            }
+            MapEntry::Vacant(vacant) => {
+                let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
+                vacant.insert(Slot {
+                    generation,
+                    entries: vec![Entry::new(rel.schema, now, lsn)],
+                });
+                self.enqueue(QueueItem {
+                    key,
+                    generation,
+                    since_ms: now,
+                });
+                MarkOutcome::Stored
+            }
+        }
+    }
+
+    fn update_slot(
+        &self,
+        slot: &mut Slot,
+        schema: Option<&str>,
+        now: u64,
+        ttl: u64,
+        lsn: u64,
+        reserved: bool,
+    ) -> MarkOutcome {
+        if let Some(entry) = slot
+            .entries
+            .iter_mut()
+            .find(|e| e.schema.as_deref() == schema)
+        {
+            entry.record(now, ttl, lsn);
+            if reserved {
+                self.entries.fetch_sub(1, Ordering::AcqRel);
+            }
+            return MarkOutcome::Stored;
+        }
+        if !reserved && !self.reserve() {
+            return MarkOutcome::Full;
+        }
+        slot.entries.push(Entry::new(schema, now, lsn));
+        MarkOutcome::Stored
+    }
+
+    /// Claims room for one new entry; false when the map is full.
+    fn reserve(&self) -> bool {
+        let max = self.max_entries.load(Ordering::Acquire);
+        self.entries
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn record_overflow(&self, db: &str, now: u64, lsn: u64) {
+        self.counters.overflows.add(1);
+        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let update = |st: &mut OverflowState| {
+            if now.saturating_sub(st.last_drop_ms) >= ttl {
+                st.lsn = lsn;
+            } else {
+                st.lsn = combine_lsn(st.lsn, lsn);
+            }
+            st.last_drop_ms = st.last_drop_ms.max(now);
+        };
+        if let Some(mut st) = self.overflow.get_mut(db) {
+            update(&mut st);
+            return;
+        }
+        match self.overflow.entry(db.into()) {
+            MapEntry::Occupied(mut st) => update(st.get_mut()),
+            MapEntry::Vacant(vacant) => {
+                vacant.insert(OverflowState {
+                    last_drop_ms: now,
+                    lsn,
+                });
+                self.overflow_dbs.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    pub(crate) fn queue_stripe(&self, key: &SlotKey) -> MutexGuard<'_, VecDeque<QueueItem>> {
+        let i = self.slots.hash_usize(key) % self.queue.len();
+        lock(&self.queue[i])
+    }
+
+    pub(crate) fn enqueue(&self, item: QueueItem) {
+        self.queue_stripe(&item.key).push_back(item);
+    }
+}
+
+/// Locks a queue stripe. The queues hold no invariant a panic could break, so a
+/// poisoned lock is simply taken over.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
