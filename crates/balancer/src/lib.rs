@@ -1,1 +1,378 @@
-//! pgfresh-balancer
+//! The live cluster view behind pgfresh's routing: which node is the primary, which
+//! replicas are healthy, how far behind each one is, and which replica serves the next read.
+//!
+//! [`Balancer::start`] spawns one monitor task per configured node on the current tokio
+//! runtime. Each task keeps its own connection (never one from the client pools, so a
+//! saturated pool cannot hide a failover) and polls every `sr_check_period`:
+//! `pg_is_in_recovery()`, the primary's `pg_current_wal_lsn()` and timeline, and a
+//! standby's replay and receive positions, pause state, last replayed transaction time and
+//! WAL receiver status and timeline. Every poll publishes a new immutable [`ClusterView`]
+//! that readers load without locking ([`Balancer::view`]).
+//!
+//! * **Roles** come only from the polls, never from the configuration order. The primary
+//!   switches as soon as exactly one node is out of recovery (see
+//!   [`eligibility::choose_primary`]); a second one is flagged
+//!   ([`Ineligible::SecondPrimary`]) and never named the write target.
+//! * **Lag** is per replica ([`lag`]): bytes = primary current LSN − replica replay LSN,
+//!   never negative; time = 0 once replay reached the primary's position, otherwise the
+//!   age of the last replayed transaction. Externally measured lag can be pushed
+//!   ([`Balancer::push_external_lag`]) and raises the time lag while it is fresh.
+//! * **Eligibility**: healthy, in recovery, streaming, not paused, on the primary's
+//!   timeline, and within the byte and time thresholds, with hysteresis on the way back.
+//!   Every ineligible node carries an [`Ineligible`] reason.
+//! * **Selection** ([`Balancer::select_replica`]): weighted random or least outstanding
+//!   requests, optionally only among the least-lagged replicas, optionally only among
+//!   replicas that replayed a required position. [`Balancer::wait_for`] waits, poll by
+//!   poll, for such a replica.
+//! * **Events** ([`Balancer::subscribe`]): role, primary and eligibility changes.
+//! * **Metrics** through the `metrics` facade: gauges `pgfresh_replica_lag_bytes{node}`,
+//!   `pgfresh_replica_lag_seconds{node}`, `pgfresh_replica_max_lag_bytes`,
+//!   `pgfresh_replica_max_lag_seconds`, `pgfresh_replica_eligible{node}`,
+//!   `pgfresh_replica_ineligible{node,reason}` (1 for the current reason) and the counter
+//!   `pgfresh_role_changes_total{node}`.
+
+pub mod eligibility;
+pub mod lag;
+mod monitor;
+pub mod select;
+mod settings;
+mod state;
+mod view;
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use pgfresh_lsn::Lsn;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+pub use eligibility::{Ineligible, Role};
+pub use select::Candidate;
+pub use settings::{LagTarget, LoadBalance, MonitorSettings, NodeId, NodeSpec};
+pub use view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
+
+use state::{Sample, State};
+
+/// Capacity of the event channel; a subscriber that falls further behind gets `Lagged`.
+const EVENT_CAPACITY: usize = 1024;
+
+/// No eligible replica replayed the required position before the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no eligible replica replayed {required} before the deadline")]
+pub struct WaitTimeout {
+    /// The position that was waited for.
+    pub required: Lsn,
+}
+
+/// Shared between the handle and the monitor tasks.
+pub(crate) struct Inner {
+    pub(crate) specs: Vec<NodeSpec>,
+    pub(crate) settings: ArcSwap<MonitorSettings>,
+    state: Mutex<State>,
+    view: ArcSwap<ClusterView>,
+    outstanding: Vec<Arc<AtomicU64>>,
+    events: broadcast::Sender<ClusterEvent>,
+    generation: watch::Sender<u64>,
+    ready: watch::Sender<bool>,
+    cancel: CancellationToken,
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a poll outcome and publishes the resulting view.
+    pub(crate) fn record(&self, id: NodeId, outcome: Result<Sample, String>) {
+        let mut state = self.lock();
+        state.record(id, outcome, Instant::now());
+        if state.all_polled() {
+            self.ready.send_if_modified(|r| !std::mem::replace(r, true));
+        }
+        self.publish(&mut state);
+    }
+
+    /// Recomputes the view from `state`, stores it, and announces it.
+    fn publish(&self, state: &mut State) {
+        let outstanding: Vec<u64> = self
+            .outstanding
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let settings = self.settings.load();
+        let (view, events) = state.compute(&settings, &outstanding, Instant::now());
+        export_metrics(&view, &events);
+        for e in &events {
+            log_event(&view, e);
+        }
+        let generation = view.generation;
+        self.view.store(Arc::new(view));
+        for e in events {
+            // No subscriber is not an error.
+            let _ = self.events.send(e);
+        }
+        self.generation.send_replace(generation);
+    }
+}
+
+/// The cluster view and replica selection. Cheap to clone; the monitor stops when the last
+/// clone is dropped or on [`Balancer::shutdown`].
+#[derive(Clone)]
+pub struct Balancer {
+    inner: Arc<Inner>,
+    _stop_on_drop: Arc<DropGuard>,
+}
+
+impl std::fmt::Debug for Balancer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balancer")
+            .field("view", &self.view())
+            .finish()
+    }
+}
+
+/// A chosen replica. Derefs to its [`NodeId`]; while it is alive it counts as one
+/// outstanding request on that node (for `least_outstanding`).
+#[derive(Debug)]
+pub struct Selection {
+    node: NodeId,
+    counter: Arc<AtomicU64>,
+}
+
+impl Selection {
+    /// The chosen node.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+}
+
+impl Deref for Selection {
+    type Target = NodeId;
+    fn deref(&self) -> &NodeId {
+        &self.node
+    }
+}
+
+impl Drop for Selection {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Balancer {
+    /// Starts monitoring `nodes` on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn start(nodes: Vec<NodeSpec>, settings: MonitorSettings) -> Balancer {
+        let cancel = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            view: ArcSwap::from_pointee(state::initial_view(&nodes)),
+            state: Mutex::new(State::new(nodes.clone())),
+            outstanding: nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            specs: nodes,
+            settings: ArcSwap::from_pointee(settings),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+            generation: watch::channel(0).0,
+            ready: watch::channel(false).0,
+            cancel: cancel.clone(),
+        });
+        if inner.specs.is_empty() {
+            inner.ready.send_replace(true);
+        }
+        for id in 0..inner.specs.len() {
+            tokio::spawn(monitor::run(inner.clone(), id, cancel.child_token()));
+        }
+        Balancer {
+            inner,
+            _stop_on_drop: Arc::new(cancel.drop_guard()),
+        }
+    }
+
+    /// The latest snapshot (lock-free).
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.inner.view.load_full()
+    }
+
+    /// The current write target.
+    pub fn primary(&self) -> Option<NodeId> {
+        self.inner.view.load().primary
+    }
+
+    /// Picks an eligible replica by the configured policy; with `required`, only among
+    /// replicas whose replay position has reached it. `None` when no replica qualifies.
+    pub fn select_replica(&self, required: Option<Lsn>) -> Option<Selection> {
+        let node = self.pick(required)?;
+        let counter = self.inner.outstanding[node].clone();
+        counter.fetch_add(1, Ordering::Relaxed);
+        Some(Selection { node, counter })
+    }
+
+    fn pick(&self, required: Option<Lsn>) -> Option<NodeId> {
+        let view = self.inner.view.load();
+        let settings = self.inner.settings.load();
+        let candidates: Vec<Candidate> = view
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.eligible)
+            .filter(|(_, n)| required.is_none_or(|r| n.replay_lsn.is_some_and(|l| l >= r)))
+            .map(|(i, n)| Candidate {
+                node: i,
+                weight: n.spec.weight,
+                outstanding: self.inner.outstanding[i].load(Ordering::Relaxed),
+                lag_bytes: n.lag_bytes,
+                lag_ms: n.lag_ms,
+            })
+            .collect();
+        select::pick(
+            &candidates,
+            settings.load_balance,
+            settings.prefer_lower_delay_standby,
+            &mut rand::rng(),
+        )
+    }
+
+    /// Resolves with an eligible replica that has replayed `required`, as soon as a poll
+    /// shows one (it wakes on each new view, it does not spin), or fails at `deadline`.
+    pub async fn wait_for(
+        &self,
+        required: Lsn,
+        deadline: tokio::time::Instant,
+    ) -> Result<NodeId, WaitTimeout> {
+        let mut views = self.inner.generation.subscribe();
+        loop {
+            if let Some(node) = self.pick(Some(required)) {
+                return Ok(node);
+            }
+            match tokio::time::timeout_at(deadline, views.changed()).await {
+                Ok(Ok(())) => {}
+                // The monitor is gone: no new view will come.
+                Ok(Err(_)) | Err(_) => return Err(WaitTimeout { required }),
+            }
+        }
+    }
+
+    /// Role, primary and eligibility changes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<ClusterEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// Records a lag measured outside the database (for deployments whose replicas cannot
+    /// report replay positions). It raises the node's (or every replica's) time lag until
+    /// it is older than `external_lag_max_age`, and applies from the next poll on.
+    pub fn push_external_lag(&self, target: LagTarget, lag_ms: u64, source: String) {
+        let lag = ExternalLag {
+            lag_ms,
+            source,
+            received: Instant::now(),
+        };
+        let mut state = self.inner.lock();
+        match target {
+            LagTarget::Node(id) => state.set_external(Some(id), lag),
+            LagTarget::Pool => state.set_external(None, lag),
+        }
+        self.inner.publish(&mut state);
+    }
+
+    /// Replaces the settings: thresholds and selection apply at once, the poll period from
+    /// the next poll, login changes by reconnecting.
+    pub fn update_settings(&self, settings: MonitorSettings) {
+        self.inner.settings.store(Arc::new(settings));
+        let mut state = self.inner.lock();
+        self.inner.publish(&mut state);
+    }
+
+    /// Replaces node weights, in node order (extra values are ignored, missing ones keep
+    /// the current weight).
+    pub fn update_weights(&self, weights: Vec<u32>) {
+        let mut state = self.inner.lock();
+        state.set_weights(&weights);
+        self.inner.publish(&mut state);
+    }
+
+    /// Waits until every node has been polled once (successfully or not); false if the
+    /// deadline came first.
+    pub async fn wait_ready(&self, deadline: tokio::time::Instant) -> bool {
+        let mut ready = self.inner.ready.subscribe();
+        let outcome = tokio::time::timeout_at(deadline, ready.wait_for(|r| *r)).await;
+        matches!(outcome, Ok(Ok(_)))
+    }
+
+    /// Stops the monitor tasks. The last view stays readable but no longer changes.
+    pub fn shutdown(&self) {
+        self.inner.cancel.cancel();
+    }
+}
+
+fn export_metrics(view: &ClusterView, events: &[ClusterEvent]) {
+    for n in &view.nodes {
+        let name = n.spec.name.clone();
+        if n.role == Role::Standby {
+            if let Some(b) = n.lag_bytes {
+                metrics::gauge!("pgfresh_replica_lag_bytes", "node" => name.clone()).set(b as f64);
+            }
+            if let Some(ms) = n.lag_ms {
+                metrics::gauge!("pgfresh_replica_lag_seconds", "node" => name.clone())
+                    .set(ms as f64 / 1000.0);
+            }
+        }
+        metrics::gauge!("pgfresh_replica_eligible", "node" => name.clone()).set(if n.eligible {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    metrics::gauge!("pgfresh_replica_max_lag_bytes").set(view.max_lag_bytes.unwrap_or(0) as f64);
+    metrics::gauge!("pgfresh_replica_max_lag_seconds")
+        .set(view.max_lag_ms.unwrap_or(0) as f64 / 1000.0);
+    for e in events {
+        match e {
+            ClusterEvent::RoleChanged { node, .. } => {
+                metrics::counter!("pgfresh_role_changes_total", "node" => view.nodes[*node].spec.name.clone())
+                    .increment(1);
+            }
+            ClusterEvent::EligibilityChanged { node, reason, .. } => {
+                let name = &view.nodes[*node].spec.name;
+                for r in Ineligible::ALL {
+                    let v = if *reason == Some(r) { 1.0 } else { 0.0 };
+                    metrics::gauge!("pgfresh_replica_ineligible", "node" => name.clone(), "reason" => r.as_str())
+                        .set(v);
+                }
+            }
+            ClusterEvent::PrimaryChanged { .. } => {}
+        }
+    }
+}
+
+fn log_event(view: &ClusterView, e: &ClusterEvent) {
+    let name = |i: &NodeId| view.nodes[*i].spec.name.as_str();
+    match e {
+        ClusterEvent::RoleChanged { node, from, to } => {
+            tracing::info!(
+                node = name(node),
+                from = from.as_str(),
+                to = to.as_str(),
+                "node role changed"
+            );
+        }
+        ClusterEvent::PrimaryChanged { from, to } => {
+            tracing::warn!(from = ?from.map(|i| name(&i).to_string()), to = ?to.map(|i| name(&i).to_string()), "primary changed");
+        }
+        ClusterEvent::EligibilityChanged {
+            node,
+            eligible,
+            reason,
+        } => {
+            tracing::info!(
+                node = name(node),
+                eligible,
+                reason = reason.map(Ineligible::as_str),
+                "read pool membership changed"
+            );
+        }
+    }
+}

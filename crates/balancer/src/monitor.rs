@@ -1,0 +1,162 @@
+//! The per-node poll loop: one dedicated connection per node, never shared with client pools.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgfresh_lsn::Lsn;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_util::sync::CancellationToken;
+
+use crate::settings::{MonitorSettings, NodeId, NodeSpec};
+use crate::state::Sample;
+use crate::Inner;
+
+/// One round trip that reports everything the view needs, on a primary or a standby.
+const POLL_SQL: &str = "\
+SELECT r.rec,
+       CASE WHEN r.rec THEN NULL ELSE pg_current_wal_lsn()::text END,
+       pg_last_wal_replay_lsn()::text,
+       pg_last_wal_receive_lsn()::text,
+       CASE WHEN r.rec THEN pg_is_wal_replay_paused() ELSE false END,
+       (extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) * 1000)::float8,
+       w.status::text,
+       CASE WHEN r.rec THEN w.received_tli::int8
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END
+FROM (SELECT pg_is_in_recovery() AS rec) r
+LEFT JOIN pg_stat_wal_receiver w ON true";
+
+/// An open monitor connection with its prepared poll statement.
+struct Conn {
+    client: Client,
+    statement: Statement,
+    driver: JoinHandle<()>,
+    /// The login it was opened with; a settings change that alters it reconnects.
+    login: (String, String, String),
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Polls node `id` every period until `cancel` fires, recording each outcome.
+pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, cancel: CancellationToken) {
+    let spec = inner.specs[id].clone();
+    let mut conn: Option<Conn> = None;
+    let mut next = Instant::now();
+    loop {
+        let settings = inner.settings.load_full();
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = poll(&mut conn, &spec, &settings) => r,
+        };
+        if let Err(e) = &outcome {
+            conn = None;
+            tracing::debug!(node = %spec.name, error = %e, "monitor poll failed");
+        }
+        inner.record(id, outcome);
+        next = (next + settings.period()).max(Instant::now());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = sleep_until(next) => {}
+        }
+    }
+}
+
+async fn poll(
+    conn: &mut Option<Conn>,
+    spec: &NodeSpec,
+    s: &MonitorSettings,
+) -> Result<Sample, String> {
+    let login = (s.user.clone(), s.password.clone(), s.database.clone());
+    if conn
+        .as_ref()
+        .is_some_and(|c| c.login != login || c.client.is_closed())
+    {
+        *conn = None;
+    }
+    if conn.is_none() {
+        *conn = Some(connect(spec, s, login).await?);
+    }
+    let Some(c) = conn.as_ref() else {
+        return Err("no monitor connection".to_string());
+    };
+    let row = timeout(s.health_timeout, c.client.query_one(&c.statement, &[]))
+        .await
+        .map_err(|_| format!("poll timed out after {:?}", s.health_timeout))?
+        .map_err(|e| format!("poll failed: {e}"))?;
+    parse_row(&row)
+}
+
+async fn connect(
+    spec: &NodeSpec,
+    s: &MonitorSettings,
+    login: (String, String, String),
+) -> Result<Conn, String> {
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host(&spec.host)
+        .port(spec.port)
+        .user(&s.user)
+        .password(&s.password)
+        .dbname(&s.database)
+        .application_name("pgfresh-monitor")
+        .connect_timeout(s.connect_timeout);
+    let (client, connection) = timeout(s.connect_timeout, cfg.connect(NoTls))
+        .await
+        .map_err(|_| format!("connect timed out after {:?}", s.connect_timeout))?
+        .map_err(|e| format!("connect failed: {e}"))?;
+    let driver = tokio::spawn(async move {
+        // The connection ends with an error when the server goes away; the next poll
+        // notices through the client and reconnects.
+        let _ = connection.await;
+    });
+    let statement = match timeout(
+        s.health_timeout.max(Duration::from_millis(1)),
+        client.prepare(POLL_SQL),
+    )
+    .await
+    {
+        Ok(Ok(st)) => st,
+        Ok(Err(e)) => {
+            driver.abort();
+            return Err(format!("preparing the poll failed: {e}"));
+        }
+        Err(_) => {
+            driver.abort();
+            return Err(format!(
+                "preparing the poll timed out after {:?}",
+                s.health_timeout
+            ));
+        }
+    };
+    Ok(Conn {
+        client,
+        statement,
+        driver,
+        login,
+    })
+}
+
+fn parse_row(row: &Row) -> Result<Sample, String> {
+    let err = |e: tokio_postgres::Error| format!("unexpected poll result: {e}");
+    let lsn = |i: usize| -> Result<Option<Lsn>, String> {
+        let text: Option<String> = row.try_get(i).map_err(err)?;
+        text.map(|t| t.parse::<Lsn>().map_err(|e| e.to_string()))
+            .transpose()
+    };
+    let age: Option<f64> = row.try_get(5).map_err(err)?;
+    let timeline: Option<i64> = row.try_get(7).map_err(err)?;
+    Ok(Sample {
+        in_recovery: row.try_get(0).map_err(err)?,
+        current_lsn: lsn(1)?,
+        replay_lsn: lsn(2)?,
+        receive_lsn: lsn(3)?,
+        paused: row.try_get(4).map_err(err)?,
+        replay_age_ms: age.filter(|a| a.is_finite()).map(|a| a.round() as i64),
+        receiver_status: row.try_get(6).map_err(err)?,
+        timeline: timeline.and_then(|t| u32::try_from(t).ok()),
+    })
+}

@@ -1,0 +1,565 @@
+//! The monitor's memory of each node and the computation of a new [`ClusterView`] from it.
+
+use std::time::Instant;
+
+use pgfresh_lsn::Lsn;
+
+use crate::eligibility::{
+    choose_primary, ineligible_reason, over_threshold, NodeFacts, PrimaryCandidate, Role,
+};
+use crate::lag;
+use crate::settings::{MonitorSettings, NodeId, NodeSpec};
+use crate::view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
+
+/// What one successful poll of a node reported.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sample {
+    pub(crate) in_recovery: bool,
+    /// `pg_current_wal_lsn()`, primaries only.
+    pub(crate) current_lsn: Option<Lsn>,
+    pub(crate) replay_lsn: Option<Lsn>,
+    pub(crate) receive_lsn: Option<Lsn>,
+    pub(crate) paused: bool,
+    /// Age of the last replayed transaction, measured on the node.
+    pub(crate) replay_age_ms: Option<i64>,
+    /// `pg_stat_wal_receiver.status`; `None` when there is no WAL receiver (or it is hidden).
+    pub(crate) receiver_status: Option<String>,
+    /// Current timeline (primary) or received timeline (standby).
+    pub(crate) timeline: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct NodeState {
+    polled: bool,
+    last_ok: Option<Instant>,
+    consecutive_failures: u32,
+    sample: Option<Sample>,
+    last_error: Option<String>,
+    role: Option<Role>,
+    /// Last role other than `Unknown`.
+    last_known_role: Option<Role>,
+    demoted: bool,
+    out_bytes: bool,
+    out_time: bool,
+    eligible: bool,
+    reason: Option<crate::Ineligible>,
+    external: Option<ExternalLag>,
+}
+
+/// Everything the monitor remembers; guarded by one mutex in the balancer.
+#[derive(Debug)]
+pub(crate) struct State {
+    specs: Vec<NodeSpec>,
+    nodes: Vec<NodeState>,
+    primary: Option<NodeId>,
+    pool_external: Option<ExternalLag>,
+    generation: u64,
+}
+
+impl State {
+    pub(crate) fn new(specs: Vec<NodeSpec>) -> State {
+        let nodes = vec![NodeState::default(); specs.len()];
+        State {
+            specs,
+            nodes,
+            primary: None,
+            pool_external: None,
+            generation: 0,
+        }
+    }
+
+    /// Records a poll outcome.
+    pub(crate) fn record(&mut self, id: NodeId, result: Result<Sample, String>, now: Instant) {
+        let n = &mut self.nodes[id];
+        n.polled = true;
+        match result {
+            Ok(sample) => {
+                n.last_ok = Some(now);
+                n.consecutive_failures = 0;
+                n.sample = Some(sample);
+                n.last_error = None;
+            }
+            Err(e) => {
+                n.consecutive_failures = n.consecutive_failures.saturating_add(1);
+                n.last_error = Some(e);
+            }
+        }
+    }
+
+    /// Every node has been polled at least once (successfully or not).
+    pub(crate) fn all_polled(&self) -> bool {
+        self.nodes.iter().all(|n| n.polled)
+    }
+
+    pub(crate) fn set_external(&mut self, id: Option<NodeId>, lag: ExternalLag) {
+        match id {
+            Some(id) => {
+                if let Some(n) = self.nodes.get_mut(id) {
+                    n.external = Some(lag);
+                }
+            }
+            None => self.pool_external = Some(lag),
+        }
+    }
+
+    pub(crate) fn set_weights(&mut self, weights: &[u32]) {
+        for (spec, w) in self.specs.iter_mut().zip(weights) {
+            spec.weight = *w;
+        }
+    }
+
+    /// Computes the next view and the events since the previous one.
+    pub(crate) fn compute(
+        &mut self,
+        settings: &MonitorSettings,
+        outstanding: &[u64],
+        now: Instant,
+    ) -> (ClusterView, Vec<ClusterEvent>) {
+        let mut events = Vec::new();
+        let fresh = |e: &Option<ExternalLag>| {
+            e.as_ref()
+                .filter(|x| {
+                    now.saturating_duration_since(x.received) <= settings.external_lag_max_age
+                })
+                .cloned()
+        };
+        let pool_external = fresh(&self.pool_external);
+
+        // Health and role of every node.
+        let roles: Vec<Role> =
+            self.nodes
+                .iter()
+                .map(|n| {
+                    let healthy = n.last_ok.is_some_and(|t| {
+                        now.saturating_duration_since(t) <= settings.health_timeout
+                    }) && n.consecutive_failures < 2;
+                    match (&n.sample, healthy) {
+                        (Some(s), true) if s.in_recovery => Role::Standby,
+                        (Some(_), true) => Role::Primary,
+                        _ => Role::Unknown,
+                    }
+                })
+                .collect();
+
+        // The primary.
+        let candidates: Vec<PrimaryCandidate> = roles
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| **r == Role::Primary)
+            .map(|(i, _)| PrimaryCandidate {
+                node: i,
+                timeline: self.nodes[i].sample.as_ref().and_then(|s| s.timeline),
+            })
+            .collect();
+        let primary = choose_primary(self.primary, &candidates);
+        if primary != self.primary {
+            events.push(ClusterEvent::PrimaryChanged {
+                from: self.primary,
+                to: primary,
+            });
+            self.primary = primary;
+        }
+        let primary_sample = primary.and_then(|p| self.nodes[p].sample.clone());
+        let primary_lsn = primary_sample.as_ref().and_then(|s| s.current_lsn);
+        let primary_tl = primary_sample.as_ref().and_then(|s| s.timeline);
+
+        let h = settings.hysteresis_fraction();
+        let mut statuses = Vec::with_capacity(self.nodes.len());
+        let (mut max_bytes, mut max_ms) = (None::<u64>, None::<u64>);
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            let role = roles[i];
+            let prev = n.role.unwrap_or(Role::Unknown);
+            if n.role.is_some_and(|r| r != role) || (n.role.is_none() && role != Role::Unknown) {
+                events.push(ClusterEvent::RoleChanged {
+                    node: i,
+                    from: prev,
+                    to: role,
+                });
+            }
+            n.role = Some(role);
+            if role != Role::Unknown {
+                if n.last_known_role == Some(Role::Primary) && role == Role::Standby {
+                    n.demoted = true;
+                }
+                n.last_known_role = Some(role);
+            }
+            let healthy = role != Role::Unknown;
+            let standby = role == Role::Standby;
+            let sample = n.sample.as_ref().filter(|_| healthy);
+            let external = fresh(&n.external);
+            let pushed: Vec<u64> = external
+                .iter()
+                .chain(pool_external.iter())
+                .map(|e| e.lag_ms)
+                .collect();
+
+            let replay = sample.and_then(|s| s.replay_lsn);
+            let (lag_bytes, lag_ms) = if standby {
+                let polled_ms =
+                    lag::lag_ms(primary_lsn, replay, sample.and_then(|s| s.replay_age_ms));
+                (
+                    lag::lag_bytes(primary_lsn, replay),
+                    lag::effective_lag_ms(polled_ms, pushed.iter().copied()),
+                )
+            } else {
+                (None, None)
+            };
+            let receiver = sample.and_then(|s| s.receiver_status.as_deref());
+            let streaming = standby
+                && (receiver == Some("streaming") || (receiver.is_none() && !pushed.is_empty()));
+            let timeline = sample.and_then(|s| s.timeline);
+            let wrong_timeline =
+                standby && primary_tl.is_some() && timeline.is_some() && primary_tl != timeline;
+            if n.demoted
+                && standby
+                && streaming
+                && !wrong_timeline
+                && primary_tl.is_some()
+                && timeline.is_some()
+            {
+                n.demoted = false;
+            }
+            if standby {
+                n.out_bytes =
+                    over_threshold(lag_bytes, settings.delay_threshold_bytes, n.out_bytes, h);
+                n.out_time = over_threshold(lag_ms, settings.delay_threshold_ms, n.out_time, h);
+                if let Some(b) = lag_bytes {
+                    max_bytes = Some(max_bytes.map_or(b, |m| m.max(b)));
+                }
+                if let Some(ms) = lag_ms {
+                    max_ms = Some(max_ms.map_or(ms, |m| m.max(ms)));
+                }
+            } else if healthy {
+                n.out_bytes = false;
+                n.out_time = false;
+            }
+            let paused = sample.is_some_and(|s| s.in_recovery && s.paused);
+            let facts = NodeFacts {
+                healthy,
+                role,
+                is_primary: primary == Some(i),
+                streaming,
+                paused,
+                wrong_timeline,
+                demoted: n.demoted,
+                over_bytes: n.out_bytes,
+                over_time: n.out_time,
+            };
+            let reason = ineligible_reason(&facts);
+            let eligible = reason.is_none();
+            if eligible != n.eligible || reason != n.reason {
+                events.push(ClusterEvent::EligibilityChanged {
+                    node: i,
+                    eligible,
+                    reason,
+                });
+            }
+            n.eligible = eligible;
+            n.reason = reason;
+
+            statuses.push(NodeStatus {
+                spec: self.specs[i].clone(),
+                role,
+                healthy,
+                current_lsn: sample.and_then(|s| s.current_lsn),
+                replay_lsn: replay,
+                receive_lsn: sample.and_then(|s| s.receive_lsn),
+                lag_bytes,
+                lag_ms,
+                paused,
+                streaming,
+                timeline,
+                eligible,
+                ineligible_reason: reason,
+                last_poll_ok: n.last_ok,
+                last_error: n.last_error.clone(),
+                outstanding: outstanding.get(i).copied().unwrap_or(0),
+                external_lag: external,
+            });
+        }
+        self.generation += 1;
+        let view = ClusterView {
+            nodes: statuses,
+            primary,
+            primary_lsn,
+            max_lag_bytes: max_bytes,
+            max_lag_ms: max_ms,
+            pool_external_lag: pool_external,
+            generation: self.generation,
+        };
+        (view, events)
+    }
+}
+
+/// The view before any poll: every node unknown and out of the pool.
+pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
+    ClusterView {
+        nodes: specs
+            .iter()
+            .map(|spec| NodeStatus {
+                spec: spec.clone(),
+                role: Role::Unknown,
+                healthy: false,
+                current_lsn: None,
+                replay_lsn: None,
+                receive_lsn: None,
+                lag_bytes: None,
+                lag_ms: None,
+                paused: false,
+                streaming: false,
+                timeline: None,
+                eligible: false,
+                ineligible_reason: Some(crate::Ineligible::Down),
+                last_poll_ok: None,
+                last_error: None,
+                outstanding: 0,
+                external_lag: None,
+            })
+            .collect(),
+        primary: None,
+        primary_lsn: None,
+        max_lag_bytes: None,
+        max_lag_ms: None,
+        pool_external_lag: None,
+        generation: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Ineligible;
+    use std::time::Duration;
+
+    fn specs(n: usize) -> Vec<NodeSpec> {
+        (0..n)
+            .map(|i| NodeSpec {
+                name: format!("n{i}"),
+                host: "h".into(),
+                port: 1,
+                weight: 1,
+                patroni_url: None,
+            })
+            .collect()
+    }
+
+    fn primary(lsn: u64, tl: u32) -> Sample {
+        Sample {
+            in_recovery: false,
+            current_lsn: Some(Lsn(lsn)),
+            replay_lsn: None,
+            receive_lsn: None,
+            paused: false,
+            replay_age_ms: None,
+            receiver_status: None,
+            timeline: Some(tl),
+        }
+    }
+
+    fn standby(replay: u64, tl: u32, age: i64) -> Sample {
+        Sample {
+            in_recovery: true,
+            current_lsn: None,
+            replay_lsn: Some(Lsn(replay)),
+            receive_lsn: Some(Lsn(replay)),
+            paused: false,
+            replay_age_ms: Some(age),
+            receiver_status: Some("streaming".into()),
+            timeline: Some(tl),
+        }
+    }
+
+    fn round(
+        st: &mut State,
+        samples: Vec<Result<Sample, String>>,
+        s: &MonitorSettings,
+        now: Instant,
+    ) -> (ClusterView, Vec<ClusterEvent>) {
+        for (i, r) in samples.into_iter().enumerate() {
+            st.record(i, r, now);
+        }
+        st.compute(s, &[0, 0, 0], now)
+    }
+
+    #[test]
+    fn lag_threshold_with_hysteresis_and_failover() {
+        let s = MonitorSettings {
+            delay_threshold_bytes: Some(1000),
+            ..MonitorSettings::default()
+        };
+        let mut st = State::new(specs(3));
+        let t = Instant::now();
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(primary(5000, 1)),
+                Ok(standby(5000, 1, 9)),
+                Ok(standby(3000, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.primary, Some(0));
+        assert!(v.nodes[1].eligible);
+        assert_eq!(
+            v.nodes[1].lag_ms,
+            Some(0),
+            "caught up: no time lag however old the last commit"
+        );
+        assert_eq!(v.nodes[2].ineligible_reason, Some(Ineligible::LaggingBytes));
+        assert_eq!(v.nodes[2].lag_ms, Some(9));
+        assert_eq!(v.max_lag_bytes, Some(2000));
+        // 900 behind: under the threshold but above the re-entry mark (800): stays out.
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(primary(5000, 1)),
+                Ok(standby(5000, 1, 9)),
+                Ok(standby(4100, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.nodes[2].ineligible_reason, Some(Ineligible::LaggingBytes));
+        let (v, ev) = round(
+            &mut st,
+            vec![
+                Ok(primary(5000, 1)),
+                Ok(standby(5000, 1, 9)),
+                Ok(standby(4200, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert!(v.nodes[2].eligible);
+        assert!(ev.contains(&ClusterEvent::EligibilityChanged {
+            node: 2,
+            eligible: true,
+            reason: None
+        }));
+
+        // Node 1 promoted while node 0 still answers: node 0 stays primary, node 1 is flagged.
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(primary(5000, 1)),
+                Ok(primary(5100, 2)),
+                Ok(standby(5000, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.primary, Some(0));
+        assert_eq!(
+            v.nodes[1].ineligible_reason,
+            Some(Ineligible::SecondPrimary)
+        );
+        // Node 0 fails twice: node 1 takes over; node 2 still receives timeline 1.
+        let (_, _) = round(
+            &mut st,
+            vec![
+                Err("x".into()),
+                Ok(primary(5100, 2)),
+                Ok(standby(5000, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        let (v, ev) = round(
+            &mut st,
+            vec![
+                Err("x".into()),
+                Ok(primary(5100, 2)),
+                Ok(standby(5000, 1, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.primary, Some(1));
+        assert!(ev.contains(&ClusterEvent::PrimaryChanged {
+            from: Some(0),
+            to: Some(1)
+        }));
+        assert_eq!(v.nodes[0].ineligible_reason, Some(Ineligible::Down));
+        assert_eq!(
+            v.nodes[2].ineligible_reason,
+            Some(Ineligible::WrongTimeline)
+        );
+        // Old primary returns as a standby not yet on the new timeline: demoted.
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(standby(5000, 1, 9)),
+                Ok(primary(5100, 2)),
+                Ok(standby(5100, 2, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.nodes[0].ineligible_reason, Some(Ineligible::Demoted));
+        assert!(v.nodes[2].eligible);
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(standby(5100, 2, 9)),
+                Ok(primary(5100, 2)),
+                Ok(standby(5100, 2, 9)),
+            ],
+            &s,
+            t,
+        );
+        assert!(v.nodes[0].eligible);
+    }
+
+    #[test]
+    fn external_lag_raises_time_lag_until_stale() {
+        let s = MonitorSettings {
+            delay_threshold_ms: Some(100),
+            external_lag_max_age: Duration::from_secs(5),
+            ..MonitorSettings::default()
+        };
+        let mut st = State::new(specs(3));
+        let t = Instant::now();
+        let mut no_receiver = standby(5000, 1, 0);
+        no_receiver.receiver_status = None;
+        let samples = || {
+            vec![
+                Ok(primary(5000, 1)),
+                Ok(standby(5000, 1, 0)),
+                Ok(no_receiver.clone()),
+            ]
+        };
+        let (v, _) = round(&mut st, samples(), &s, t);
+        assert!(v.nodes[1].eligible);
+        // Without a WAL receiver to ask and nothing pushed: not streaming.
+        assert_eq!(v.nodes[2].ineligible_reason, Some(Ineligible::NotStreaming));
+        st.set_external(
+            None,
+            ExternalLag {
+                lag_ms: 50,
+                source: "probe".into(),
+                received: t,
+            },
+        );
+        st.set_external(
+            Some(1),
+            ExternalLag {
+                lag_ms: 400,
+                source: "probe".into(),
+                received: t,
+            },
+        );
+        let (v, _) = round(&mut st, samples(), &s, t);
+        assert_eq!(v.nodes[1].lag_ms, Some(400));
+        assert_eq!(v.nodes[1].ineligible_reason, Some(Ineligible::LaggingTime));
+        assert_eq!(v.nodes[2].lag_ms, Some(50));
+        assert!(
+            v.nodes[2].eligible,
+            "a fresh pushed lag stands in for streaming status"
+        );
+        // Six seconds later the pushed values are ignored.
+        let (v, _) = round(&mut st, samples(), &s, t + Duration::from_secs(6));
+        assert!(v.nodes[1].external_lag.is_none());
+        assert_eq!(v.nodes[2].ineligible_reason, Some(Ineligible::NotStreaming));
+    }
+}

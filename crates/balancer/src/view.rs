@@ -1,0 +1,125 @@
+//! The published snapshot of the cluster and the events that announce its changes.
+
+use std::time::Instant;
+
+use pgfresh_lsn::Lsn;
+
+use crate::eligibility::{Ineligible, Role};
+use crate::settings::{NodeId, NodeSpec};
+
+/// A lag value pushed from outside the database, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalLag {
+    /// The lag, in milliseconds.
+    pub lag_ms: u64,
+    /// Who measured it (free text, for display).
+    pub source: String,
+    /// When it was pushed.
+    pub received: Instant,
+}
+
+/// One node in a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeStatus {
+    /// The node as configured (with its current weight).
+    pub spec: NodeSpec,
+    /// Role from the last poll; [`Role::Unknown`] while the node is down.
+    pub role: Role,
+    /// A poll succeeded within the health timeout (and the last two did not both fail).
+    pub healthy: bool,
+    /// On the primary: its current WAL write position.
+    pub current_lsn: Option<Lsn>,
+    /// On a standby: the last WAL position replayed.
+    pub replay_lsn: Option<Lsn>,
+    /// On a standby: the last WAL position received and flushed.
+    pub receive_lsn: Option<Lsn>,
+    /// On a standby: bytes behind the primary's current position.
+    pub lag_bytes: Option<u64>,
+    /// On a standby: milliseconds behind (0 when replay reached the primary's position),
+    /// raised by any fresh externally pushed lag.
+    pub lag_ms: Option<u64>,
+    /// WAL replay is paused.
+    pub paused: bool,
+    /// On a standby: the WAL receiver reports `streaming`.
+    pub streaming: bool,
+    /// On the primary: its timeline; on a standby: the timeline it receives.
+    pub timeline: Option<u32>,
+    /// In the read pool.
+    pub eligible: bool,
+    /// Why not, when not.
+    pub ineligible_reason: Option<Ineligible>,
+    /// When a poll last succeeded.
+    pub last_poll_ok: Option<Instant>,
+    /// The last poll error, cleared by the next success.
+    pub last_error: Option<String>,
+    /// Requests currently holding a selection of this node (at publication time).
+    pub outstanding: u64,
+    /// The fresh externally pushed lag for this node, if any.
+    pub external_lag: Option<ExternalLag>,
+}
+
+/// An immutable snapshot of the whole cluster, replaced on every poll.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterView {
+    /// Every configured node, in configuration order ([`NodeId`] indexes it).
+    pub nodes: Vec<NodeStatus>,
+    /// The write target, when exactly one is known.
+    pub primary: Option<NodeId>,
+    /// The primary's current WAL position at its last poll.
+    pub primary_lsn: Option<Lsn>,
+    /// Largest byte lag among healthy standbys (eligible or not).
+    pub max_lag_bytes: Option<u64>,
+    /// Largest time lag among healthy standbys (eligible or not).
+    pub max_lag_ms: Option<u64>,
+    /// The fresh externally pushed lag for the whole pool, if any.
+    pub pool_external_lag: Option<ExternalLag>,
+    /// Increases with every published snapshot.
+    pub generation: u64,
+}
+
+impl ClusterView {
+    /// The nodes currently in the read pool.
+    pub fn eligible(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.eligible)
+            .map(|(i, _)| i)
+    }
+
+    /// The status of node `id`, if it exists.
+    pub fn node(&self, id: NodeId) -> Option<&NodeStatus> {
+        self.nodes.get(id)
+    }
+}
+
+/// A change worth reacting to, broadcast to [`crate::Balancer::subscribe`]rs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterEvent {
+    /// A node's observed role changed (including to and from [`Role::Unknown`]): server
+    /// connections to it should be closed rather than reused.
+    RoleChanged {
+        /// The node.
+        node: NodeId,
+        /// The role before.
+        from: Role,
+        /// The role now.
+        to: Role,
+    },
+    /// The write target changed.
+    PrimaryChanged {
+        /// The previous primary.
+        from: Option<NodeId>,
+        /// The new one (`None`: no primary known).
+        to: Option<NodeId>,
+    },
+    /// A node entered or left the read pool, or the reason it is out changed.
+    EligibilityChanged {
+        /// The node.
+        node: NodeId,
+        /// In the pool now.
+        eligible: bool,
+        /// Why not, when not.
+        reason: Option<Ineligible>,
+    },
+}

@@ -1,0 +1,72 @@
+//! Helpers shared by the integration tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgfresh_balancer::{Balancer, ClusterView, MonitorSettings, NodeSpec};
+use pgfresh_localcluster::LocalCluster;
+use pgfresh_lsn::Lsn;
+
+pub const PERIOD: Duration = Duration::from_millis(50);
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub fn specs(c: &LocalCluster) -> Vec<NodeSpec> {
+    c.nodes()
+        .iter()
+        .map(|n| NodeSpec {
+            name: n.name.clone(),
+            host: c.host().to_string(),
+            port: n.port,
+            weight: 1,
+            patroni_url: None,
+        })
+        .collect()
+}
+
+pub fn settings(c: &LocalCluster) -> MonitorSettings {
+    let (user, password) = c.superuser();
+    MonitorSettings {
+        user: user.to_string(),
+        password: password.to_string(),
+        database: "postgres".to_string(),
+        sr_check_period: PERIOD,
+        health_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        ..MonitorSettings::default()
+    }
+}
+
+/// Starts a balancer on `c` and waits for its first complete round of polls.
+pub async fn start(c: &LocalCluster, settings: MonitorSettings) -> Balancer {
+    let b = Balancer::start(specs(c), settings);
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    b
+}
+
+/// Polls the view until `pred` holds; panics with the last view after [`DEADLINE`].
+pub async fn until(
+    b: &Balancer,
+    what: &str,
+    mut pred: impl FnMut(&ClusterView) -> bool,
+) -> Arc<ClusterView> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let v = b.view();
+        if pred(&v) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {v:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The node's current WAL position (on the primary) via psql.
+pub fn current_lsn(c: &LocalCluster, primary: usize) -> Lsn {
+    c.psql(primary, "postgres", "SELECT pg_current_wal_lsn()")
+        .unwrap()
+        .parse()
+        .unwrap()
+}

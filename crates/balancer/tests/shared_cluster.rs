@@ -1,0 +1,196 @@
+//! Non-destructive checks on the shared primary + 2 standbys: lag from paused replay and
+//! apply delay, pool membership, and waiting for a position.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{current_lsn, settings, start, until, DEADLINE};
+use pgfresh_balancer::{ClusterEvent, Ineligible, Role, WaitTimeout};
+use pgfresh_localcluster::LocalCluster;
+
+/// The tests pause replicas of one shared cluster: run them one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Undoes whatever an earlier (possibly failed) test left on the standbys.
+fn reset(c: &LocalCluster) {
+    for i in 1..3 {
+        c.resume_replay(i).unwrap();
+        c.set_apply_delay(i, 0).unwrap();
+    }
+}
+
+fn all_good(v: &pgfresh_balancer::ClusterView) -> bool {
+    v.primary == Some(0) && v.nodes[1].eligible && v.nodes[2].eligible
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_replica_lags_leaves_pool_and_returns() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    // The shortest supported poll period.
+    let mut s = settings(c);
+    s.sr_check_period = Duration::from_millis(10);
+    let b = start(c, s).await;
+    let v = until(&b, "initial roles", all_good).await;
+    assert_eq!(v.nodes[0].role, Role::Primary);
+    assert_eq!(v.nodes[0].ineligible_reason, Some(Ineligible::NotStandby));
+    assert_eq!(v.nodes[1].role, Role::Standby);
+    assert!(v.nodes[1].streaming);
+    assert_eq!(v.nodes[1].timeline, v.nodes[0].timeline);
+    let mut events = b.subscribe();
+    // A replayed commit gives node 1 a replay timestamp to measure time lag from.
+    c.psql(0, "app", "CREATE TABLE IF NOT EXISTS bal_t (v int)")
+        .unwrap();
+    c.wait_caught_up(1, DEADLINE).unwrap();
+
+    c.pause_replay(1).unwrap();
+    let paused_at = std::time::Instant::now();
+    // The second poll of node 1 recorded after the pause started after it: it must show it.
+    let mut polls_after = Vec::new();
+    let v = until(&b, "two polls of node 1 after the pause", |v| {
+        let ok = v.nodes[1].last_poll_ok;
+        if let Some(t) = ok.filter(|t| *t > paused_at) {
+            if polls_after.last() != Some(&t) {
+                polls_after.push(t);
+            }
+        }
+        polls_after.len() >= 2
+    })
+    .await;
+    // `until` re-reads the view; the predicate only collected timestamps.
+    assert!(!v.nodes[1].eligible);
+    assert_eq!(v.nodes[1].ineligible_reason, Some(Ineligible::Paused));
+    assert!(v.nodes[2].eligible);
+
+    c.psql(
+        0,
+        "app",
+        "CREATE TABLE IF NOT EXISTS bal_t (v int); INSERT INTO bal_t VALUES (1)",
+    )
+    .unwrap();
+    let v = until(&b, "lag on node 1", |v| {
+        v.nodes[1].lag_bytes.unwrap_or(0) > 0 && v.nodes[1].lag_ms.unwrap_or(0) > 0
+    })
+    .await;
+    assert!(v.max_lag_bytes >= v.nodes[1].lag_bytes);
+    assert!(v.max_lag_ms >= v.nodes[1].lag_ms);
+    assert!(v.nodes[1].replay_lsn < v.primary_lsn);
+    for _ in 0..200 {
+        assert_eq!(*b.select_replica(None).unwrap(), 2);
+    }
+    let mut saw_leave = false;
+    while let Ok(e) = events.try_recv() {
+        if e == (ClusterEvent::EligibilityChanged {
+            node: 1,
+            eligible: false,
+            reason: Some(Ineligible::Paused),
+        }) {
+            saw_leave = true;
+        }
+    }
+    assert!(saw_leave, "no eligibility event for the paused replica");
+
+    c.resume_replay(1).unwrap();
+    until(&b, "node 1 caught up and back in the pool", |v| {
+        v.nodes[1].eligible && v.nodes[1].lag_bytes == Some(0) && v.nodes[1].lag_ms == Some(0)
+    })
+    .await;
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_lag_threshold_with_apply_delay() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let mut s = settings(c);
+    s.delay_threshold_ms = Some(300);
+    s.delay_threshold_bytes = Some(1 << 30);
+    let b = start(c, s).await;
+    until(&b, "initial roles", all_good).await;
+
+    // A replayed commit gives node 2 a known replay timestamp to measure time lag from
+    // (without one, the lag is unknown and counts as over the threshold).
+    c.psql(
+        0,
+        "app",
+        "CREATE TABLE IF NOT EXISTS bal_d (v int); INSERT INTO bal_d VALUES (1)",
+    )
+    .unwrap();
+    c.wait_caught_up(2, DEADLINE).unwrap();
+    c.set_apply_delay(2, 60_000).unwrap();
+    c.psql(0, "app", "INSERT INTO bal_d VALUES (2)").unwrap();
+    let v = until(&b, "node 2 out on time lag", |v| {
+        v.nodes[2].ineligible_reason == Some(Ineligible::LaggingTime)
+    })
+    .await;
+    assert!(v.nodes[2].lag_ms.is_some_and(|ms| ms > 300), "{v:#?}");
+    assert!(v.nodes[1].eligible);
+
+    c.set_apply_delay(2, 0).unwrap();
+    until(&b, "node 2 back", |v| v.nodes[2].eligible).await;
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_position() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let b = start(c, settings(c)).await;
+    until(&b, "initial roles", all_good).await;
+    let deadline = || tokio::time::Instant::now() + DEADLINE;
+
+    // Caught-up replicas: resolves on the first poll that shows the position.
+    c.psql(
+        0,
+        "app",
+        "CREATE TABLE IF NOT EXISTS bal_w (v int); INSERT INTO bal_w VALUES (1)",
+    )
+    .unwrap();
+    let lsn = current_lsn(c, 0);
+    let node = b.wait_for(lsn, deadline()).await.unwrap();
+    assert!(node == 1 || node == 2);
+
+    // Both replicas paused: it waits, and resolves when one resumes.
+    c.pause_replay(1).unwrap();
+    c.pause_replay(2).unwrap();
+    until(&b, "both paused", |v| {
+        !v.nodes[1].eligible && !v.nodes[2].eligible
+    })
+    .await;
+    c.psql(0, "app", "INSERT INTO bal_w VALUES (2)").unwrap();
+    let lsn = current_lsn(c, 0);
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+                .await
+        })
+    };
+    // Several polls later it is still waiting.
+    let generation = b.view().generation;
+    until(&b, "more polls", |v| v.generation >= generation + 6).await;
+    assert!(!waiter.is_finished());
+    c.resume_replay(2).unwrap();
+    assert_eq!(waiter.await.unwrap(), Ok(2));
+
+    // Replicas that never reach the position: the wait times out.
+    c.pause_replay(2).unwrap();
+    until(&b, "node 2 paused again", |v| !v.nodes[2].eligible).await;
+    c.psql(0, "app", "INSERT INTO bal_w VALUES (3)").unwrap();
+    let unreachable = current_lsn(c, 0);
+    let short = tokio::time::Instant::now() + Duration::from_millis(500);
+    assert_eq!(
+        b.wait_for(unreachable, short).await,
+        Err(WaitTimeout {
+            required: unreachable
+        })
+    );
+    c.resume_replay(2).unwrap();
+    c.resume_replay(1).unwrap();
+    until(&b, "both back", all_good).await;
+    b.shutdown();
+}
