@@ -183,8 +183,14 @@ impl Proxy {
 
     /// Re-read the config file and apply it; logs and counts the outcome.
     pub fn reload(&self) -> Result<(), pgfresh_config::ConfigError> {
-        let before = self.shared.config.snapshot().routing.recent_access_ttl_ms;
-        match self.shared.config.reload() {
+        reload_config(&self.shared, &self.ttl_source)
+    }
+}
+
+/// Re-read the config file and apply its live keys; logs and counts the outcome. A file
+/// that fails validation changes nothing.
+pub fn reload_config(shared: &Shared, ttl_source: &ArcSwap<admin::TtlSource>) -> Result<(), pgfresh_config::ConfigError> {
+        match shared.config.reload() {
             Ok(outcome) => {
                 metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
                 for k in &outcome.applied {
@@ -193,11 +199,10 @@ impl Proxy {
                 for k in &outcome.pending_restart {
                     tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
                 }
-                Self::apply_config(&self.shared);
+                Proxy::apply_config(shared);
                 if outcome.applied.iter().any(|k| k.key == "routing.recent_access_ttl_ms") {
-                    self.ttl_source.store(Arc::new(admin::TtlSource::file()));
+                    ttl_source.store(Arc::new(admin::TtlSource::file()));
                 }
-                let _ = before;
                 Ok(())
             }
             Err(e) => {
@@ -206,8 +211,9 @@ impl Proxy {
                 Err(e)
             }
         }
-    }
+}
 
+impl Proxy {
     /// Serve clients on `listener` (and the admin API on `admin`, when given) until
     /// `stop` resolves, then shut down as it says.
     pub async fn run(

@@ -43,6 +43,7 @@ impl Session {
             let msg = parse_frontend(&frame)?;
             match msg {
                 FrontendMessage::Query { sql } => {
+                    self.close_batch_early();
                     let mut unit = ClientUnit::new();
                     let analysis = self.shared.analyzer.analyze(sql);
                     for name in analysis.executes() {
@@ -106,7 +107,10 @@ impl Session {
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail { .. } => {
-                    if let Some(last) = self.ready.back_mut() {
+                    // COPY started by an extended batch (Bind/Execute without Sync yet):
+                    // that batch goes first.
+                    self.close_batch_early();
+                    if let Some(last) = self.ready.back_mut().filter(|u| u.passthrough) {
                         last.frames.push(frame.raw);
                         continue;
                     }
@@ -131,6 +135,15 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Send the extended messages collected so far as a unit of their own, before a
+    /// message that does not belong to the batch.
+    fn close_batch_early(&mut self) {
+        if !self.batch.frames.is_empty() {
+            let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+            self.ready.push_back(unit);
+        }
     }
 
     fn push_batch(&mut self, raw: Bytes) {

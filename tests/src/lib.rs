@@ -1,0 +1,219 @@
+//! Test harness: one real primary + 2 streaming standbys per test binary
+//! ([`LocalCluster::shared`]), and pgfresh proxies started in-process on port 0 in
+//! front of it.
+//!
+//! Each test gets its own tables (see [`unique`]); tests that need another
+//! configuration start their own proxy with [`start_proxy`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use pgfresh_config::ConfigHandle;
+use pgfresh_localcluster::LocalCluster;
+use pgfresh_proxy::{Proxy, Stop};
+
+pub use pgfresh_localcluster;
+
+/// Password of the cluster's `app` role (see `LocalCluster::shared`).
+pub const APP_PASSWORD: &str = "app-secret";
+
+/// The runtime proxies run on, separate from the tests' own runtimes.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("pgfresh-test-proxy")
+            .build()
+            .expect("test runtime")
+    })
+}
+
+/// The shared cluster, with `app` owning the public schema of database `app`.
+pub fn cluster() -> &'static LocalCluster {
+    static READY: OnceLock<()> = OnceLock::new();
+    let c = LocalCluster::shared();
+    READY.get_or_init(|| {
+        c.psql(0, "app", "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;")
+            .expect("grant app the public schema");
+    });
+    c
+}
+
+/// A running proxy; stopped when dropped.
+pub struct ProxyHandle {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<Stop>>,
+    done: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+    pub shared: std::sync::Arc<pgfresh_proxy::Shared>,
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(Stop::Fast);
+        }
+        if let Some(done) = self.done.take() {
+            let _ = done.lock().map(|d| d.recv_timeout(Duration::from_secs(30)));
+        }
+    }
+}
+
+/// The default config for tests, with `extra` TOML appended to `[routing]`.
+pub fn config_text(routing_extra: &str) -> String {
+    let c = cluster();
+    let (su, su_pw) = c.superuser();
+    let mut text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 3000\n\n\
+         [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 20\n\n\
+         [routing]\ncold_start_ms = 0\n{routing_extra}\n\n"
+    );
+    for (i, n) in c.nodes().iter().enumerate() {
+        text.push_str(&format!("[[nodes]]\nname = \"pg{i}\"\nhost = \"127.0.0.1\"\nport = {}\n\n", n.port));
+    }
+    text.push_str(&format!(
+        "[[users]]\nname = \"app\"\npassword = \"{APP_PASSWORD}\"\n\n\
+         [[users]]\nname = \"app_md5\"\npassword = \"md5-pass\"\nauth = \"md5\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n\n\
+         [[users]]\nname = \"app_trust\"\nauth = \"trust\"\nserver_user = \"app\"\nserver_password = \"{APP_PASSWORD}\"\n\n\
+         [[users]]\nname = \"admin\"\npassword = \"admin-pass\"\nadmin = true\nserver_user = \"{su}\"\nserver_password = \"{su_pw}\"\n"
+    ));
+    text
+}
+
+/// Start a proxy with this full config text (listen addresses are replaced by port 0).
+pub fn start_proxy(text: &str) -> ProxyHandle {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("pgfresh.toml");
+    std::fs::write(&path, text).expect("write config");
+    let handle = ConfigHandle::open(&path).expect("valid test config");
+    let rt = runtime();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").expect("bind admin");
+    listener.set_nonblocking(true).expect("nonblocking");
+    admin.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let admin_addr = admin.local_addr().expect("admin addr");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<Stop>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (shared_tx, shared_rx) = std::sync::mpsc::channel();
+    let path_for_watch = path.clone();
+    rt.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        let admin = tokio::net::TcpListener::from_std(admin).expect("admin listener");
+        let proxy = Proxy::new(handle.clone());
+        let _ = shared_tx.send(proxy.shared.clone());
+        // Reload on file edits, as `pgfresh run` does.
+        let shared = proxy.shared.clone();
+        let ttl = proxy.ttl_source.clone();
+        let _watch = pgfresh_config::FileWatch::start(&path_for_watch, Duration::from_millis(50), move || {
+            let _ = pgfresh_proxy::reload_config(&shared, &ttl);
+        });
+        proxy
+            .run(listener, Some(admin), async move { stop_rx.await.unwrap_or(Stop::Fast) })
+            .await;
+        let _ = done_tx.send(());
+    });
+    let shared = shared_rx.recv().expect("proxy started");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Ready when the monitor has seen a primary and both standbys in the read pool.
+    while Instant::now() < deadline {
+        let view = shared.balancer.view();
+        if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ProxyHandle {
+        addr,
+        admin: admin_addr,
+        config_path: path,
+        _dir: dir,
+        stop: Some(stop_tx),
+        done: Some(std::sync::Mutex::new(done_rx)),
+        shared,
+    }
+}
+
+/// The proxy with the default test config, shared by the tests of one binary.
+pub fn proxy() -> &'static ProxyHandle {
+    static P: OnceLock<ProxyHandle> = OnceLock::new();
+    P.get_or_init(|| start_proxy(&config_text("")))
+}
+
+impl ProxyHandle {
+    pub fn conninfo(&self, user: &str, password: &str, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={db} connect_timeout=10",
+            self.addr.port()
+        )
+    }
+
+    /// A tokio-postgres client through the proxy as `app`.
+    pub async fn connect(&self) -> tokio_postgres::Client {
+        self.connect_as("app", APP_PASSWORD, "app").await.expect("connect through pgfresh")
+    }
+
+    pub async fn connect_as(&self, user: &str, password: &str, db: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, conn) = tokio_postgres::connect(&self.conninfo(user, password, db), tokio_postgres::NoTls).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(client)
+    }
+
+    /// Environment and arguments for psql/pgbench against the proxy.
+    pub fn libpq_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("PGHOST", "127.0.0.1".into()),
+            ("PGPORT", self.addr.port().to_string()),
+            ("PGUSER", "app".into()),
+            ("PGPASSWORD", APP_PASSWORD.into()),
+            ("PGDATABASE", "app".into()),
+        ]
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+}
+
+/// A name unique to this test process and call, for tables.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Poll `f` until it returns true or the deadline passes.
+pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Port of node `i` of the shared cluster.
+pub fn node_port(i: usize) -> u16 {
+    cluster().port(i)
+}
+
+/// Path of a PostgreSQL client binary (psql, pgbench) next to the server binaries
+/// or on PATH.
+pub fn pg_bin(name: &str) -> PathBuf {
+    let candidate = cluster().bin_dir().join(name);
+    if candidate.exists() {
+        candidate
+    } else {
+        PathBuf::from(name)
+    }
+}
