@@ -37,8 +37,12 @@ pub fn cluster() -> &'static LocalCluster {
     static READY: OnceLock<()> = OnceLock::new();
     let c = LocalCluster::shared();
     READY.get_or_init(|| {
-        c.psql(0, "app", "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;")
-            .expect("grant app the public schema");
+        c.psql(
+            0,
+            "app",
+            "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
+        )
+        .expect("grant app the public schema");
     });
     c
 }
@@ -75,7 +79,10 @@ pub fn config_text(routing_extra: &str) -> String {
          [routing]\ncold_start_ms = 0\n{routing_extra}\n\n"
     );
     for (i, n) in c.nodes().iter().enumerate() {
-        text.push_str(&format!("[[nodes]]\nname = \"pg{i}\"\nhost = \"127.0.0.1\"\nport = {}\n\n", n.port));
+        text.push_str(&format!(
+            "[[nodes]]\nname = \"pg{i}\"\nhost = \"127.0.0.1\"\nport = {}\n\n",
+            n.port
+        ));
     }
     text.push_str(&format!(
         "[[users]]\nname = \"app\"\npassword = \"{APP_PASSWORD}\"\n\n\
@@ -111,11 +118,17 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
         // Reload on file edits, as `pgfresh run` does.
         let shared = proxy.shared.clone();
         let ttl = proxy.ttl_source.clone();
-        let _watch = pgfresh_config::FileWatch::start(&path_for_watch, Duration::from_millis(50), move || {
-            let _ = pgfresh_proxy::reload_config(&shared, &ttl);
-        });
+        let _watch = pgfresh_config::FileWatch::start(
+            &path_for_watch,
+            Duration::from_millis(50),
+            move || {
+                let _ = pgfresh_proxy::reload_config(&shared, &ttl);
+            },
+        );
         proxy
-            .run(listener, Some(admin), async move { stop_rx.await.unwrap_or(Stop::Fast) })
+            .run(listener, Some(admin), async move {
+                stop_rx.await.unwrap_or(Stop::Fast)
+            })
             .await;
         let _ = done_tx.send(());
     });
@@ -156,11 +169,20 @@ impl ProxyHandle {
 
     /// A tokio-postgres client through the proxy as `app`.
     pub async fn connect(&self) -> tokio_postgres::Client {
-        self.connect_as("app", APP_PASSWORD, "app").await.expect("connect through pgfresh")
+        self.connect_as("app", APP_PASSWORD, "app")
+            .await
+            .expect("connect through pgfresh")
     }
 
-    pub async fn connect_as(&self, user: &str, password: &str, db: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let (client, conn) = tokio_postgres::connect(&self.conninfo(user, password, db), tokio_postgres::NoTls).await?;
+    pub async fn connect_as(
+        &self,
+        user: &str,
+        password: &str,
+        db: &str,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, conn) =
+            tokio_postgres::connect(&self.conninfo(user, password, db), tokio_postgres::NoTls)
+                .await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -187,7 +209,11 @@ impl ProxyHandle {
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Poll `f` until it returns true or the deadline passes.

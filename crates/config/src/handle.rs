@@ -104,10 +104,15 @@ impl ConfigHandle {
                 return Err(e);
             }
         };
-        let mut last = self.inner.last_file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self
+            .inner
+            .last_file
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let changed = diff(&last, &file);
-        let (applied, pending): (Vec<_>, Vec<_>) =
-            changed.into_iter().partition(|k| k.class == ReloadClass::Live);
+        let (applied, pending): (Vec<_>, Vec<_>) = changed
+            .into_iter()
+            .partition(|k| k.class == ReloadClass::Live);
         if !applied.is_empty() {
             let current = self.snapshot();
             let merged = merge_live(&current, &file, &applied);
@@ -162,13 +167,19 @@ impl FileWatch {
     ) -> Result<Self, notify::Error> {
         use notify::{RecursiveMode, Watcher};
         let file = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-        let dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let dir = file
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
         let name = file.file_name().map(|n| n.to_os_string());
         let (tx, rx) = mpsc::channel::<()>();
         let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
             if let Ok(ev) = ev {
                 let relevant = ev.kind.is_modify() || ev.kind.is_create() || ev.kind.is_remove();
-                let ours = ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name);
+                let ours = ev
+                    .paths
+                    .iter()
+                    .any(|p| p.file_name().map(|n| n.to_os_string()) == name);
                 if relevant && ours {
                     let _ = tx.send(());
                 }

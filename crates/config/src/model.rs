@@ -262,11 +262,13 @@ impl UserConfig {
 
     /// The password used on the nodes, if one is known.
     pub fn server_password(&self) -> Option<&str> {
-        self.server_password.as_deref().or(if self.password_is_verifier() {
-            None
-        } else {
-            self.password.as_deref()
-        })
+        self.server_password
+            .as_deref()
+            .or(if self.password_is_verifier() {
+                None
+            } else {
+                self.password.as_deref()
+            })
     }
 }
 

@@ -101,10 +101,17 @@ fn walk(prefix: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
             keys.dedup();
             for k in keys {
                 let null = Value::Null;
-                walk(&join(prefix, k), x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                walk(
+                    &join(prefix, k),
+                    x.get(k).unwrap_or(&null),
+                    y.get(k).unwrap_or(&null),
+                    out,
+                );
             }
         }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() && x.iter().any(Value::is_object) => {
+        (Value::Array(x), Value::Array(y))
+            if x.len() == y.len() && x.iter().any(Value::is_object) =>
+        {
             for (i, (p, q)) in x.iter().zip(y).enumerate() {
                 walk(&format!("{prefix}[{i}]"), p, q, out);
             }

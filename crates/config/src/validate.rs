@@ -69,16 +69,25 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             .map_err(|e| ConfigError::invalid("proxy.admin_listen", e.to_string()))?;
     }
     if c.proxy.max_client_connections == 0 {
-        return Err(ConfigError::invalid("proxy.max_client_connections", "must be at least 1"));
+        return Err(ConfigError::invalid(
+            "proxy.max_client_connections",
+            "must be at least 1",
+        ));
     }
     if c.proxy.max_message_bytes < 1024 {
-        return Err(ConfigError::invalid("proxy.max_message_bytes", "must be at least 1024"));
+        return Err(ConfigError::invalid(
+            "proxy.max_message_bytes",
+            "must be at least 1024",
+        ));
     }
     if c.pool.pool_size == 0 {
         return Err(ConfigError::invalid("pool.pool_size", "must be at least 1"));
     }
     if c.monitor.sr_check_period_ms < 10 {
-        return Err(ConfigError::invalid("monitor.sr_check_period_ms", "must be at least 10"));
+        return Err(ConfigError::invalid(
+            "monitor.sr_check_period_ms",
+            "must be at least 10",
+        ));
     }
     if c.monitor.health_timeout_ms < c.monitor.sr_check_period_ms {
         return Err(ConfigError::invalid(
@@ -88,7 +97,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     let r = &c.routing;
     if r.recent_access_max_ttl_ms == 0 {
-        return Err(ConfigError::invalid("routing.recent_access_max_ttl_ms", "must be positive"));
+        return Err(ConfigError::invalid(
+            "routing.recent_access_max_ttl_ms",
+            "must be positive",
+        ));
     }
     if r.recent_access_ttl_ms > r.recent_access_max_ttl_ms {
         return Err(ConfigError::invalid(
@@ -100,22 +112,34 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         ));
     }
     if r.recency_max_entries == 0 {
-        return Err(ConfigError::invalid("routing.recency_max_entries", "must be at least 1"));
+        return Err(ConfigError::invalid(
+            "routing.recency_max_entries",
+            "must be at least 1",
+        ));
     }
     for (key, list) in [
         ("routing.never_track", &r.never_track),
         ("routing.always_hot", &r.always_hot),
         ("routing.write_function_list", &r.write_function_list),
-        ("routing.read_only_function_list", &r.read_only_function_list),
+        (
+            "routing.read_only_function_list",
+            &r.read_only_function_list,
+        ),
     ] {
         for item in list {
             if item.trim().is_empty() || item.split('.').count() > 2 {
-                return Err(ConfigError::invalid(key, format!("{item:?} is not `name` or `schema.name`")));
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{item:?} is not `name` or `schema.name`"),
+                ));
             }
         }
     }
     if c.nodes.is_empty() {
-        return Err(ConfigError::invalid("nodes", "at least one [[nodes]] entry is required"));
+        return Err(ConfigError::invalid(
+            "nodes",
+            "at least one [[nodes]] entry is required",
+        ));
     }
     let mut names = HashSet::new();
     let mut addrs = HashSet::new();
@@ -125,7 +149,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(key("name"), "must not be empty"));
         }
         if !names.insert(n.name.as_str()) {
-            return Err(ConfigError::invalid(key("name"), format!("duplicate node name {:?}", n.name)));
+            return Err(ConfigError::invalid(
+                key("name"),
+                format!("duplicate node name {:?}", n.name),
+            ));
         }
         if n.host.is_empty() {
             return Err(ConfigError::invalid(key("host"), "must not be empty"));
@@ -134,7 +161,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(key("port"), "must not be 0"));
         }
         if !addrs.insert((n.host.as_str(), n.port)) {
-            return Err(ConfigError::invalid(key("port"), format!("{}:{} is listed twice", n.host, n.port)));
+            return Err(ConfigError::invalid(
+                key("port"),
+                format!("{}:{} is listed twice", n.host, n.port),
+            ));
         }
     }
     let mut users = HashSet::new();
@@ -144,11 +174,17 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(key("name"), "must not be empty"));
         }
         if !users.insert(u.name.as_str()) {
-            return Err(ConfigError::invalid(key("name"), format!("duplicate user {:?}", u.name)));
+            return Err(ConfigError::invalid(
+                key("name"),
+                format!("duplicate user {:?}", u.name),
+            ));
         }
         match u.auth {
             AuthMethod::ScramSha256 | AuthMethod::Md5 if u.password.is_none() => {
-                return Err(ConfigError::invalid(key("password"), "required unless auth = \"trust\""));
+                return Err(ConfigError::invalid(
+                    key("password"),
+                    "required unless auth = \"trust\"",
+                ));
             }
             AuthMethod::Md5 if u.password_is_verifier() => {
                 return Err(ConfigError::invalid(

@@ -41,16 +41,25 @@ fn unknown_key_is_named() {
 #[test]
 fn invalid_values_are_named() {
     let cases = [
-        ("[routing]\nrecent_access_ttl_ms = 70000\n", "routing.recent_access_ttl_ms"),
+        (
+            "[routing]\nrecent_access_ttl_ms = 70000\n",
+            "routing.recent_access_ttl_ms",
+        ),
         ("[proxy]\nlisten = \"nope\"\n", "proxy.listen"),
         ("[pool]\npool_size = 0\n", "pool.pool_size"),
-        ("[monitor]\nsr_check_period_ms = 5\n", "monitor.sr_check_period_ms"),
+        (
+            "[monitor]\nsr_check_period_ms = 5\n",
+            "monitor.sr_check_period_ms",
+        ),
         ("[[users]]\nname = \"a\"\n", "users[0].password"),
         (
             "[[nodes]]\nname = \"pg0\"\nhost = \"h\"\nport = 1\n",
             "nodes[1].name",
         ),
-        ("[routing]\nnever_track = [\"a.b.c\"]\n", "routing.never_track"),
+        (
+            "[routing]\nnever_track = [\"a.b.c\"]\n",
+            "routing.never_track",
+        ),
         (
             "[[users]]\nname = \"a\"\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$a:b\"\n",
             "users[0].server_password",
@@ -66,29 +75,47 @@ fn invalid_values_are_named() {
 
 #[test]
 fn reload_classes() {
-    assert_eq!(reload_class("routing.recent_access_ttl_ms"), ReloadClass::Live);
+    assert_eq!(
+        reload_class("routing.recent_access_ttl_ms"),
+        ReloadClass::Live
+    );
     assert_eq!(reload_class("routing.delay_threshold"), ReloadClass::Live);
     assert_eq!(reload_class("nodes[0].weight"), ReloadClass::Live);
     assert_eq!(reload_class("proxy.listen"), ReloadClass::Restart);
     assert_eq!(reload_class("pool.pool_size"), ReloadClass::Restart);
-    assert_eq!(reload_class("routing.parse_cache_bytes"), ReloadClass::Restart);
+    assert_eq!(
+        reload_class("routing.parse_cache_bytes"),
+        ReloadClass::Restart
+    );
     assert_eq!(reload_class("something.new"), ReloadClass::Restart);
 }
 
 #[test]
 fn diff_reports_leaf_keys() {
     let a = parse_str(MINIMAL).unwrap();
-    let b = parse_str(&with("[routing]\nrecent_access_ttl_ms = 250\n[proxy]\nlisten = \"127.0.0.1:7000\"\n")).unwrap();
+    let b = parse_str(&with(
+        "[routing]\nrecent_access_ttl_ms = 250\n[proxy]\nlisten = \"127.0.0.1:7000\"\n",
+    ))
+    .unwrap();
     let d = diff(&a, &b);
     let keys: Vec<_> = d.iter().map(|k| (k.key.as_str(), k.class)).collect();
-    assert!(keys.contains(&("routing.recent_access_ttl_ms", ReloadClass::Live)), "{keys:?}");
-    assert!(keys.contains(&("proxy.listen", ReloadClass::Restart)), "{keys:?}");
+    assert!(
+        keys.contains(&("routing.recent_access_ttl_ms", ReloadClass::Live)),
+        "{keys:?}"
+    );
+    assert!(
+        keys.contains(&("proxy.listen", ReloadClass::Restart)),
+        "{keys:?}"
+    );
     assert_eq!(keys.len(), 2);
 }
 
 #[test]
 fn redaction_hides_secrets() {
-    let c = parse_str(&with("[proxy]\nadmin_token = \"t0k\"\n[[users]]\nname = \"a\"\npassword = \"pw\"\n")).unwrap();
+    let c = parse_str(&with(
+        "[proxy]\nadmin_token = \"t0k\"\n[[users]]\nname = \"a\"\npassword = \"pw\"\n",
+    ))
+    .unwrap();
     let text = serde_json::to_string(&redacted(&c)).unwrap();
     assert!(!text.contains("t0k") && !text.contains("\"pw\""), "{text}");
 }
@@ -107,10 +134,17 @@ fn reload_is_all_or_nothing_and_keeps_restart_keys() {
     write(&path, MINIMAL);
     let h = ConfigHandle::open(&path).unwrap();
 
-    write(&path, &with("[routing]\nrecent_access_ttl_ms = 300\n[proxy]\nlisten = \"127.0.0.1:7001\"\n"));
+    write(
+        &path,
+        &with("[routing]\nrecent_access_ttl_ms = 300\n[proxy]\nlisten = \"127.0.0.1:7001\"\n"),
+    );
     let out = h.reload().unwrap();
     assert_eq!(h.snapshot().routing.recent_access_ttl_ms, 300);
-    assert_eq!(h.snapshot().proxy.listen, "127.0.0.1:6432", "restart-only key must not change live");
+    assert_eq!(
+        h.snapshot().proxy.listen,
+        "127.0.0.1:6432",
+        "restart-only key must not change live"
+    );
     assert_eq!(out.pending_restart.len(), 1);
 
     write(&path, &with("[routing]\nrecent_access_ttl_ms = \"soon\"\n"));
@@ -132,7 +166,10 @@ fn api_value_survives_unrelated_reload() {
     assert_eq!(s.routing.recent_access_ttl_ms, 350);
     assert_eq!(s.routing.delay_threshold, Some(1024));
     // A file change of the TTL itself wins over the pushed value.
-    write(&path, &with("[routing]\ndelay_threshold = 1024\nrecent_access_ttl_ms = 900\n"));
+    write(
+        &path,
+        &with("[routing]\ndelay_threshold = 1024\nrecent_access_ttl_ms = 900\n"),
+    );
     h.reload().unwrap();
     assert_eq!(h.snapshot().routing.recent_access_ttl_ms, 900);
 }

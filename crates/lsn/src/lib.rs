@@ -42,7 +42,8 @@ impl FromStr for Lsn {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || ParseLsnError(s.to_string());
         let (hi, lo) = s.trim().split_once('/').ok_or_else(err)?;
-        let valid = |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
+        let valid =
+            |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
         if !valid(hi) || !valid(lo) {
             return Err(err());
         }
@@ -104,7 +105,18 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        for bad in ["", "/", "1/", "/1", "1", "g/0", "1/2/3", "123456789/0", "-1/0", "1 /0"] {
+        for bad in [
+            "",
+            "/",
+            "1/",
+            "/1",
+            "1",
+            "g/0",
+            "1/2/3",
+            "123456789/0",
+            "-1/0",
+            "1 /0",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
         }
     }

@@ -35,7 +35,11 @@ pub fn demo(listen: &str, admin_listen: &str) -> ExitCode {
     for (i, node) in cluster.nodes().iter().enumerate() {
         text.push_str(&format!(
             "[[nodes]]\nname = \"{}\"\nhost = \"{}\"\nport = {}\n\n",
-            if i == 0 { "pg0".to_string() } else { format!("pg{i}") },
+            if i == 0 {
+                "pg0".to_string()
+            } else {
+                format!("pg{i}")
+            },
             cluster.host(),
             node.port
         ));
@@ -65,12 +69,22 @@ pub fn demo(listen: &str, admin_listen: &str) -> ExitCode {
     let (host, port) = listen.rsplit_once(':').unwrap_or((listen, "6432"));
     println!();
     for (i, node) in cluster.nodes().iter().enumerate() {
-        println!("  node pg{i}: {}:{} ({})", cluster.host(), node.port, if i == 0 { "primary" } else { "standby" });
+        println!(
+            "  node pg{i}: {}:{} ({})",
+            cluster.host(),
+            node.port,
+            if i == 0 { "primary" } else { "standby" }
+        );
     }
-    println!("  config:   {} (edit it: live keys reload within a second)", path.display());
+    println!(
+        "  config:   {} (edit it: live keys reload within a second)",
+        path.display()
+    );
     println!();
     println!("Connect:       psql -h {host} -p {port} -U {DEMO_USER}");
-    println!("Admin console: psql -h {host} -p {port} -U admin pgfresh   (try SHOW NODES; SHOW HOT;)");
+    println!(
+        "Admin console: psql -h {host} -p {port} -U admin pgfresh   (try SHOW NODES; SHOW HOT;)"
+    );
     println!("Status page:   http://{admin_listen}/   metrics: http://{admin_listen}/metrics");
     println!("Press Ctrl-C to stop; everything is removed.");
     let code = super::runtime().block_on(super::run(handle));

@@ -12,20 +12,37 @@ use pgfresh_sql::{analyze_uncached, FunctionPolicy};
 pub fn explain(config_path: &Path, sql: &str) -> ExitCode {
     // The config is optional: without one, defaults apply.
     let config = pgfresh_config::load_file(config_path).unwrap_or_else(|_| {
-        pgfresh_config::parse_str("[[nodes]]\nname = \"primary\"\nhost = \"127.0.0.1\"\nport = 5432\n")
-            .unwrap_or_else(|e| panic!("built-in default config is invalid: {e}"))
+        pgfresh_config::parse_str(
+            "[[nodes]]\nname = \"primary\"\nhost = \"127.0.0.1\"\nport = 5432\n",
+        )
+        .unwrap_or_else(|e| panic!("built-in default config is invalid: {e}"))
     });
     let analysis = analyze_uncached(sql);
     println!("kind:         {}", analysis.kind.as_str());
     if let Some(err) = &analysis.error {
         println!("parse error:  {err}");
     }
-    let names = |v: &[pgfresh_sql::RelName]| v.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ");
+    let names = |v: &[pgfresh_sql::RelName]| {
+        v.iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     println!("reads:        {}", names(&analysis.reads));
     println!("writes:       {}", names(&analysis.writes));
-    let funcs = analysis.functions.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", ");
+    let funcs = analysis
+        .functions
+        .iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     println!("functions:    {funcs}");
-    let mp = analysis.must_primary.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>().join(", ");
+    let mp = analysis
+        .must_primary
+        .iter()
+        .map(|m| format!("{m:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     println!("must_primary: {mp}");
     if let Some(h) = &analysis.hint {
         println!("hint:         {h:?}");
@@ -66,8 +83,11 @@ fn route(config: &Config, analysis: &pgfresh_sql::Analysis) -> pgfresh_proxy::ro
         },
         Arc::new(SystemClock::new()),
     );
-    let policy = FunctionPolicy::from_lists(&config.routing.write_function_list, &config.routing.read_only_function_list)
-        .unwrap_or_default();
+    let policy = FunctionPolicy::from_lists(
+        &config.routing.write_function_list,
+        &config.routing.read_only_function_list,
+    )
+    .unwrap_or_default();
     let ctx = RouteCtx {
         routing: &config.routing,
         policy: &policy,

@@ -12,12 +12,21 @@ use pgfresh_config::ConfigHandle;
 use pgfresh_proxy::{Proxy, Stop};
 
 #[derive(Parser)]
-#[command(name = "pgfresh", version, about = "PostgreSQL proxy: reads to replicas, never stale")]
+#[command(
+    name = "pgfresh",
+    version,
+    about = "PostgreSQL proxy: reads to replicas, never stale"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Config file (for the default `run`).
-    #[arg(short = 'c', long = "config", default_value = "conf/pgfresh.toml", global = true)]
+    #[arg(
+        short = 'c',
+        long = "config",
+        default_value = "conf/pgfresh.toml",
+        global = true
+    )]
     config: PathBuf,
 }
 
@@ -47,7 +56,10 @@ fn init_tracing(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGFRESH_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
 }
 
 fn main() -> ExitCode {
@@ -66,7 +78,10 @@ fn main() -> ExitCode {
             init_tracing(&handle.snapshot().proxy.log_level);
             runtime().block_on(run(handle))
         }
-        Command::Demo { listen, admin_listen } => {
+        Command::Demo {
+            listen,
+            admin_listen,
+        } => {
             init_tracing("info");
             demo::demo(&listen, &admin_listen)
         }
@@ -116,7 +131,10 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
         match tokio::net::TcpListener::bind(&config.proxy.admin_listen).await {
             Ok(l) => Some(l),
             Err(e) => {
-                eprintln!("pgfresh: cannot listen on {}: {e}", config.proxy.admin_listen);
+                eprintln!(
+                    "pgfresh: cannot listen on {}: {e}",
+                    config.proxy.admin_listen
+                );
                 return ExitCode::from(1);
             }
         }
@@ -131,13 +149,19 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
         pgfresh_config::FileWatch::start(p, std::time::Duration::from_millis(200), move || {
             let _ = tx.send("file");
         })
-        .map_err(|e| tracing::warn!(error = %e, "cannot watch the config file; SIGHUP still reloads"))
+        .map_err(
+            |e| tracing::warn!(error = %e, "cannot watch the config file; SIGHUP still reloads"),
+        )
         .ok()
     });
     {
         let tx = reload_tx.clone();
         tokio::spawn(async move {
-            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+            let Ok(mut hup) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
             while hup.recv().await.is_some() {
                 let _ = tx.send("sighup");
             }
@@ -157,7 +181,10 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
 /// Resolves on SIGTERM (graceful) or SIGINT (fast).
 pub async fn stop_signal() -> Stop {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         std::future::pending::<()>().await;
         return Stop::Fast;
     };

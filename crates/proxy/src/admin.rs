@@ -25,15 +25,24 @@ pub struct TtlSource {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl TtlSource {
     pub fn file() -> Self {
-        Self { source: "file", set_at_ms: now_ms() }
+        Self {
+            source: "file",
+            set_at_ms: now_ms(),
+        }
     }
     pub fn api() -> Self {
-        Self { source: "api", set_at_ms: now_ms() }
+        Self {
+            source: "api",
+            set_at_ms: now_ms(),
+        }
     }
 }
 
@@ -54,7 +63,9 @@ pub fn metrics_handle() -> Option<&'static PrometheusHandle> {
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     let _ = metrics_handle();
     loop {
-        let Ok((sock, _)) = listener.accept().await else { continue };
+        let Ok((sock, _)) = listener.accept().await else {
+            continue;
+        };
         let proxy = proxy.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
@@ -95,7 +106,9 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|t| t == token),
     };
-    let needs_auth = req.method() == Method::PUT || req.uri().path() == "/v1/status" || req.uri().path() == "/v1/config";
+    let needs_auth = req.method() == Method::PUT
+        || req.uri().path() == "/v1/status"
+        || req.uri().path() == "/v1/config";
     if needs_auth && !authorized {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
     }
@@ -113,18 +126,32 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
             Ok(v) => {
                 let max = config.routing.recent_access_max_ttl_ms;
                 let ttl = v.min(max);
-                proxy.shared.config.update(|c| c.routing.recent_access_ttl_ms = ttl);
+                proxy
+                    .shared
+                    .config
+                    .update(|c| c.routing.recent_access_ttl_ms = ttl);
                 Proxy::apply_config(&proxy.shared);
                 proxy.ttl_source.store(Arc::new(TtlSource::api()));
-                tracing::info!(ttl_ms = ttl, requested = v, source = "api", "recent_access_ttl_ms changed");
-                json_reply(StatusCode::OK, json!({ "recent_access_ttl_ms": ttl, "clamped": ttl != v }))
+                tracing::info!(
+                    ttl_ms = ttl,
+                    requested = v,
+                    source = "api",
+                    "recent_access_ttl_ms changed"
+                );
+                json_reply(
+                    StatusCode::OK,
+                    json!({ "recent_access_ttl_ms": ttl, "clamped": ttl != v }),
+                )
             }
             Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
         },
         (Method::PUT, "/v1/lag") => match read_json(req).await {
             Ok(body) => {
                 let Some(lag) = body.get("lag_ms").and_then(Value::as_u64) else {
-                    return error(StatusCode::BAD_REQUEST, "body must be {\"lag_ms\": N, \"node\": \"name\"?}");
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "body must be {\"lag_ms\": N, \"node\": \"name\"?}",
+                    );
                 };
                 let target = match body.get("node").and_then(Value::as_str) {
                     None => pgfresh_balancer::LagTarget::Pool,
@@ -133,7 +160,11 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
                         None => return error(StatusCode::BAD_REQUEST, "unknown node"),
                     },
                 };
-                let source = body.get("source").and_then(Value::as_str).unwrap_or("api").to_string();
+                let source = body
+                    .get("source")
+                    .and_then(Value::as_str)
+                    .unwrap_or("api")
+                    .to_string();
                 proxy.shared.balancer.push_external_lag(target, lag, source);
                 json_reply(StatusCode::OK, json!({ "accepted": true }))
             }

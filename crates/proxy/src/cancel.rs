@@ -32,7 +32,11 @@ pub struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.registry.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+        self.registry
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
     }
 }
 
@@ -48,7 +52,11 @@ impl CancelRegistry {
             };
             if let std::collections::hash_map::Entry::Vacant(e) = slots.entry(key) {
                 e.insert(slot.clone());
-                return Registration { registry: self, key, slot };
+                return Registration {
+                    registry: self,
+                    key,
+                    slot,
+                };
             }
         }
     }
@@ -58,7 +66,9 @@ impl CancelRegistry {
     pub async fn cancel(&self, key: CancelKey) {
         let target = {
             let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots.get(&key).and_then(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            slots
+                .get(&key)
+                .and_then(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
         };
         let Some(t) = target else {
             tracing::debug!("cancel request for an unknown or idle session");
@@ -70,7 +80,9 @@ impl CancelRegistry {
                 let _ = s.shutdown().await;
                 metrics::counter!("pgfresh_cancel_requests_total").increment(1);
             }
-            Err(e) => tracing::warn!(host = %t.host, port = t.port, error = %e, "cannot forward cancel request"),
+            Err(e) => {
+                tracing::warn!(host = %t.host, port = t.port, error = %e, "cannot forward cancel request")
+            }
         }
     }
 }

@@ -3,8 +3,13 @@
 
 use bytes::BytesMut;
 use pgfresh_config::{AuthMethod, Config, UserConfig};
-use pgfresh_wire::auth::{md5_password_hash, parse_sasl_initial_response, ScramServer, ScramVerifier};
-use pgfresh_wire::{build, decode_startup, parse_frontend, CancelKey, Decoded, FrontendMessage, Limits, StartupPacket};
+use pgfresh_wire::auth::{
+    md5_password_hash, parse_sasl_initial_response, ScramServer, ScramVerifier,
+};
+use pgfresh_wire::{
+    build, decode_startup, parse_frontend, CancelKey, Decoded, FrontendMessage, Limits,
+    StartupPacket,
+};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use crate::error::ProxyError;
@@ -49,7 +54,8 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     let startup = loop {
         match decode_startup(buf, &limits)? {
             Decoded::Incomplete { .. } => fill(sock, buf).await.map_err(read_err)?,
-            Decoded::Frame(StartupPacket::SslRequest) | Decoded::Frame(StartupPacket::GssEncRequest) => {
+            Decoded::Frame(StartupPacket::SslRequest)
+            | Decoded::Frame(StartupPacket::GssEncRequest) => {
                 write(sock, &build::ssl_no()).await?;
             }
             Decoded::Frame(StartupPacket::Cancel(key)) => return Ok(Opening::Cancel(key)),
@@ -58,7 +64,9 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let user_name = startup
         .user()
-        .ok_or_else(|| ProxyError::Startup("no PostgreSQL user name specified in startup packet".into()))?
+        .ok_or_else(|| {
+            ProxyError::Startup("no PostgreSQL user name specified in startup packet".into())
+        })?
         .to_string();
     let database = startup.database().unwrap_or(&user_name).to_string();
     let params: Vec<(String, String)> = startup
@@ -72,7 +80,11 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         return Err(ProxyError::AuthFailed(user_name));
     };
     authenticate(sock, buf, &user, &limits).await?;
-    Ok(Opening::Session(Login { user, database, params }))
+    Ok(Opening::Session(Login {
+        user,
+        database,
+        params,
+    }))
 }
 
 async fn write<S: AsyncWrite + Unpin>(sock: &mut S, bytes: &[u8]) -> Result<(), ProxyError> {
@@ -84,7 +96,9 @@ async fn read_password<S: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     limits: &Limits,
 ) -> Result<Vec<u8>, ProxyError> {
-    let frame = read_frame(sock, buf, limits, Side::Frontend).await.map_err(read_err)?;
+    let frame = read_frame(sock, buf, limits, Side::Frontend)
+        .await
+        .map_err(read_err)?;
     match parse_frontend(&frame)? {
         FrontendMessage::Password(body) => Ok(body.to_vec()),
         _ => Err(ProxyError::Startup(format!(

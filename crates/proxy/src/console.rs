@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
-use pgfresh_wire::{build, parse_frontend, sqlstate, ErrorResponse, FrontendMessage, Limits, TxStatus};
+use pgfresh_wire::{
+    build, parse_frontend, sqlstate, ErrorResponse, FrontendMessage, Limits, TxStatus,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -56,35 +58,57 @@ pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, lo
     if !login.user.admin {
         let e = ErrorResponse::fatal(
             sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
-            format!("user \"{}\" may not open the admin console", login.user.name),
+            format!(
+                "user \"{}\" may not open the admin console",
+                login.user.name
+            ),
         );
         let _ = sock.write_all(&e.to_bytes()).await;
         return;
     }
     let mut out = BytesMut::new();
-    out.extend_from_slice(&build::parameter_status("server_version", "15.0 (pgfresh console)"));
+    out.extend_from_slice(&build::parameter_status(
+        "server_version",
+        "15.0 (pgfresh console)",
+    ));
     out.extend_from_slice(&build::parameter_status("client_encoding", "UTF8"));
-    out.extend_from_slice(&build::parameter_status("standard_conforming_strings", "on"));
-    out.extend_from_slice(&build::backend_key_data(pgfresh_wire::CancelKey { pid: 0, secret: 0 }));
+    out.extend_from_slice(&build::parameter_status(
+        "standard_conforming_strings",
+        "on",
+    ));
+    out.extend_from_slice(&build::backend_key_data(pgfresh_wire::CancelKey {
+        pid: 0,
+        secret: 0,
+    }));
     out.extend_from_slice(&build::ready_for_query(TxStatus::Idle));
     if sock.write_all(&out).await.is_err() {
         return;
     }
-    let limits = Limits { max_message: 1 << 20, max_startup: 10 * 1024 };
+    let limits = Limits {
+        max_message: 1 << 20,
+        max_startup: 10 * 1024,
+    };
     loop {
-        let Ok(frame) = read_frame(&mut sock, &mut buf, &limits, Side::Frontend).await else { return };
+        let Ok(frame) = read_frame(&mut sock, &mut buf, &limits, Side::Frontend).await else {
+            return;
+        };
         let mut out = BytesMut::new();
         match parse_frontend(&frame) {
             Ok(FrontendMessage::Query { sql }) => answer(&shared, sql, &mut out),
             Ok(FrontendMessage::Terminate) => return,
             Ok(_) => {
                 out.extend_from_slice(
-                    &ErrorResponse::error(sqlstate::FEATURE_NOT_SUPPORTED, "the admin console accepts simple queries only")
-                        .to_bytes(),
+                    &ErrorResponse::error(
+                        sqlstate::FEATURE_NOT_SUPPORTED,
+                        "the admin console accepts simple queries only",
+                    )
+                    .to_bytes(),
                 );
             }
             Err(e) => {
-                let _ = sock.write_all(&ErrorResponse::fatal(e.sqlstate(), e.to_string()).to_bytes()).await;
+                let _ = sock
+                    .write_all(&ErrorResponse::fatal(e.sqlstate(), e.to_string()).to_bytes())
+                    .await;
                 return;
             }
         }

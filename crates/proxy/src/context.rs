@@ -42,7 +42,12 @@ impl Shared {
 
     /// The connection target for `node` as `user` on `database`, or None when the
     /// node is no longer configured.
-    pub fn target(c: &Config, node: usize, user: &pgfresh_config::UserConfig, database: &str) -> Option<Target> {
+    pub fn target(
+        c: &Config,
+        node: usize,
+        user: &pgfresh_config::UserConfig,
+        database: &str,
+    ) -> Option<Target> {
         let n = c.nodes.get(node)?;
         Some(Target {
             node,

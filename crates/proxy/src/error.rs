@@ -41,7 +41,9 @@ pub enum ProxyError {
     LoginTimeout,
     #[error("pgfresh is shutting down")]
     Shutdown,
-    #[error("no replica can serve this read consistently and the primary fallback limit is reached")]
+    #[error(
+        "no replica can serve this read consistently and the primary fallback limit is reached"
+    )]
     FallbackLimit,
 }
 
@@ -67,7 +69,9 @@ impl ProxyError {
             UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             Startup(_) => sqlstate::PROTOCOL_VIOLATION,
             TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,
-            ServerConnect { .. } | NoPrimary => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            ServerConnect { .. } | NoPrimary => {
+                sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
+            }
             ServerLogin { .. } => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
             ServerLost { .. } | RoleChanged => sqlstate::CONNECTION_FAILURE,
             CommitOutcomeUnknown { .. } => sqlstate::TRANSACTION_RESOLUTION_UNKNOWN,
@@ -82,7 +86,9 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             ClientGone | ClientIo(_) => Disposition::Silent,
-            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit => Disposition::Recoverable,
+            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit => {
+                Disposition::Recoverable
+            }
             _ => Disposition::Fatal,
         }
     }

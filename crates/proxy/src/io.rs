@@ -40,7 +40,11 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 }
 
 /// Split one complete frame off `buf`, if one is there.
-pub fn try_frame(buf: &mut BytesMut, limits: &Limits, side: Side) -> Result<Option<Frame>, FrameError> {
+pub fn try_frame(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    side: Side,
+) -> Result<Option<Frame>, FrameError> {
     let decoded = match side {
         Side::Frontend => decode_frontend(buf, limits)?,
         Side::Backend => decode_backend(buf, limits)?,

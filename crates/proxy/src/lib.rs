@@ -52,7 +52,9 @@ pub fn monitor_settings(c: &Config) -> MonitorSettings {
         delay_threshold_ms: c.routing.delay_threshold_by_time,
         load_balance: match c.routing.load_balance {
             pgfresh_config::LoadBalance::Random => pgfresh_balancer::LoadBalance::Random,
-            pgfresh_config::LoadBalance::LeastOutstanding => pgfresh_balancer::LoadBalance::LeastOutstanding,
+            pgfresh_config::LoadBalance::LeastOutstanding => {
+                pgfresh_balancer::LoadBalance::LeastOutstanding
+            }
         },
         prefer_lower_delay_standby: c.routing.prefer_lower_delay_standby,
         ..MonitorSettings::default()
@@ -90,7 +92,11 @@ fn recency_config(c: &Config) -> RecencyConfig {
 }
 
 fn function_policy(c: &Config) -> FunctionPolicy {
-    FunctionPolicy::from_lists(&c.routing.write_function_list, &c.routing.read_only_function_list).unwrap_or_default()
+    FunctionPolicy::from_lists(
+        &c.routing.write_function_list,
+        &c.routing.read_only_function_list,
+    )
+    .unwrap_or_default()
 }
 
 /// A running proxy.
@@ -106,7 +112,10 @@ impl Proxy {
     pub fn new(config: ConfigHandle) -> Proxy {
         let c = config.snapshot();
         let balancer = Balancer::start(node_specs(&c), monitor_settings(&c));
-        let recency = Arc::new(RecencyMap::new(recency_config(&c), Arc::new(SystemClock::new())));
+        let recency = Arc::new(RecencyMap::new(
+            recency_config(&c),
+            Arc::new(SystemClock::new()),
+        ));
         let analyzer = Analyzer::new(AnalyzerOptions {
             cache_max_entries: c.routing.parse_cache_entries,
             cache_max_bytes: c.routing.parse_cache_bytes,
@@ -175,9 +184,13 @@ impl Proxy {
         shared.recency.set_max_staleness_ms(r.max_staleness_ms);
         shared.recency.set_cold_start_ms(r.cold_start_ms);
         shared.recency.set_max_entries(r.recency_max_entries);
-        shared.recency.set_lists(patterns(&r.never_track), patterns(&r.always_hot));
+        shared
+            .recency
+            .set_lists(patterns(&r.never_track), patterns(&r.always_hot));
         shared.balancer.update_settings(monitor_settings(&c));
-        shared.balancer.update_weights(c.nodes.iter().map(|n| n.weight).collect());
+        shared
+            .balancer
+            .update_weights(c.nodes.iter().map(|n| n.weight).collect());
         shared.policy.store(Arc::new(function_policy(&c)));
     }
 
@@ -189,28 +202,35 @@ impl Proxy {
 
 /// Re-read the config file and apply its live keys; logs and counts the outcome. A file
 /// that fails validation changes nothing.
-pub fn reload_config(shared: &Shared, ttl_source: &ArcSwap<admin::TtlSource>) -> Result<(), pgfresh_config::ConfigError> {
-        match shared.config.reload() {
-            Ok(outcome) => {
-                metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
-                for k in &outcome.applied {
-                    tracing::info!(key = %k.key, source = "file", "config key applied");
-                }
-                for k in &outcome.pending_restart {
-                    tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
-                }
-                Proxy::apply_config(shared);
-                if outcome.applied.iter().any(|k| k.key == "routing.recent_access_ttl_ms") {
-                    ttl_source.store(Arc::new(admin::TtlSource::file()));
-                }
-                Ok(())
+pub fn reload_config(
+    shared: &Shared,
+    ttl_source: &ArcSwap<admin::TtlSource>,
+) -> Result<(), pgfresh_config::ConfigError> {
+    match shared.config.reload() {
+        Ok(outcome) => {
+            metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
+            for k in &outcome.applied {
+                tracing::info!(key = %k.key, source = "file", "config key applied");
             }
-            Err(e) => {
-                metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
-                tracing::error!(error = %e, "config reload rejected; the running config stays in force");
-                Err(e)
+            for k in &outcome.pending_restart {
+                tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
             }
+            Proxy::apply_config(shared);
+            if outcome
+                .applied
+                .iter()
+                .any(|k| k.key == "routing.recent_access_ttl_ms")
+            {
+                ttl_source.store(Arc::new(admin::TtlSource::file()));
+            }
+            Ok(())
         }
+        Err(e) => {
+            metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
+            tracing::error!(error = %e, "config reload rejected; the running config stays in force");
+            Err(e)
+        }
+    }
 }
 
 impl Proxy {
@@ -236,7 +256,9 @@ impl Proxy {
         let _ = this.shutdown_tx.send(true);
         let timeout = match how {
             Stop::Fast => Duration::ZERO,
-            Stop::Graceful => Duration::from_millis(this.shared.config.snapshot().proxy.shutdown_timeout_ms),
+            Stop::Graceful => {
+                Duration::from_millis(this.shared.config.snapshot().proxy.shutdown_timeout_ms)
+            }
         };
         let deadline = tokio::time::Instant::now() + timeout;
         // Sessions close themselves at their next idle point; wait for them.

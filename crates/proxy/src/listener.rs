@@ -91,7 +91,8 @@ async fn handle_client(mut sock: TcpStream, shared: Arc<Shared>) {
 }
 
 async fn reject(sock: &mut TcpStream, e: ProxyError) {
-    metrics::counter!("pgfresh_client_login_failures_total", "sqlstate" => e.sqlstate()).increment(1);
+    metrics::counter!("pgfresh_client_login_failures_total", "sqlstate" => e.sqlstate())
+        .increment(1);
     tracing::info!(error = %e, "client rejected");
     if !matches!(e, ProxyError::ClientGone | ProxyError::ClientIo(_)) {
         let _ = sock.write_all(&e.to_client()).await;

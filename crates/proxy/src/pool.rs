@@ -128,7 +128,14 @@ impl Pools {
             }
             tokio::spawn(idle.conn.terminate());
         }
-        let conn = ServerConn::connect(target.clone(), startup_params, s.connect_timeout, s.login_timeout, generation).await?;
+        let conn = ServerConn::connect(
+            target.clone(),
+            startup_params,
+            s.connect_timeout,
+            s.login_timeout,
+            generation,
+        )
+        .await?;
         metrics::counter!("pgfresh_server_connections_opened_total", "node" => target.node_name.to_string()).increment(1);
         Ok(Leased {
             conn,
@@ -143,15 +150,19 @@ impl Pools {
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
-            && (reset_query.is_empty() || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
+            && (reset_query.is_empty()
+                || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
         if reusable {
             leased.conn.prepared.clear();
             leased.conn.state_version = 0;
             let pool = leased.pool.clone();
-            pool.idle.lock().unwrap_or_else(|p| p.into_inner()).push(Idle {
-                conn: leased.conn,
-                since: Instant::now(),
-            });
+            pool.idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Idle {
+                    conn: leased.conn,
+                    since: Instant::now(),
+                });
         } else {
             leased.conn.terminate().await;
         }
@@ -165,7 +176,13 @@ impl Pools {
             .map(|(k, p)| {
                 let idle = p.idle.lock().unwrap_or_else(|p| p.into_inner()).len();
                 let size_in_use = p.slots.available_permits();
-                (k.node, k.user.to_string(), k.database.to_string(), idle, size_in_use)
+                (
+                    k.node,
+                    k.user.to_string(),
+                    k.database.to_string(),
+                    idle,
+                    size_in_use,
+                )
             })
             .collect()
     }

@@ -8,14 +8,18 @@
 use pgfresh_config::RoutingSection;
 use pgfresh_lsn::Lsn;
 use pgfresh_recency::{Hotness, RecencyMap, RelKey};
-use pgfresh_sql::{Analysis, FunctionPolicy, Kind, MustPrimary, RouteHint, TxEffect, VolatilityOracle};
+use pgfresh_sql::{
+    Analysis, FunctionPolicy, Kind, MustPrimary, RouteHint, TxEffect, VolatilityOracle,
+};
 
 /// Where a unit should run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     Primary,
     /// Any eligible replica that has replayed `required` (when set).
-    Replica { required: Option<Lsn> },
+    Replica {
+        required: Option<Lsn>,
+    },
     /// The node the session is already using (open transaction, session-only statements).
     Current,
 }
@@ -181,7 +185,9 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
             let read_only = parts.iter().flat_map(|a| &a.statements).any(|s| {
                 matches!(&s.tx, Some(TxEffect::Begin(m)) | Some(TxEffect::SetTransaction(m)) if m.read_only == Some(true))
             }) || session.read_only_txn;
-            let serializable = parts.iter().any(|a| a.must_primary.contains(&MustPrimary::SerializableTxn));
+            let serializable = parts
+                .iter()
+                .any(|a| a.must_primary.contains(&MustPrimary::SerializableTxn));
             if !read_only || serializable {
                 return decision(Target::Primary, Reason::WriteCapableTxn);
             }
@@ -227,10 +233,15 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
             }
             match ctx.recency.lookup(ctx.database, &keys) {
                 Hotness::Cold => {}
-                Hotness::Hot { required_lsn: None, .. } => {
+                Hotness::Hot {
+                    required_lsn: None, ..
+                } => {
                     return decision(Target::Primary, Reason::HotRelation);
                 }
-                Hotness::Hot { required_lsn: Some(l), .. } => {
+                Hotness::Hot {
+                    required_lsn: Some(l),
+                    ..
+                } => {
                     required = Some(required.map_or(l, |x| x.max(l)));
                 }
             }

@@ -89,7 +89,10 @@ impl ServerConn {
     }
 
     async fn login(&mut self, startup_params: &[(String, String)]) -> Result<(), ProxyError> {
-        let mut params: Vec<(&str, &str)> = vec![("user", &self.target.user), ("database", &self.target.database)];
+        let mut params: Vec<(&str, &str)> = vec![
+            ("user", &self.target.user),
+            ("database", &self.target.database),
+        ];
         for (k, v) in startup_params {
             if !matches!(k.as_str(), "user" | "database" | "replication") {
                 params.push((k, v));
@@ -120,7 +123,9 @@ impl ServerConn {
                     }
                     Auth::Sasl { mechanisms } => {
                         if !mechanisms.contains(&"SCRAM-SHA-256") {
-                            return Err(self.protocol(format!("no supported SASL mechanism in {mechanisms:?}")));
+                            return Err(self.protocol(format!(
+                                "no supported SASL mechanism in {mechanisms:?}"
+                            )));
                         }
                         let pw = self.password()?;
                         let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
@@ -130,17 +135,26 @@ impl ServerConn {
                     }
                     Auth::SaslContinue(data) => {
                         let data = data.to_vec();
-                        let s = scram.as_mut().ok_or_else(|| self.protocol("unexpected SASL continue".into()))?;
+                        let s = scram
+                            .as_mut()
+                            .ok_or_else(|| self.protocol("unexpected SASL continue".into()))?;
                         s.update(&data).map_err(|e| self.protocol(e.to_string()))?;
                         let msg = build::sasl_response(s.message());
                         self.send(&msg).await?;
                     }
                     Auth::SaslFinal(data) => {
                         let data = data.to_vec();
-                        let mut s = scram.take().ok_or_else(|| self.protocol("unexpected SASL final".into()))?;
-                        s.finish(&data).map_err(|e| self.protocol(format!("server signature: {e}")))?;
+                        let mut s = scram
+                            .take()
+                            .ok_or_else(|| self.protocol("unexpected SASL final".into()))?;
+                        s.finish(&data)
+                            .map_err(|e| self.protocol(format!("server signature: {e}")))?;
                     }
-                    other => return Err(self.protocol(format!("unsupported authentication request {other:?}"))),
+                    other => {
+                        return Err(
+                            self.protocol(format!("unsupported authentication request {other:?}"))
+                        )
+                    }
                 },
                 BackendMessage::ParameterStatus { name, value } => {
                     self.params.insert(name.to_string(), value.to_string());
@@ -153,20 +167,34 @@ impl ServerConn {
                 BackendMessage::ErrorResponse(fields) => {
                     return Err(ProxyError::ServerLogin {
                         code: fields.code.unwrap_or("08000").to_string(),
-                        message: fields.message.unwrap_or("server refused the connection").to_string(),
+                        message: fields
+                            .message
+                            .unwrap_or("server refused the connection")
+                            .to_string(),
                     });
                 }
                 BackendMessage::NoticeResponse(_) | BackendMessage::NegotiateProtocolVersion => {}
-                _ => return Err(self.protocol(format!("unexpected message {:?} during login", frame.tag as char))),
+                _ => {
+                    return Err(self.protocol(format!(
+                        "unexpected message {:?} during login",
+                        frame.tag as char
+                    )))
+                }
             }
         }
     }
 
     fn password(&self) -> Result<Arc<str>, ProxyError> {
-        self.target.password.clone().ok_or_else(|| ProxyError::ServerConnect {
-            node: self.target.node_name.to_string(),
-            reason: format!("server asks for a password and none is configured for user {}", self.target.user),
-        })
+        self.target
+            .password
+            .clone()
+            .ok_or_else(|| ProxyError::ServerConnect {
+                node: self.target.node_name.to_string(),
+                reason: format!(
+                    "server asks for a password and none is configured for user {}",
+                    self.target.user
+                ),
+            })
     }
 
     fn protocol(&self, reason: String) -> ProxyError {
@@ -189,12 +217,17 @@ impl ServerConn {
 
     /// Read one frame (used outside the relay loop: login, reset, injected queries).
     pub async fn read(&mut self) -> Result<pgfresh_wire::Frame, ProxyError> {
-        read_frame(&mut self.stream, &mut self.rbuf, &server_limits(), Side::Backend)
-            .await
-            .map_err(|e| match e {
-                ReadError::Frame(f) => self.protocol(f.to_string()),
-                other => self.lost(other),
-            })
+        read_frame(
+            &mut self.stream,
+            &mut self.rbuf,
+            &server_limits(),
+            Side::Backend,
+        )
+        .await
+        .map_err(|e| match e {
+            ReadError::Frame(f) => self.protocol(f.to_string()),
+            other => self.lost(other),
+        })
     }
 
     /// Run a simple query and discard its results; Err carries the server's error

@@ -106,7 +106,9 @@ impl Session {
                     let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
                     self.ready.push_back(unit);
                 }
-                FrontendMessage::CopyData(_) | FrontendMessage::CopyDone | FrontendMessage::CopyFail { .. } => {
+                FrontendMessage::CopyData(_)
+                | FrontendMessage::CopyDone
+                | FrontendMessage::CopyFail { .. } => {
                     // COPY started by an extended batch (Bind/Execute without Sync yet):
                     // that batch goes first.
                     self.close_batch_early();
@@ -160,11 +162,19 @@ impl Session {
         while let Some(unit) = self.ready.pop_front() {
             if unit.passthrough {
                 let Some(node) = self.active else { continue };
+                if unit
+                    .frames
+                    .iter()
+                    .any(|f| matches!(f.first(), Some(b'c' | b'f')))
+                {
+                    self.copy_in = false;
+                }
                 self.send_frames(node, &unit.frames).await?;
                 continue;
             }
             if let Some(node) = self.open_unit_node {
-                self.send_unit(node, unit, None, Reason::InTransaction).await?;
+                self.send_unit(node, unit, None, Reason::InTransaction)
+                    .await?;
                 continue;
             }
             if self.answer_locally(&unit) {
@@ -188,7 +198,8 @@ impl Session {
                 self.fail_unit(&unit, &e);
                 continue;
             }
-            self.send_unit(node, unit, Some(decision), decision.reason).await?;
+            self.send_unit(node, unit, Some(decision), decision.reason)
+                .await?;
         }
         Ok(())
     }
@@ -207,12 +218,22 @@ impl Session {
     /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
     /// pgfresh itself. Returns true when the unit was answered.
     fn answer_locally(&mut self, unit: &ClientUnit) -> bool {
-        let Some(sql) = &unit.simple_sql else { return false };
-        let [analysis] = unit.parts.as_slice() else { return false };
-        let [stmt] = analysis.statements.as_slice() else { return false };
+        let Some(sql) = &unit.simple_sql else {
+            return false;
+        };
+        let [analysis] = unit.parts.as_slice() else {
+            return false;
+        };
+        let [stmt] = analysis.statements.as_slice() else {
+            return false;
+        };
         if let Some(SessionEffect::Set { name, value, .. }) = &stmt.session {
             if name == "pgfresh.route" {
-                let v = value.as_deref().unwrap_or("auto").trim_matches('\'').to_ascii_lowercase();
+                let v = value
+                    .as_deref()
+                    .unwrap_or("auto")
+                    .trim_matches('\'')
+                    .to_ascii_lowercase();
                 self.state.route_primary = v == "primary";
                 if self.state.route_primary {
                     self.state.pins.insert(PinReason::RouteSetting);
@@ -226,20 +247,29 @@ impl Session {
         }
         let enabled = self.shared.config.snapshot().routing.enable_query_parser;
         match &stmt.tx {
-            Some(TxEffect::Begin(_)) if enabled && self.tx == TxStatus::Idle && self.inflight.is_empty() => {
+            Some(TxEffect::Begin(_))
+                if enabled && self.tx == TxStatus::Idle && self.inflight.is_empty() =>
+            {
                 self.deferred_begin = Some(DeferredBegin {
                     sql: sql.clone(),
                     analysis: analysis.clone(),
                 });
                 self.tx = TxStatus::InTransaction;
                 self.out.push(build::command_complete("BEGIN"));
-                self.out.push(build::ready_for_query(TxStatus::InTransaction));
+                self.out
+                    .push(build::ready_for_query(TxStatus::InTransaction));
                 true
             }
-            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. }) if self.deferred_begin.is_some() => {
+            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
+                if self.deferred_begin.is_some() =>
+            {
                 self.deferred_begin = None;
                 self.tx = TxStatus::Idle;
-                let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) { "COMMIT" } else { "ROLLBACK" };
+                let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                };
                 self.out.push(build::command_complete(tag));
                 self.out.push(build::ready_for_query(TxStatus::Idle));
                 true
@@ -292,7 +322,8 @@ impl Session {
                 }
                 None => {
                     let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
-                    let slot = FallbackSlot::try_take(&self.shared, max).ok_or(ProxyError::FallbackLimit)?;
+                    let slot = FallbackSlot::try_take(&self.shared, max)
+                        .ok_or(ProxyError::FallbackLimit)?;
                     self.fallback_slot = Some(slot);
                     metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica").increment(1);
                     (primary()?, Reason::NoEligibleReplica)
@@ -306,7 +337,12 @@ impl Session {
             "reason" => reason.as_str()
         )
         .increment(1);
-        tracing::debug!(node, reason = reason.as_str(), detail = reason.detail(), "routed");
+        tracing::debug!(
+            node,
+            reason = reason.as_str(),
+            detail = reason.detail(),
+            "routed"
+        );
         Ok(node)
     }
 
@@ -358,9 +394,13 @@ impl Session {
             }
             for name in &unit.sql_executes {
                 let key = format!("sql:{name}");
-                let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else { continue };
+                let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
+                    continue;
+                };
                 let hash = text_hash(text.as_bytes());
-                let has = self.backends[node].as_ref().and_then(|l| l.conn.prepared.get(&key).copied());
+                let has = self.backends[node]
+                    .as_ref()
+                    .and_then(|l| l.conn.prepared.get(&key).copied());
                 if has != Some(hash) {
                     let mut sql = String::new();
                     if has.is_some() {
@@ -380,7 +420,9 @@ impl Session {
         let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
         if let Some(l) = self.backends[node].as_mut() {
             for name in &unit.uses_statements {
-                let Some(p) = self.state.prepared.get(name) else { continue };
+                let Some(p) = self.state.prepared.get(name) else {
+                    continue;
+                };
                 match l.conn.prepared.get(name) {
                     Some(h) if *h == p.hash => {}
                     other => {
@@ -447,17 +489,28 @@ impl Session {
         }
         self.send_frames(node, &unit.frames).await?;
         let writes = unit.writes();
+        let owed = if self.copy_in {
+            0
+        } else {
+            unit.frames
+                .iter()
+                .filter(|f| matches!(f.first(), Some(b'Q' | b'S' | b'F')))
+                .count() as u32
+        };
         if continuing {
             if let Some(last) = self.inflight.back_mut() {
                 last.writes.extend(writes);
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
+                last.owed += owed;
             }
         } else {
             let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
             f.swallow_parse = swallow_parse;
             f.swallow_close = swallow_close;
             f.commit_sent = commit_sent;
+            f.owed = owed;
+            f.simple = unit.simple_sql.is_some() || unit.force_primary;
             self.inflight.push_back(f);
         }
         if continuing {
@@ -473,23 +526,40 @@ impl Session {
     fn apply_session_effects(&mut self, unit: &ClientUnit) {
         for (i, a) in unit.parts.iter().enumerate() {
             for s in &a.statements {
-                if s.must_primary
-                    .iter()
-                    .any(|m| matches!(m, MustPrimary::AdvisoryLock { session_level: true }))
-                {
+                if s.must_primary.iter().any(|m| {
+                    matches!(
+                        m,
+                        MustPrimary::AdvisoryLock {
+                            session_level: true
+                        }
+                    )
+                }) {
                     self.state.pins.insert(PinReason::AdvisoryLock);
                 }
                 let Some(effect) = &s.session else { continue };
                 let text = || {
-                    let sql = if i == 0 { unit.simple_sql.as_deref() } else { None };
-                    sql.and_then(|t| t.get(s.text_range.0..s.text_range.1)).map(str::to_string)
+                    let sql = if i == 0 {
+                        unit.simple_sql.as_deref()
+                    } else {
+                        None
+                    };
+                    sql.and_then(|t| t.get(s.text_range.0..s.text_range.1))
+                        .map(str::to_string)
                 };
                 match effect {
-                    SessionEffect::Set { name, value, local: false } => {
+                    SessionEffect::Set {
+                        name,
+                        value,
+                        local: false,
+                    } => {
                         let stmt = text().or_else(|| {
-                            value
-                                .as_ref()
-                                .map(|v| format!("SET {} = {}", super::state::quote_ident(name), super::state::literal(v)))
+                            value.as_ref().map(|v| {
+                                format!(
+                                    "SET {} = {}",
+                                    super::state::quote_ident(name),
+                                    super::state::literal(v)
+                                )
+                            })
                         });
                         self.state.set(name, value.as_deref(), stmt);
                     }
@@ -497,16 +567,21 @@ impl Session {
                     SessionEffect::ResetAll => self.state.reset_all(),
                     SessionEffect::SetRole(v) => self.state.set("role", v.as_deref(), text()),
                     SessionEffect::SetSessionAuthorization(v) => {
-                        self.state.set("session_authorization", v.as_deref(), text())
+                        self.state
+                            .set("session_authorization", v.as_deref(), text())
                     }
                     SessionEffect::SetConfig {
                         name: Some(name),
                         value,
                         local: Some(false),
                     } => {
-                        let stmt = value
-                            .as_ref()
-                            .map(|v| format!("SET {} = {}", super::state::quote_ident(name), super::state::literal(v)));
+                        let stmt = value.as_ref().map(|v| {
+                            format!(
+                                "SET {} = {}",
+                                super::state::quote_ident(name),
+                                super::state::literal(v)
+                            )
+                        });
                         self.state.set(name, value.as_deref(), stmt);
                     }
                     SessionEffect::Discard(kind) => match kind {
@@ -542,7 +617,9 @@ impl Session {
                     SessionEffect::Unlisten(None) => {
                         self.state.pins.remove(&PinReason::Listen);
                     }
-                    SessionEffect::DeclareCursor { with_hold: true, .. } => {
+                    SessionEffect::DeclareCursor {
+                        with_hold: true, ..
+                    } => {
                         self.state.pins.insert(PinReason::HoldCursor);
                     }
                     SessionEffect::CloseCursor(None) => {

@@ -66,10 +66,18 @@ pub struct Session {
     /// Output to the client, flushed once per loop turn.
     out: Vec<Bytes>,
     terminating: bool,
+    /// The active backend is in COPY IN mode: Syncs sent now are ignored by the server.
+    copy_in: bool,
 }
 
 impl Session {
-    pub fn new(shared: Arc<Shared>, client: TcpStream, cbuf: BytesMut, login: Login, cancel_slot: CancelSlot) -> Self {
+    pub fn new(
+        shared: Arc<Shared>,
+        client: TcpStream,
+        cbuf: BytesMut,
+        login: Login,
+        cancel_slot: CancelSlot,
+    ) -> Self {
         let config = shared.config.snapshot();
         let nodes = config.nodes.len();
         let mut state = SessionState::default();
@@ -115,13 +123,18 @@ impl Session {
             fallback_slot: None,
             out: Vec::new(),
             terminating: false,
+            copy_in: false,
         }
     }
 
     /// Finish login: connect to the primary, replay the startup parameters, and send
     /// the client its ParameterStatus set, BackendKeyData and ReadyForQuery.
     pub async fn start(&mut self, key: CancelKey) -> Result<(), ProxyError> {
-        let primary = self.shared.balancer.primary().ok_or(ProxyError::NoPrimary)?;
+        let primary = self
+            .shared
+            .balancer
+            .primary()
+            .ok_or(ProxyError::NoPrimary)?;
         self.attach(primary).await?;
         let Some(leased) = self.backends[primary].as_mut() else {
             return Err(ProxyError::NoPrimary);
@@ -142,7 +155,10 @@ impl Session {
         }
         out.extend_from_slice(&build::backend_key_data(key));
         out.extend_from_slice(&build::ready_for_query(TxStatus::Idle));
-        self.client.write_all(&out).await.map_err(ProxyError::ClientIo)?;
+        self.client
+            .write_all(&out)
+            .await
+            .map_err(ProxyError::ClientIo)?;
         Ok(())
     }
 
@@ -206,7 +222,11 @@ impl Session {
                     // Finish the transaction first; checked again at the next turn.
                 }
             }
-            if *shutdown.borrow() && self.tx == TxStatus::Idle && self.inflight.is_empty() && self.ready.is_empty() {
+            if *shutdown.borrow()
+                && self.tx == TxStatus::Idle
+                && self.inflight.is_empty()
+                && self.ready.is_empty()
+            {
                 self.flush_client().await?;
                 return Err(ProxyError::Shutdown);
             }
@@ -237,7 +257,10 @@ impl Session {
 
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
         for chunk in self.out.drain(..) {
-            self.client.write_all(&chunk).await.map_err(ProxyError::ClientIo)?;
+            self.client
+                .write_all(&chunk)
+                .await
+                .map_err(ProxyError::ClientIo)?;
         }
         Ok(())
     }
@@ -257,7 +280,8 @@ impl Session {
             }
         }
         let config = self.shared.config.snapshot();
-        let target = Shared::target(&config, node, &self.login.user, &self.login.database).ok_or(ProxyError::NoPrimary)?;
+        let target = Shared::target(&config, node, &self.login.user, &self.login.database)
+            .ok_or(ProxyError::NoPrimary)?;
         let leased = self
             .shared
             .pools

@@ -28,12 +28,16 @@ impl Session {
             let mut pos = 0;
             let mut swallow_at = None;
             loop {
-                let Some(leased) = self.backends[node].as_ref() else { return Ok(()) };
+                let Some(leased) = self.backends[node].as_ref() else {
+                    return Ok(());
+                };
                 let buf = &leased.conn.rbuf;
                 if buf.len() - pos < 5 {
                     break;
                 }
-                let len = u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]) as usize;
+                let len =
+                    u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]])
+                        as usize;
                 if len < 4 || len > max {
                     let name = leased.conn.target.node_name.to_string();
                     return Err(ProxyError::ServerProtocol {
@@ -54,7 +58,9 @@ impl Session {
                 }
                 pos = body_end;
             }
-            let Some(leased) = self.backends[node].as_mut() else { return Ok(()) };
+            let Some(leased) = self.backends[node].as_mut() else {
+                return Ok(());
+            };
             if pos > 0 {
                 self.out.push(leased.conn.rbuf.split_to(pos).freeze());
             }
@@ -80,7 +86,15 @@ impl Session {
                 if let Some(l) = self.backends[node].as_mut() {
                     l.conn.tx = status;
                 }
-                let unit = self.inflight.pop_front();
+                let done = self.inflight.front_mut().is_none_or(|u| {
+                    u.owed = u.owed.saturating_sub(1);
+                    u.owed == 0 && u.closed
+                });
+                let unit = if done {
+                    self.inflight.pop_front()
+                } else {
+                    None
+                };
                 if self.inflight.is_empty() {
                     self.replica_guard = None;
                     self.fallback_slot = None;
@@ -107,7 +121,9 @@ impl Session {
                     return Action::Swallow;
                 }
                 let is_commit = self.body(node, start, end).starts_with(b"COMMIT");
-                let Some(u) = self.inflight.front_mut() else { return Action::Forward };
+                let Some(u) = self.inflight.front_mut() else {
+                    return Action::Forward;
+                };
                 u.replied = true;
                 if u.autocommit && !u.writes.is_empty() {
                     let w = u.writes.clone();
@@ -157,6 +173,20 @@ impl Session {
                     Action::Forward
                 }
             }
+            b'G' => {
+                // COPY FROM STDIN started. In extended mode the server ignores Syncs
+                // until CopyDone/CopyFail, and the client sends a fresh Sync after them.
+                self.copy_in = true;
+                if let Some(u) = self.inflight.front_mut() {
+                    u.replied = true;
+                    if !u.simple {
+                        u.owed = 0;
+                        u.closed = false;
+                        self.open_unit_node = Some(node);
+                    }
+                }
+                Action::Forward
+            }
             // Notifications and notices are the client's whoever caused them.
             b'A' | b'N' => Action::Forward,
             _ if injected => Action::Swallow,
@@ -169,7 +199,10 @@ impl Session {
         }
     }
 
-    fn swallow_counted(&mut self, field: impl Fn(&mut super::unit::InFlight) -> &mut u32) -> Action {
+    fn swallow_counted(
+        &mut self,
+        field: impl Fn(&mut super::unit::InFlight) -> &mut u32,
+    ) -> Action {
         match self.inflight.front_mut() {
             Some(u) if u.injected => Action::Swallow,
             Some(u) => {

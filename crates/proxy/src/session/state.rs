@@ -74,7 +74,11 @@ pub fn literal(v: &str) -> String {
 impl SessionState {
     /// Record a startup parameter: replayed as `SET name = 'value'`.
     pub fn set_param(&mut self, name: &str, value: &str) {
-        let stmt = format!("SET {} = {}", quote_ident(&name.to_ascii_lowercase()), literal(value));
+        let stmt = format!(
+            "SET {} = {}",
+            quote_ident(&name.to_ascii_lowercase()),
+            literal(value)
+        );
         self.set(name, Some(value), Some(stmt));
     }
 
@@ -85,7 +89,12 @@ impl SessionState {
         let name = name.to_ascii_lowercase();
         if name == "default_transaction_read_only" {
             self.default_read_only = value
-                .map(|v| matches!(v.trim_matches('\'').to_ascii_lowercase().as_str(), "on" | "true" | "yes" | "1"))
+                .map(|v| {
+                    matches!(
+                        v.trim_matches('\'').to_ascii_lowercase().as_str(),
+                        "on" | "true" | "yes" | "1"
+                    )
+                })
                 .unwrap_or(false);
         }
         self.settings.retain(|(n, _)| *n != name);
@@ -125,9 +134,11 @@ impl SessionState {
 
 /// Quote a GUC name if it is not a plain (possibly dotted) lowercase identifier.
 pub fn quote_ident(name: &str) -> String {
-    let plain = name
-        .split('.')
-        .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'));
+    let plain = name.split('.').all(|p| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    });
     if plain {
         name.to_string()
     } else {
@@ -188,7 +199,10 @@ mod tests {
                 ("statement_timeout".into(), "5s".into())
             ]
         );
-        assert_eq!(parse_options("-c x=a\\ b"), vec![("x".into(), "a b".into())]);
+        assert_eq!(
+            parse_options("-c x=a\\ b"),
+            vec![("x".into(), "a b".into())]
+        );
     }
 
     #[test]
@@ -196,8 +210,15 @@ mod tests {
         let mut s = SessionState::default();
         s.set("search_path", Some("a"), Some("SET search_path = a".into()));
         s.set_param("TimeZone", "UTC");
-        s.set("search_path", Some("b"), Some("set search_path to b".into()));
-        assert_eq!(s.replay_sql(), "RESET ALL;SET timezone = 'UTC';set search_path to b;");
+        s.set(
+            "search_path",
+            Some("b"),
+            Some("set search_path to b".into()),
+        );
+        assert_eq!(
+            s.replay_sql(),
+            "RESET ALL;SET timezone = 'UTC';set search_path to b;"
+        );
         s.set("search_path", None, None);
         assert_eq!(s.replay_sql(), "RESET ALL;SET timezone = 'UTC';");
         let v = s.version;

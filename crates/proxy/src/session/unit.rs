@@ -54,7 +54,11 @@ impl ClientUnit {
     }
 
     pub fn writes(&self) -> Vec<RelName> {
-        let mut w: Vec<RelName> = self.parts.iter().flat_map(|a| a.writes.iter().cloned()).collect();
+        let mut w: Vec<RelName> = self
+            .parts
+            .iter()
+            .flat_map(|a| a.writes.iter().cloned())
+            .collect();
         w.sort();
         w.dedup();
         w
@@ -87,6 +91,11 @@ pub struct InFlight {
     pub closed: bool,
     /// The unit ends a transaction with COMMIT: a lost connection leaves its outcome unknown.
     pub commit_sent: bool,
+    /// ReadyForQuery messages the server still owes for this unit (one per Query,
+    /// Sync or FunctionCall sent, except Syncs the server ignores during COPY IN).
+    pub owed: u32,
+    /// A simple Query unit (COPY in simple mode needs no Sync).
+    pub simple: bool,
 }
 
 impl InFlight {
@@ -103,6 +112,8 @@ impl InFlight {
             reason: None,
             closed: true,
             commit_sent: false,
+            owed: 1,
+            simple: true,
         }
     }
 
