@@ -1,0 +1,327 @@
+//! Routing end to end on a real primary + 2 streaming standbys: reads to replicas,
+//! writes and hot relations to the primary, transactions on one node, the
+//! must-primary list, lagging replicas out of the pool.
+//!
+//! Tests here change replication (delays, pauses), so they run one at a time.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pgfresh_tests::*;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+async fn port_of(c: &tokio_postgres::Client, sql: &str) -> u16 {
+    let row = c.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.get::<_, i32>(0) as u16
+}
+
+fn primary_port() -> u16 {
+    node_port(0)
+}
+
+fn standby_ports() -> [u16; 2] {
+    [node_port(1), node_port(2)]
+}
+
+async fn wait_replicated(c: &tokio_postgres::Client) {
+    // A write on the primary, then poll both standbys until they have replayed it.
+    let lsn: String = c
+        .query_one("/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for i in 1..=2 {
+        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+        eventually("standby replay", Duration::from_secs(60), || {
+            cluster().psql(i, "app", &sql).map(|s| s == "t").unwrap_or(false)
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn cold_reads_are_spread_over_both_replicas() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = unique("cold");
+    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    wait_replicated(&c).await;
+    // Once the write is older than the TTL, reads go to replicas.
+    let sql = format!("SELECT inet_server_port() FROM {t}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while port_of(&c, &sql).await == primary_port() {
+        assert!(std::time::Instant::now() < deadline, "reads never left the primary");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen: HashMap<u16, usize> = HashMap::new();
+    for _ in 0..200 {
+        *seen.entry(port_of(&c, &sql).await).or_default() += 1;
+    }
+    assert!(!seen.contains_key(&primary_port()), "cold read served by the primary: {seen:?}");
+    for s in standby_ports() {
+        assert!(seen.get(&s).copied().unwrap_or(0) > 20, "replica {s} got too few reads: {seen:?}");
+    }
+}
+
+#[tokio::test]
+async fn read_after_write_never_misses_with_delayed_replicas() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 300).unwrap();
+    }
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("raw");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key, v text)"))
+        .await
+        .unwrap();
+    let ins = writer.prepare(&format!("INSERT INTO {t} VALUES ($1, 'x')")).await.unwrap();
+    let sel_same = writer.prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1")).await.unwrap();
+    let sel_other = reader.prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1")).await.unwrap();
+    let (mut same_misses, mut cross_misses) = (0, 0);
+    for i in 0..200i32 {
+        writer.execute(&ins, &[&i]).await.unwrap();
+        // Same session, at once.
+        let n: i64 = writer.query_one(&sel_same, &[&i]).await.unwrap().get(0);
+        same_misses += usize::from(n != 1);
+        // Another session, at once (simple protocol too).
+        let n: i64 = reader.query_one(&sel_other, &[&i]).await.unwrap().get(0);
+        cross_misses += usize::from(n != 1);
+        let rows = reader
+            .simple_query(&format!("SELECT id FROM {t} WHERE id = {i}"))
+            .await
+            .unwrap();
+        let found = rows.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
+        cross_misses += usize::from(!found);
+    }
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 0).unwrap();
+    }
+    assert_eq!(same_misses, 0, "same-session read-after-write misses");
+    assert_eq!(cross_misses, 0, "cross-session read-after-write misses");
+}
+
+#[tokio::test]
+async fn transactions_stay_on_one_node() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = unique("txn");
+    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    wait_replicated(&c).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // let the table's write leave the TTL window
+    let mut replica_txns = 0;
+    for _ in 0..20 {
+        c.batch_execute("BEGIN READ ONLY").await.unwrap();
+        let first = port_of(&c, &format!("SELECT inet_server_port() FROM {t}")).await;
+        for _ in 0..4 {
+            assert_eq!(port_of(&c, "SELECT inet_server_port()").await, first, "read-only transaction hopped nodes");
+        }
+        c.batch_execute("COMMIT").await.unwrap();
+        replica_txns += usize::from(first != primary_port());
+    }
+    assert!(replica_txns > 0, "read-only transactions never used a replica");
+    // Read-write transactions run wholly on the primary, reads included.
+    for _ in 0..5 {
+        c.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await, primary_port());
+        c.batch_execute(&format!("INSERT INTO {t} VALUES (2)")).await.unwrap();
+        assert_eq!(port_of(&c, "SELECT inet_server_port()").await, primary_port());
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    // Extended-protocol transaction (tokio-postgres Transaction).
+    let mut c = c;
+    let tx = c.transaction().await.unwrap();
+    let ports: Vec<u16> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(tx.query_one("SELECT inet_server_port()", &[]).await.unwrap().get::<_, i32>(0) as u16);
+        }
+        v
+    };
+    tx.commit().await.unwrap();
+    assert!(ports.iter().all(|p| *p == primary_port()), "{ports:?}");
+}
+
+#[tokio::test]
+async fn must_primary_statements_never_reach_a_standby() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text("write_function_list = [\"bump\"]"));
+    let c = p.connect().await;
+    let t = unique("mp");
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int primary key, v int); INSERT INTO {t} VALUES (1, 0);
+         CREATE SEQUENCE {t}_seq;
+         CREATE FUNCTION bump() RETURNS int LANGUAGE plpgsql AS $$ BEGIN UPDATE {t} SET v = v + 1; RETURN inet_server_port(); END $$;
+         CREATE PROCEDURE {t}_proc() LANGUAGE sql AS $$ UPDATE {t} SET v = v + 1 $$;"
+    ))
+    .await
+    .unwrap();
+    wait_replicated(&c).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // nothing hot any more
+    let pp = primary_port();
+    let returning_port = [
+        format!("SELECT nextval('{t}_seq'), inet_server_port()"),
+        format!("SELECT setval('{t}_seq', 10), inet_server_port()"),
+        format!("SELECT inet_server_port() FROM {t} FOR UPDATE"),
+        format!("SELECT inet_server_port() FROM {t} FOR SHARE"),
+        format!("SELECT inet_server_port() FROM {t} FOR NO KEY UPDATE"),
+        format!("SELECT inet_server_port() FROM {t} FOR KEY SHARE"),
+        format!("WITH u AS (UPDATE {t} SET v = v + 1 RETURNING id) SELECT inet_server_port() FROM u"),
+        "SELECT txid_current()::int * 0 + inet_server_port()".to_string(),
+        "SELECT pg_current_xact_id()::text::bigint * 0 + inet_server_port()".to_string(),
+        "SELECT pg_advisory_xact_lock(42)::text, inet_server_port()".to_string(),
+        "SELECT pg_try_advisory_xact_lock(43), inet_server_port()".to_string(),
+        "SELECT pg_notify('pgfresh_mp', 'x'), inet_server_port()".to_string(),
+        "SELECT bump()".to_string(),
+    ];
+    for sql in &returning_port {
+        let rows = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let port = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(r.len() - 1).map(|s| s.parse::<u16>().unwrap()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{sql}: no row"));
+        assert_eq!(port, pp, "{sql} ran on a standby");
+    }
+    // Statements a standby refuses outright: success proves they ran on the primary.
+    for sql in [
+        format!("BEGIN; LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE; SELECT * FROM {t}; COMMIT"),
+        "LISTEN pgfresh_mp; UNLISTEN *".to_string(),
+        format!("CALL {t}_proc()"),
+        format!("DO $$ BEGIN UPDATE {t} SET v = v + 1; END $$"),
+        format!("SELECT * INTO {t}_copy FROM {t}"),
+        format!("EXPLAIN ANALYZE UPDATE {t} SET v = v + 1"),
+        "CREATE TEMP TABLE mp_tmp(a int); INSERT INTO mp_tmp VALUES (1); SELECT * FROM mp_tmp".to_string(),
+        "DISCARD ALL".to_string(),
+        format!("BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY; SELECT * FROM {t}; COMMIT"),
+        "SELECT pg_advisory_lock(7); SELECT pg_advisory_unlock(7)".to_string(),
+    ] {
+        c.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    // COPY FROM STDIN.
+    let sink = c.copy_in(&format!("COPY {t} FROM STDIN")).await.unwrap();
+    futures_util::pin_mut!(sink);
+    futures_util::SinkExt::send(&mut sink, bytes::Bytes::from_static(b"100\t1\n")).await.unwrap();
+    sink.finish().await.unwrap();
+    // LOCK then SELECT in one transaction: the SELECT runs where the lock is.
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&format!("LOCK TABLE {t}")).await.unwrap();
+    assert_eq!(port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await, pp);
+    c.batch_execute("COMMIT").await.unwrap();
+    // Temp tables pin the session to the primary until DISCARD ALL.
+    c.batch_execute("CREATE TEMP TABLE pin_tmp(a int)").await.unwrap();
+    for _ in 0..5 {
+        assert_eq!(port_of(&c, "SELECT inet_server_port()").await, pp);
+    }
+    c.batch_execute("DISCARD ALL").await.unwrap();
+}
+
+#[tokio::test]
+async fn settings_and_prepared_statements_work_on_replicas() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let schema = unique("sch");
+    c.batch_execute(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.items(id int); INSERT INTO {schema}.items VALUES (7)"))
+        .await
+        .unwrap();
+    wait_replicated(&c).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    c.batch_execute(&format!("SET search_path = {schema}, public")).await.unwrap();
+    c.batch_execute("SET statement_timeout = '4321ms'").await.unwrap();
+    let mut on_replica = 0;
+    for _ in 0..20 {
+        let r = c
+            .query_one("SELECT id, current_setting('statement_timeout'), inet_server_port() FROM items", &[])
+            .await
+            .unwrap();
+        assert_eq!(r.get::<_, i32>(0), 7);
+        assert_eq!(r.get::<_, String>(1), "4321ms");
+        on_replica += usize::from(r.get::<_, i32>(2) as u16 != primary_port());
+    }
+    assert!(on_replica > 0, "no read reached a replica");
+    // A statement prepared on one node executes on the others.
+    let stmt = c.prepare("SELECT inet_server_port(), $1::int + 1").await.unwrap();
+    let mut ports = std::collections::HashSet::new();
+    for i in 0..30i32 {
+        let r = c.query_one(&stmt, &[&i]).await.unwrap();
+        assert_eq!(r.get::<_, i32>(1), i + 1);
+        ports.insert(r.get::<_, i32>(0));
+    }
+    assert!(ports.len() >= 2, "prepared statement ran on one node only: {ports:?}");
+    // SQL-level PREPARE/EXECUTE follows the session too.
+    c.batch_execute("PREPARE q(int) AS SELECT inet_server_port(), $1 * 2").await.unwrap();
+    for _ in 0..10 {
+        let rows = c.simple_query("EXECUTE q(21)").await.unwrap();
+        let v = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(1).map(str::to_string),
+            _ => None,
+        });
+        assert_eq!(v.as_deref(), Some("42"));
+    }
+    c.batch_execute("DEALLOCATE q").await.unwrap();
+}
+
+#[tokio::test]
+async fn paused_replicas_leave_the_pool_and_reads_fall_back() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = unique("pause");
+    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    wait_replicated(&c).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let sql = format!("SELECT inet_server_port() FROM {t}");
+    let [s1, s2] = standby_ports();
+    cluster().pause_replay(1).unwrap();
+    // Make WAL so the paused replica falls behind.
+    c.batch_execute(&format!("CREATE TABLE {t}_other(id int); INSERT INTO {t}_other SELECT generate_series(1, 1000)"))
+        .await
+        .unwrap();
+    let shared = p.shared.clone();
+    eventually("paused replica leaves the pool", Duration::from_secs(30), || {
+        let v = shared.balancer.view();
+        !v.nodes[1].eligible
+    })
+    .await;
+    for _ in 0..50 {
+        let port = port_of(&c, &sql).await;
+        assert_ne!(port, s1, "read served by the paused replica");
+    }
+    cluster().pause_replay(2).unwrap();
+    c.batch_execute(&format!("INSERT INTO {t}_other VALUES (1)")).await.unwrap();
+    eventually("both replicas out", Duration::from_secs(30), || {
+        let v = shared.balancer.view();
+        !v.nodes[1].eligible && !v.nodes[2].eligible
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(port_of(&c, &sql).await, primary_port(), "with no eligible replica, reads fall back to the primary");
+    }
+    let metrics = pgfresh_proxy::admin::metrics_handle().map(|h| h.render()).unwrap_or_default();
+    assert!(
+        metrics.lines().any(|l| l.starts_with("pgfresh_primary_fallbacks_total") && !l.ends_with(" 0")),
+        "fallbacks not counted:\n{metrics}"
+    );
+    assert!(metrics.contains("pgfresh_routed_total"), "routing decisions not counted");
+    cluster().resume_replay(1).unwrap();
+    cluster().resume_replay(2).unwrap();
+    eventually("replicas back in the pool", Duration::from_secs(60), || {
+        let v = shared.balancer.view();
+        v.nodes[1].eligible && v.nodes[2].eligible
+    })
+    .await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..100 {
+        seen.insert(port_of(&c, &sql).await);
+    }
+    assert!(seen.contains(&s1) || seen.contains(&s2), "reads did not return to the replicas: {seen:?}");
+}
