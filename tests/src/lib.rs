@@ -23,6 +23,13 @@ pub const APP_PASSWORD: &str = "app-secret";
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
+        // PGFRESH_TEST_LOG=debug shows the proxy's logs (routing decisions included).
+        if let Ok(filter) = std::env::var("PGFRESH_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -74,7 +81,7 @@ pub fn config_text(routing_extra: &str) -> String {
     let c = cluster();
     let (su, su_pw) = c.superuser();
     let mut text = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 3000\n\n\
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 10000\n\n\
          [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 20\n\n\
          [routing]\ncold_start_ms = 0\n{routing_extra}\n\n"
     );

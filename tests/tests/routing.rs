@@ -13,7 +13,10 @@ use tokio::sync::Mutex;
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
 async fn port_of(c: &tokio_postgres::Client, sql: &str) -> u16 {
-    let row = c.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let row = c
+        .query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
     row.get::<_, i32>(0) as u16
 }
 
@@ -28,14 +31,20 @@ fn standby_ports() -> [u16; 2] {
 async fn wait_replicated(c: &tokio_postgres::Client) {
     // A write on the primary, then poll both standbys until they have replayed it.
     let lsn: String = c
-        .query_one("/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text", &[])
+        .query_one(
+            "/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     for i in 1..=2 {
         let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
         eventually("standby replay", Duration::from_secs(60), || {
-            cluster().psql(i, "app", &sql).map(|s| s == "t").unwrap_or(false)
+            cluster()
+                .psql(i, "app", &sql)
+                .map(|s| s == "t")
+                .unwrap_or(false)
         })
         .await;
     }
@@ -47,22 +56,35 @@ async fn cold_reads_are_spread_over_both_replicas() {
     let p = proxy();
     let c = p.connect().await;
     let t = unique("cold");
-    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
     wait_replicated(&c).await;
     // Once the write is older than the TTL, reads go to replicas.
     let sql = format!("SELECT inet_server_port() FROM {t}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while port_of(&c, &sql).await == primary_port() {
-        assert!(std::time::Instant::now() < deadline, "reads never left the primary");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reads never left the primary"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut seen: HashMap<u16, usize> = HashMap::new();
     for _ in 0..200 {
         *seen.entry(port_of(&c, &sql).await).or_default() += 1;
     }
-    assert!(!seen.contains_key(&primary_port()), "cold read served by the primary: {seen:?}");
+    assert!(
+        !seen.contains_key(&primary_port()),
+        "cold read served by the primary: {seen:?}"
+    );
     for s in standby_ports() {
-        assert!(seen.get(&s).copied().unwrap_or(0) > 20, "replica {s} got too few reads: {seen:?}");
+        assert!(
+            seen.get(&s).copied().unwrap_or(0) > 20,
+            "replica {s} got too few reads: {seen:?}"
+        );
     }
 }
 
@@ -80,9 +102,18 @@ async fn read_after_write_never_misses_with_delayed_replicas() {
         .batch_execute(&format!("CREATE TABLE {t}(id int primary key, v text)"))
         .await
         .unwrap();
-    let ins = writer.prepare(&format!("INSERT INTO {t} VALUES ($1, 'x')")).await.unwrap();
-    let sel_same = writer.prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1")).await.unwrap();
-    let sel_other = reader.prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1")).await.unwrap();
+    let ins = writer
+        .prepare(&format!("INSERT INTO {t} VALUES ($1, 'x')"))
+        .await
+        .unwrap();
+    let sel_same = writer
+        .prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1"))
+        .await
+        .unwrap();
+    let sel_other = reader
+        .prepare(&format!("SELECT count(*) FROM {t} WHERE id = $1"))
+        .await
+        .unwrap();
     let (mut same_misses, mut cross_misses) = (0, 0);
     for i in 0..200i32 {
         writer.execute(&ins, &[&i]).await.unwrap();
@@ -96,7 +127,9 @@ async fn read_after_write_never_misses_with_delayed_replicas() {
             .simple_query(&format!("SELECT id FROM {t} WHERE id = {i}"))
             .await
             .unwrap();
-        let found = rows.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
+        let found = rows
+            .iter()
+            .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
         cross_misses += usize::from(!found);
     }
     for i in 1..=2 {
@@ -112,7 +145,11 @@ async fn transactions_stay_on_one_node() {
     let p = proxy();
     let c = p.connect().await;
     let t = unique("txn");
-    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
     wait_replicated(&c).await;
     tokio::time::sleep(Duration::from_millis(1100)).await; // let the table's write leave the TTL window
     let mut replica_txns = 0;
@@ -120,18 +157,33 @@ async fn transactions_stay_on_one_node() {
         c.batch_execute("BEGIN READ ONLY").await.unwrap();
         let first = port_of(&c, &format!("SELECT inet_server_port() FROM {t}")).await;
         for _ in 0..4 {
-            assert_eq!(port_of(&c, "SELECT inet_server_port()").await, first, "read-only transaction hopped nodes");
+            assert_eq!(
+                port_of(&c, "SELECT inet_server_port()").await,
+                first,
+                "read-only transaction hopped nodes"
+            );
         }
         c.batch_execute("COMMIT").await.unwrap();
         replica_txns += usize::from(first != primary_port());
     }
-    assert!(replica_txns > 0, "read-only transactions never used a replica");
+    assert!(
+        replica_txns > 0,
+        "read-only transactions never used a replica"
+    );
     // Read-write transactions run wholly on the primary, reads included.
     for _ in 0..5 {
         c.batch_execute("BEGIN").await.unwrap();
-        assert_eq!(port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await, primary_port());
-        c.batch_execute(&format!("INSERT INTO {t} VALUES (2)")).await.unwrap();
-        assert_eq!(port_of(&c, "SELECT inet_server_port()").await, primary_port());
+        assert_eq!(
+            port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await,
+            primary_port()
+        );
+        c.batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .unwrap();
+        assert_eq!(
+            port_of(&c, "SELECT inet_server_port()").await,
+            primary_port()
+        );
         c.batch_execute("COMMIT").await.unwrap();
     }
     // Extended-protocol transaction (tokio-postgres Transaction).
@@ -140,7 +192,12 @@ async fn transactions_stay_on_one_node() {
     let ports: Vec<u16> = {
         let mut v = Vec::new();
         for _ in 0..3 {
-            v.push(tx.query_one("SELECT inet_server_port()", &[]).await.unwrap().get::<_, i32>(0) as u16);
+            v.push(
+                tx.query_one("SELECT inet_server_port()", &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i32>(0) as u16,
+            );
         }
         v
     };
@@ -172,7 +229,9 @@ async fn must_primary_statements_never_reach_a_standby() {
         format!("SELECT inet_server_port() FROM {t} FOR SHARE"),
         format!("SELECT inet_server_port() FROM {t} FOR NO KEY UPDATE"),
         format!("SELECT inet_server_port() FROM {t} FOR KEY SHARE"),
-        format!("WITH u AS (UPDATE {t} SET v = v + 1 RETURNING id) SELECT inet_server_port() FROM u"),
+        format!(
+            "WITH u AS (UPDATE {t} SET v = v + 1 RETURNING id) SELECT inet_server_port() FROM u"
+        ),
         "SELECT txid_current()::int * 0 + inet_server_port()".to_string(),
         "SELECT pg_current_xact_id()::text::bigint * 0 + inet_server_port()".to_string(),
         "SELECT pg_advisory_xact_lock(42)::text, inet_server_port()".to_string(),
@@ -181,11 +240,16 @@ async fn must_primary_statements_never_reach_a_standby() {
         "SELECT bump()".to_string(),
     ];
     for sql in &returning_port {
-        let rows = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let rows = c
+            .simple_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
         let port = rows
             .iter()
             .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(r.len() - 1).map(|s| s.parse::<u16>().unwrap()),
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    r.get(r.len() - 1).map(|s| s.parse::<u16>().unwrap())
+                }
                 _ => None,
             })
             .unwrap_or_else(|| panic!("{sql}: no row"));
@@ -199,25 +263,35 @@ async fn must_primary_statements_never_reach_a_standby() {
         format!("DO $$ BEGIN UPDATE {t} SET v = v + 1; END $$"),
         format!("SELECT * INTO {t}_copy FROM {t}"),
         format!("EXPLAIN ANALYZE UPDATE {t} SET v = v + 1"),
-        "CREATE TEMP TABLE mp_tmp(a int); INSERT INTO mp_tmp VALUES (1); SELECT * FROM mp_tmp".to_string(),
+        "CREATE TEMP TABLE mp_tmp(a int); INSERT INTO mp_tmp VALUES (1); SELECT * FROM mp_tmp"
+            .to_string(),
         "DISCARD ALL".to_string(),
         format!("BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY; SELECT * FROM {t}; COMMIT"),
         "SELECT pg_advisory_lock(7); SELECT pg_advisory_unlock(7)".to_string(),
     ] {
-        c.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        c.batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
     // COPY FROM STDIN.
     let sink = c.copy_in(&format!("COPY {t} FROM STDIN")).await.unwrap();
     futures_util::pin_mut!(sink);
-    futures_util::SinkExt::send(&mut sink, bytes::Bytes::from_static(b"100\t1\n")).await.unwrap();
+    futures_util::SinkExt::send(&mut sink, bytes::Bytes::from_static(b"100\t1\n"))
+        .await
+        .unwrap();
     sink.finish().await.unwrap();
     // LOCK then SELECT in one transaction: the SELECT runs where the lock is.
     c.batch_execute("BEGIN").await.unwrap();
     c.batch_execute(&format!("LOCK TABLE {t}")).await.unwrap();
-    assert_eq!(port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await, pp);
+    assert_eq!(
+        port_of(&c, &format!("SELECT inet_server_port() FROM {t} LIMIT 1")).await,
+        pp
+    );
     c.batch_execute("COMMIT").await.unwrap();
     // Temp tables pin the session to the primary until DISCARD ALL.
-    c.batch_execute("CREATE TEMP TABLE pin_tmp(a int)").await.unwrap();
+    c.batch_execute("CREATE TEMP TABLE pin_tmp(a int)")
+        .await
+        .unwrap();
     for _ in 0..5 {
         assert_eq!(port_of(&c, "SELECT inet_server_port()").await, pp);
     }
@@ -235,12 +309,19 @@ async fn settings_and_prepared_statements_work_on_replicas() {
         .unwrap();
     wait_replicated(&c).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    c.batch_execute(&format!("SET search_path = {schema}, public")).await.unwrap();
-    c.batch_execute("SET statement_timeout = '4321ms'").await.unwrap();
+    c.batch_execute(&format!("SET search_path = {schema}, public"))
+        .await
+        .unwrap();
+    c.batch_execute("SET statement_timeout = '4321ms'")
+        .await
+        .unwrap();
     let mut on_replica = 0;
     for _ in 0..20 {
         let r = c
-            .query_one("SELECT id, current_setting('statement_timeout'), inet_server_port() FROM items", &[])
+            .query_one(
+                "SELECT id, current_setting('statement_timeout'), inet_server_port() FROM items",
+                &[],
+            )
             .await
             .unwrap();
         assert_eq!(r.get::<_, i32>(0), 7);
@@ -249,16 +330,24 @@ async fn settings_and_prepared_statements_work_on_replicas() {
     }
     assert!(on_replica > 0, "no read reached a replica");
     // A statement prepared on one node executes on the others.
-    let stmt = c.prepare("SELECT inet_server_port(), $1::int + 1").await.unwrap();
+    let stmt = c
+        .prepare("SELECT inet_server_port(), $1::int + 1")
+        .await
+        .unwrap();
     let mut ports = std::collections::HashSet::new();
     for i in 0..30i32 {
         let r = c.query_one(&stmt, &[&i]).await.unwrap();
         assert_eq!(r.get::<_, i32>(1), i + 1);
         ports.insert(r.get::<_, i32>(0));
     }
-    assert!(ports.len() >= 2, "prepared statement ran on one node only: {ports:?}");
+    assert!(
+        ports.len() >= 2,
+        "prepared statement ran on one node only: {ports:?}"
+    );
     // SQL-level PREPARE/EXECUTE follows the session too.
-    c.batch_execute("PREPARE q(int) AS SELECT inet_server_port(), $1 * 2").await.unwrap();
+    c.batch_execute("PREPARE q(int) AS SELECT inet_server_port(), $1 * 2")
+        .await
+        .unwrap();
     for _ in 0..10 {
         let rows = c.simple_query("EXECUTE q(21)").await.unwrap();
         let v = rows.iter().find_map(|m| match m {
@@ -276,42 +365,65 @@ async fn paused_replicas_leave_the_pool_and_reads_fall_back() {
     let p = proxy();
     let c = p.connect().await;
     let t = unique("pause");
-    c.batch_execute(&format!("CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)")).await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
     wait_replicated(&c).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let sql = format!("SELECT inet_server_port() FROM {t}");
     let [s1, s2] = standby_ports();
     cluster().pause_replay(1).unwrap();
     // Make WAL so the paused replica falls behind.
-    c.batch_execute(&format!("CREATE TABLE {t}_other(id int); INSERT INTO {t}_other SELECT generate_series(1, 1000)"))
-        .await
-        .unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}_other(id int); INSERT INTO {t}_other SELECT generate_series(1, 1000)"
+    ))
+    .await
+    .unwrap();
     let shared = p.shared.clone();
-    eventually("paused replica leaves the pool", Duration::from_secs(30), || {
-        let v = shared.balancer.view();
-        !v.nodes[1].eligible
-    })
+    eventually(
+        "paused replica leaves the pool",
+        Duration::from_secs(30),
+        || {
+            let v = shared.balancer.view();
+            !v.nodes[1].eligible
+        },
+    )
     .await;
     for _ in 0..50 {
         let port = port_of(&c, &sql).await;
         assert_ne!(port, s1, "read served by the paused replica");
     }
     cluster().pause_replay(2).unwrap();
-    c.batch_execute(&format!("INSERT INTO {t}_other VALUES (1)")).await.unwrap();
+    c.batch_execute(&format!("INSERT INTO {t}_other VALUES (1)"))
+        .await
+        .unwrap();
     eventually("both replicas out", Duration::from_secs(30), || {
         let v = shared.balancer.view();
         !v.nodes[1].eligible && !v.nodes[2].eligible
     })
     .await;
     for _ in 0..20 {
-        assert_eq!(port_of(&c, &sql).await, primary_port(), "with no eligible replica, reads fall back to the primary");
+        assert_eq!(
+            port_of(&c, &sql).await,
+            primary_port(),
+            "with no eligible replica, reads fall back to the primary"
+        );
     }
-    let metrics = pgfresh_proxy::admin::metrics_handle().map(|h| h.render()).unwrap_or_default();
+    let metrics = pgfresh_proxy::admin::metrics_handle()
+        .map(|h| h.render())
+        .unwrap_or_default();
     assert!(
-        metrics.lines().any(|l| l.starts_with("pgfresh_primary_fallbacks_total") && !l.ends_with(" 0")),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("pgfresh_primary_fallbacks_total") && !l.ends_with(" 0")),
         "fallbacks not counted:\n{metrics}"
     );
-    assert!(metrics.contains("pgfresh_routed_total"), "routing decisions not counted");
+    assert!(
+        metrics.contains("pgfresh_routed_total"),
+        "routing decisions not counted"
+    );
     cluster().resume_replay(1).unwrap();
     cluster().resume_replay(2).unwrap();
     eventually("replicas back in the pool", Duration::from_secs(60), || {
@@ -323,5 +435,8 @@ async fn paused_replicas_leave_the_pool_and_reads_fall_back() {
     for _ in 0..100 {
         seen.insert(port_of(&c, &sql).await);
     }
-    assert!(seen.contains(&s1) || seen.contains(&s2), "reads did not return to the replicas: {seen:?}");
+    assert!(
+        seen.contains(&s1) || seen.contains(&s2),
+        "reads did not return to the replicas: {seen:?}"
+    );
 }

@@ -46,6 +46,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     sock: &mut S,
     buf: &mut BytesMut,
     config: &Config,
+    verifiers: &VerifierCache,
 ) -> Result<Opening, ProxyError> {
     let limits = Limits {
         max_message: config.proxy.max_message_bytes,
@@ -79,7 +80,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         // Same answer as a wrong password, as PostgreSQL gives, so user names cannot be probed.
         return Err(ProxyError::AuthFailed(user_name));
     };
-    authenticate(sock, buf, &user, &limits).await?;
+    authenticate(sock, buf, &user, &limits, verifiers).await?;
     Ok(Opening::Session(Login {
         user,
         database,
@@ -113,6 +114,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     buf: &mut BytesMut,
     user: &UserConfig,
     limits: &Limits,
+    verifiers: &VerifierCache,
 ) -> Result<(), ProxyError> {
     let failed = || ProxyError::AuthFailed(user.name.clone());
     match user.auth {
@@ -130,11 +132,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         }
         AuthMethod::ScramSha256 => {
             let stored = user.password.as_deref().ok_or_else(failed)?;
-            let verifier = if user.password_is_verifier() {
-                ScramVerifier::parse(stored).map_err(|_| failed())?
-            } else {
-                ScramVerifier::from_password(stored, &rand::random::<[u8; 16]>(), 4096)
-            };
+            let verifier = verifiers.get(stored).ok_or_else(failed)?;
             let mut server = ScramServer::new(verifier, &mut rand::rng());
             write(sock, &build::auth_sasl(&["SCRAM-SHA-256"])).await?;
             let first = read_password(sock, buf, limits).await?;
@@ -147,6 +145,34 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         }
     }
     write(sock, &build::authentication_ok()).await
+}
+
+/// SCRAM verifiers per configured password. Deriving one from a plain password costs
+/// 4096 PBKDF2 rounds, so it is done once per password, with a random salt, as
+/// PostgreSQL does once per role.
+#[derive(Default)]
+pub struct VerifierCache {
+    map: std::sync::Mutex<std::collections::HashMap<String, ScramVerifier>>,
+}
+
+impl VerifierCache {
+    /// The verifier for a stored password (plain text or a SCRAM verifier string).
+    pub fn get(&self, stored: &str) -> Option<ScramVerifier> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = map.get(stored) {
+            return Some(v.clone());
+        }
+        let v = if stored.starts_with("SCRAM-SHA-256$") {
+            ScramVerifier::parse(stored).ok()?
+        } else {
+            ScramVerifier::from_password(stored, &rand::random::<[u8; 16]>(), 4096)
+        };
+        if map.len() > 10_000 {
+            map.clear();
+        }
+        map.insert(stored.to_string(), v.clone());
+        Some(v)
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

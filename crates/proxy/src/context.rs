@@ -18,6 +18,7 @@ pub struct Shared {
     pub config: ConfigHandle,
     pub pools: Pools,
     pub cancels: CancelRegistry,
+    pub verifiers: crate::client::VerifierCache,
     pub analyzer: Analyzer,
     pub recency: Arc<RecencyMap>,
     pub balancer: Balancer,

@@ -126,6 +126,7 @@ impl Proxy {
             config,
             pools: pool::Pools::default(),
             cancels: cancel::CancelRegistry::default(),
+            verifiers: client::VerifierCache::default(),
             analyzer,
             recency,
             balancer,
@@ -159,6 +160,10 @@ impl Proxy {
                         let _ = stats;
                     }
                     ev = events.recv() => match ev {
+                        Ok(pgfresh_balancer::ClusterEvent::RoleChanged { from: pgfresh_balancer::Role::Unknown, .. }) => {
+                            // First discovery of a node's role (or its return after being
+                            // unreachable): connections made before were made to the same role.
+                        }
                         Ok(pgfresh_balancer::ClusterEvent::RoleChanged { node, .. }) => {
                             tracing::warn!(node, "node changed role: closing its server connections");
                             shared.pools.invalidate_node(node);
