@@ -78,7 +78,11 @@ impl Drop for ProxyHandle {
 
 /// The default config for tests, with `extra` TOML appended to `[routing]`.
 pub fn config_text(routing_extra: &str) -> String {
-    let c = cluster();
+    config_text_for(cluster(), routing_extra)
+}
+
+/// The test config for any cluster made like the shared one (role `app`).
+pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     let (su, su_pw) = c.superuser();
     let mut text = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 10000\n\n\
@@ -141,10 +145,11 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
     });
     let shared = shared_rx.recv().expect("proxy started");
     let deadline = Instant::now() + Duration::from_secs(60);
-    // Ready when the monitor has seen a primary and both standbys in the read pool.
+    // Ready when the monitor has seen a primary and every standby in the read pool.
+    let standbys = shared.config.snapshot().nodes.len().saturating_sub(1);
     while Instant::now() < deadline {
         let view = shared.balancer.view();
-        if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == 2 {
+        if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == standbys {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -14,9 +14,12 @@
 //!   [`eligibility::choose_primary`]); a second one is flagged
 //!   ([`Ineligible::SecondPrimary`]) and never named the write target.
 //! * **Lag** is per replica ([`lag`]): bytes = primary current LSN − replica replay LSN,
-//!   never negative; time = 0 once replay reached the primary's position, otherwise the
-//!   age of the last replayed transaction. Externally measured lag can be pushed
-//!   ([`Balancer::push_external_lag`]) and raises the time lag while it is fresh.
+//!   never negative; time = 0 once replay reached the primary's position, otherwise how
+//!   long ago the primary was first seen past the replay position (from a short history
+//!   of the primary's polled positions, so an idle primary writing a checkpoint record does
+//!   not make a caught-up replica look seconds late, and a paused replica's lag keeps
+//!   growing). Externally measured lag can be pushed ([`Balancer::push_external_lag`]) and
+//!   raises the time lag while it is fresh.
 //! * **Eligibility**: healthy, in recovery, streaming, not paused, on the primary's
 //!   timeline, and within the byte and time thresholds, with hysteresis on the way back.
 //!   Every ineligible node carries an [`Ineligible`] reason.
@@ -24,7 +27,9 @@
 //!   requests, optionally only among the least-lagged replicas, optionally only among
 //!   replicas that replayed a required position. [`Balancer::wait_for`] waits, poll by
 //!   poll, for such a replica.
-//! * **Events** ([`Balancer::subscribe`]): role, primary and eligibility changes.
+//! * **Events** ([`Balancer::subscribe`]): role, primary and eligibility changes. The
+//!   first successful poll of each node announces its role as a change from
+//!   [`Role::Unknown`]: that is its initial discovery, not a failover.
 //! * **Metrics** through the `metrics` facade: gauges `pgfresh_replica_lag_bytes{node}`,
 //!   `pgfresh_replica_lag_seconds{node}`, `pgfresh_replica_max_lag_bytes`,
 //!   `pgfresh_replica_max_lag_seconds`, `pgfresh_replica_eligible{node}`,

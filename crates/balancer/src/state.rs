@@ -7,7 +7,7 @@ use pgfresh_lsn::Lsn;
 use crate::eligibility::{
     choose_primary, ineligible_reason, over_threshold, NodeFacts, PrimaryCandidate, Role,
 };
-use crate::lag;
+use crate::lag::{self, PositionHistory, TimeBehind};
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
 
@@ -20,7 +20,8 @@ pub(crate) struct Sample {
     pub(crate) replay_lsn: Option<Lsn>,
     pub(crate) receive_lsn: Option<Lsn>,
     pub(crate) paused: bool,
-    /// Age of the last replayed transaction, measured on the node.
+    /// Age of the last replayed transaction, measured on the node. Used for time lag only
+    /// where the primary's position history cannot date the replay position (see [`lag`]).
     pub(crate) replay_age_ms: Option<i64>,
     /// `pg_stat_wal_receiver.status`; `None` when there is no WAL receiver (or it is hidden).
     pub(crate) receiver_status: Option<String>,
@@ -44,6 +45,8 @@ struct NodeState {
     eligible: bool,
     reason: Option<crate::Ineligible>,
     external: Option<ExternalLag>,
+    /// While the node is out of recovery: when it was first seen at each recent position.
+    history: PositionHistory,
 }
 
 /// Everything the monitor remembers; guarded by one mutex in the balancer.
@@ -74,6 +77,11 @@ impl State {
         n.polled = true;
         match result {
             Ok(sample) => {
+                if sample.in_recovery {
+                    n.history.clear();
+                } else if let Some(lsn) = sample.current_lsn {
+                    n.history.observe(lsn, now);
+                }
                 n.last_ok = Some(now);
                 n.consecutive_failures = 0;
                 n.sample = Some(sample);
@@ -163,6 +171,23 @@ impl State {
         let primary_lsn = primary_sample.as_ref().and_then(|s| s.current_lsn);
         let primary_tl = primary_sample.as_ref().and_then(|s| s.timeline);
 
+        // How long ago the primary passed each standby's replay position.
+        let primary_history = primary.map(|p| &self.nodes[p].history);
+        let behind: Vec<TimeBehind> = self
+            .nodes
+            .iter()
+            .zip(&roles)
+            .map(|(n, role)| {
+                let replay = n.sample.as_ref().and_then(|s| s.replay_lsn);
+                match (role, replay, primary_history) {
+                    (Role::Standby, Some(replay), Some(history)) => {
+                        history.time_behind(replay, now)
+                    }
+                    _ => TimeBehind::Unknown,
+                }
+            })
+            .collect();
+
         let h = settings.hysteresis_fraction();
         let mut statuses = Vec::with_capacity(self.nodes.len());
         let (mut max_bytes, mut max_ms) = (None::<u64>, None::<u64>);
@@ -195,8 +220,7 @@ impl State {
 
             let replay = sample.and_then(|s| s.replay_lsn);
             let (lag_bytes, lag_ms) = if standby {
-                let polled_ms =
-                    lag::lag_ms(primary_lsn, replay, sample.and_then(|s| s.replay_age_ms));
+                let polled_ms = lag::lag_ms(behind[i], sample.and_then(|s| s.replay_age_ms));
                 (
                     lag::lag_bytes(primary_lsn, replay),
                     lag::effective_lag_ms(polled_ms, pushed.iter().copied()),
@@ -561,5 +585,126 @@ mod tests {
         let (v, _) = round(&mut st, samples(), &s, t + Duration::from_secs(6));
         assert!(v.nodes[1].external_lag.is_none());
         assert_eq!(v.nodes[2].ineligible_reason, Some(Ineligible::NotStreaming));
+    }
+
+    #[test]
+    fn idle_primary_wal_blip_does_not_flap_the_replica() {
+        let s = MonitorSettings {
+            delay_threshold_ms: Some(1000),
+            ..MonitorSettings::default()
+        };
+        let mut st = State::new(specs(3));
+        let t0 = Instant::now();
+        let poll = Duration::from_millis(100);
+        // Ten idle seconds: everyone at 0/5000000, the last commit ten seconds old.
+        let mut events = Vec::new();
+        for i in 0..100u32 {
+            let now = t0 + poll * i;
+            let age = 10_000 + i64::from(i) * 100;
+            let (v, ev) = round(
+                &mut st,
+                vec![
+                    Ok(primary(0x500_0000, 1)),
+                    Ok(standby(0x500_0000, 1, age)),
+                    Ok(standby(0x500_0000, 1, age)),
+                ],
+                &s,
+                now,
+            );
+            assert_eq!(v.nodes[1].lag_ms, Some(0));
+            events.extend(ev);
+        }
+        // A checkpoint record: the primary is polled right after it, the replicas 50 ms
+        // later still show the old replay position.
+        let blip = t0 + poll * 100;
+        st.record(0, Ok(primary(0x500_0068, 1)), blip);
+        st.record(1, Ok(standby(0x500_0000, 1, 20_000)), blip + poll / 2);
+        st.record(2, Ok(standby(0x500_0000, 1, 20_000)), blip + poll / 2);
+        let (v, ev) = st.compute(&s, &[0, 0, 0], blip + poll / 2);
+        events.extend(ev);
+        assert_eq!(v.nodes[1].lag_bytes, Some(0x68));
+        assert_eq!(
+            v.nodes[1].lag_ms,
+            Some(50),
+            "not the age of the last commit"
+        );
+        assert!(v.nodes[1].eligible && v.nodes[2].eligible);
+        let (v, ev) = round(
+            &mut st,
+            vec![
+                Ok(primary(0x500_0068, 1)),
+                Ok(standby(0x500_0068, 1, 20_100)),
+                Ok(standby(0x500_0068, 1, 20_100)),
+            ],
+            &s,
+            blip + poll,
+        );
+        events.extend(ev);
+        assert_eq!(v.nodes[1].lag_ms, Some(0));
+        assert!(
+            !events.iter().any(|e| matches!(
+                e,
+                ClusterEvent::EligibilityChanged {
+                    node: 1 | 2,
+                    eligible: false,
+                    ..
+                }
+            )),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn paused_replica_time_lag_grows_while_the_primary_writes() {
+        let s = MonitorSettings {
+            delay_threshold_ms: Some(60_000),
+            ..MonitorSettings::default()
+        };
+        let mut st = State::new(specs(3));
+        let t0 = Instant::now();
+        let mut paused = standby(0x300_0000, 1, 0);
+        paused.paused = true;
+        let mut last = None;
+        for i in 0..50u32 {
+            let now = t0 + Duration::from_millis(100) * i;
+            let written = 0x300_0000 + u64::from(i) * 0x100;
+            let (v, _) = round(
+                &mut st,
+                vec![
+                    Ok(primary(written, 1)),
+                    Ok(paused.clone()),
+                    Ok(standby(written, 1, 0)),
+                ],
+                &s,
+                now,
+            );
+            assert_eq!(v.nodes[1].ineligible_reason, Some(Ineligible::Paused));
+            assert!(v.nodes[1].paused);
+            assert!(v.nodes[2].eligible);
+            let lag = v.nodes[1].lag_ms.unwrap();
+            // The primary moved past the paused position at the second poll (100 ms).
+            assert_eq!(lag, (u64::from(i) * 100).saturating_sub(100));
+            assert!(last.is_none_or(|l| i < 2 || lag > l));
+            last = Some(lag);
+            assert_eq!(v.max_lag_ms, Some(lag));
+        }
+    }
+
+    #[test]
+    fn history_restarts_when_the_primary_becomes_a_standby() {
+        let s = MonitorSettings::default();
+        let mut st = State::new(specs(2));
+        let t0 = Instant::now();
+        st.record(0, Ok(primary(1000, 1)), t0);
+        st.record(0, Ok(primary(2000, 1)), t0 + Duration::from_secs(1));
+        assert_eq!(st.nodes[0].history.len(), 2);
+        st.record(0, Ok(standby(2000, 2, 0)), t0 + Duration::from_secs(2));
+        assert!(st.nodes[0].history.is_empty());
+        st.record(1, Ok(primary(2100, 2)), t0 + Duration::from_secs(2));
+        let (v, _) = st.compute(&s, &[0, 0], t0 + Duration::from_secs(3));
+        assert_eq!(v.primary, Some(1));
+        // The new primary's history starts at its first poll: only a lower bound (1 s) for
+        // a replica behind it, raised by the replica's replay age (0 here).
+        assert_eq!(v.nodes[0].lag_ms, Some(1000));
     }
 }

@@ -35,8 +35,9 @@ pub struct NodeStatus {
     pub receive_lsn: Option<Lsn>,
     /// On a standby: bytes behind the primary's current position.
     pub lag_bytes: Option<u64>,
-    /// On a standby: milliseconds behind (0 when replay reached the primary's position),
-    /// raised by any fresh externally pushed lag.
+    /// On a standby: milliseconds since the primary was first seen past this node's replay
+    /// position (0 when replay reached the primary's position; see [`crate::lag`]), raised
+    /// by any fresh externally pushed lag. `None` when it cannot be told.
     pub lag_ms: Option<u64>,
     /// WAL replay is paused.
     pub paused: bool,
@@ -98,6 +99,12 @@ impl ClusterView {
 pub enum ClusterEvent {
     /// A node's observed role changed (including to and from [`Role::Unknown`]): server
     /// connections to it should be closed rather than reused.
+    ///
+    /// The first successful poll of a node after [`crate::Balancer::start`] is reported as a
+    /// change `from: Role::Unknown`: that event is the node's initial discovery, not a role
+    /// change of a running node, and there are no earlier server connections to close. A
+    /// node that goes down and comes back also reports `Unknown` → its role; a subscriber
+    /// tells the two apart by whether it saw the node's earlier `… → Unknown` event.
     RoleChanged {
         /// The node.
         node: NodeId,

@@ -40,7 +40,7 @@ async fn paused_replica_lags_leaves_pool_and_returns() {
     assert!(v.nodes[1].streaming);
     assert_eq!(v.nodes[1].timeline, v.nodes[0].timeline);
     let mut events = b.subscribe();
-    // A replayed commit gives node 1 a replay timestamp to measure time lag from.
+    // Node 1 replays everything up to a known write before it is paused.
     c.psql(0, "app", "CREATE TABLE IF NOT EXISTS bal_t (v int)")
         .unwrap();
     c.wait_caught_up(1, DEADLINE).unwrap();
@@ -111,8 +111,8 @@ async fn time_lag_threshold_with_apply_delay() {
     let b = start(c, s).await;
     until(&b, "initial roles", all_good).await;
 
-    // A replayed commit gives node 2 a known replay timestamp to measure time lag from
-    // (without one, the lag is unknown and counts as over the threshold).
+    // Node 2 replays a known write before replay is held back; the next commit then sits
+    // unreplayed, and its time lag grows from when the primary was seen past it.
     c.psql(
         0,
         "app",
@@ -192,5 +192,45 @@ async fn wait_for_position() {
     c.resume_replay(2).unwrap();
     c.resume_replay(1).unwrap();
     until(&b, "both back", all_good).await;
+    b.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_primary_wal_without_transactions_keeps_replicas_in_pool() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let mut s = settings(c);
+    s.sr_check_period = Duration::from_millis(10);
+    s.delay_threshold_ms = Some(200);
+    s.delay_threshold_bytes = Some(1 << 30);
+    let b = start(c, s).await;
+    until(&b, "initial roles", all_good).await;
+    let mut events = b.subscribe();
+    // Each CHECKPOINT writes WAL but no transaction: the last replayed commit keeps getting
+    // older than the threshold while the replicas stay milliseconds behind.
+    for _ in 0..10 {
+        let generation = b.view().generation;
+        until(&b, "some idle polls", |v| v.generation >= generation + 60).await;
+        c.psql(0, "postgres", "CHECKPOINT").unwrap();
+    }
+    let generation = b.view().generation;
+    let v = until(&b, "polls after the last checkpoint", |v| {
+        v.generation >= generation + 60 && all_good(v)
+    })
+    .await;
+    assert!(v.nodes[1].lag_ms.is_some() && v.nodes[2].lag_ms.is_some());
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(
+                e,
+                ClusterEvent::EligibilityChanged {
+                    eligible: false,
+                    ..
+                }
+            ),
+            "a replica left the pool on an idle primary: {e:?}"
+        );
+    }
     b.shutdown();
 }

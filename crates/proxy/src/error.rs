@@ -35,7 +35,7 @@ pub enum ProxyError {
     ServerProtocol { node: String, reason: String },
     #[error("no primary is available")]
     NoPrimary,
-    #[error("the node serving this transaction changed role")]
+    #[error("the node serving this transaction changed role; the transaction was rolled back")]
     RoleChanged,
     #[error("login timed out")]
     LoginTimeout,
@@ -86,11 +86,16 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             ClientGone | ClientIo(_) => Disposition::Silent,
-            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit => {
+            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit | RoleChanged => {
                 Disposition::Recoverable
             }
             _ => Disposition::Fatal,
         }
+    }
+
+    /// The ErrorResponse frame with severity ERROR (the session goes on).
+    pub fn to_client_as_error(&self) -> Bytes {
+        ErrorResponse::error(self.sqlstate(), self.to_string()).to_bytes()
     }
 
     /// The ErrorResponse frame for this error.

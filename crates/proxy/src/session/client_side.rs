@@ -181,7 +181,7 @@ impl Session {
                 continue;
             }
             let decision = self.route(&unit);
-            let node = match self.resolve(decision) {
+            let node = match self.resolve(decision, unit.avoid) {
                 Ok(n) => n,
                 Err(e) => {
                     // Nothing was sent: answer this unit with the error and go on.
@@ -309,12 +309,15 @@ impl Session {
     }
 
     /// Turn a decision into a node.
-    fn resolve(&mut self, d: Decision) -> Result<usize, ProxyError> {
+    fn resolve(&mut self, d: Decision, avoid: Option<usize>) -> Result<usize, ProxyError> {
         let primary = || self.shared.balancer.primary().ok_or(ProxyError::NoPrimary);
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
-            Target::Replica { required } => match self.shared.balancer.select_replica(required) {
+            Target::Replica { required } => match (0..4)
+                .filter_map(|_| self.shared.balancer.select_replica(required))
+                .find(|s| Some(**s) != avoid)
+            {
                 Some(sel) => {
                     let node = *sel;
                     self.replica_guard = Some(sel);
@@ -383,6 +386,20 @@ impl Session {
         reason: Reason,
     ) -> Result<(), ProxyError> {
         let continuing = decision.is_none();
+        // An autocommit read bound for a replica may be sent again elsewhere if the
+        // replica fails before answering.
+        let retry_copy = match decision {
+            Some(Decision {
+                target: Target::Replica { .. },
+                ..
+            }) if unit.synced
+                && self.tx == TxStatus::Idle
+                && Some(node) != self.shared.balancer.primary() =>
+            {
+                Some(Box::new(unit.clone()))
+            }
+            _ => None,
+        };
         if !continuing {
             let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
             if conn_version != Some(self.state.version) {
@@ -511,6 +528,8 @@ impl Session {
             f.commit_sent = commit_sent;
             f.owed = owed;
             f.simple = unit.simple_sql.is_some() || unit.force_primary;
+            f.retry = retry_copy;
+            f.skip_acks = unit.skip_acks;
             self.inflight.push_back(f);
         }
         if continuing {

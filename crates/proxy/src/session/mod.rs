@@ -210,9 +210,9 @@ impl Session {
                 }, if server_reading => {
                     let node = active.unwrap_or_default();
                     match r {
-                        Ok(0) => return Err(self.backend_lost(node, "connection closed by the server")),
+                        Ok(0) => self.on_backend_lost(node, "connection closed by the server")?,
                         Ok(_) => self.relay(node)?,
-                        Err(e) => return Err(self.backend_lost(node, &e.to_string())),
+                        Err(e) => self.on_backend_lost(node, &e.to_string())?,
                     }
                 }
                 _ = shutdown.changed() => {
@@ -231,6 +231,71 @@ impl Session {
                 return Err(ProxyError::Shutdown);
             }
         }
+    }
+
+    /// The active backend's connection failed while the session was reading it.
+    ///
+    /// An autocommit read on a replica that has not sent the client anything yet is
+    /// sent again to another node (within `read_retry_budget`). A replica failing
+    /// outside a transaction costs the client that statement only. Anything else —
+    /// the primary, an open transaction, a COMMIT in flight — ends the session with
+    /// the matching error (08007 when a COMMIT's outcome is unknown).
+    fn on_backend_lost(&mut self, node: usize, reason: &str) -> Result<(), ProxyError> {
+        let was_primary = self.shared.balancer.primary() == Some(node);
+        let in_tx = self.tx != TxStatus::Idle && self.deferred_begin.is_none();
+        let mut client_units = self.inflight.iter().filter(|u| !u.injected);
+        let first = client_units.next();
+        let only_one = client_units.next().is_none();
+        let retry = match first {
+            Some(u) if only_one && !u.replied && !in_tx => u.retry.clone().map(|mut r| {
+                // The client already has the acknowledgements forwarded so far.
+                r.skip_acks += u.acks;
+                r
+            }),
+            _ => None,
+        };
+        let budget = self.shared.config.snapshot().routing.read_retry_budget;
+        let err = self.backend_lost(node, reason);
+        if self.inflight.is_empty() && !in_tx {
+            // Idle: nothing was lost. The next statement connects to whatever node
+            // then holds the role it needs, with the session's state replayed.
+            return Ok(());
+        }
+        if let Some(mut unit) = retry.filter(|u| u.retries < budget) {
+            unit.retries += 1;
+            unit.avoid = Some(node);
+            self.inflight.clear();
+            self.open_unit_node = None;
+            self.replica_guard = None;
+            metrics::counter!("pgfresh_read_retries_total").increment(1);
+            tracing::info!(
+                node,
+                reason,
+                "replica failed before answering: read sent to another node"
+            );
+            self.ready.push_front(*unit);
+            return Ok(());
+        }
+        if was_primary || in_tx || self.inflight.iter().any(|u| u.commit_sent) {
+            return Err(err);
+        }
+        // A replica failed outside a transaction: this statement fails, the session goes on.
+        let owed: u32 = self
+            .inflight
+            .iter()
+            .filter(|u| !u.injected)
+            .map(|u| u.owed.max(1))
+            .sum();
+        self.inflight.clear();
+        self.open_unit_node = None;
+        self.replica_guard = None;
+        self.copy_in = false;
+        self.out.push(err.to_client_as_error());
+        for _ in 0..owed {
+            self.out.push(build::ready_for_query(TxStatus::Idle));
+        }
+        self.tx = TxStatus::Idle;
+        Ok(())
     }
 
     /// A backend connection failed. What the client gets depends on where it failed.
@@ -277,6 +342,15 @@ impl Session {
             // The node changed role since this connection was made: do not reuse it.
             if let Some(stale) = self.backends[node].take() {
                 tokio::spawn(stale.conn.terminate());
+            }
+            if self.active == Some(node) {
+                self.active = None;
+            }
+            if self.tx != TxStatus::Idle && self.deferred_begin.is_none() {
+                // The transaction was on a node that changed role: fail it, never replay it.
+                self.tx = TxStatus::Idle;
+                self.tx_writes.clear();
+                return Err(ProxyError::RoleChanged);
             }
         }
         let config = self.shared.config.snapshot();

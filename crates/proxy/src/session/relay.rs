@@ -137,6 +137,34 @@ impl Session {
                 Action::Forward
             }
             b'E' => {
+                let fatal = {
+                    let body = self.body(node, start, end);
+                    body.split(|b| *b == 0)
+                        .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
+                };
+                if fatal && self.inflight.is_empty() {
+                    // A server closing an idle connection (shutdown, failover,
+                    // pg_terminate_backend): the client has nothing running there and
+                    // its session goes on elsewhere.
+                    tracing::info!(node, "server closed an idle connection");
+                    return Action::Swallow;
+                }
+                if fatal && !injected {
+                    if let Some(u) = self
+                        .inflight
+                        .front()
+                        .filter(|u| u.retry.is_some() && !u.replied)
+                    {
+                        // The replica is closing this connection before answering: the
+                        // read will be sent elsewhere, so the client must not see this.
+                        tracing::debug!(
+                            node,
+                            closed = u.retry.is_some(),
+                            "replica closed the connection; retrying the read"
+                        );
+                        return Action::Swallow;
+                    }
+                }
                 if let Some(u) = self.inflight.front_mut() {
                     u.error = true;
                 }
@@ -155,8 +183,12 @@ impl Session {
                 }
                 Action::Forward
             }
-            b'1' => self.swallow_counted(|u| &mut u.swallow_parse),
+            b'1' => match self.swallow_counted(|u| &mut u.swallow_parse) {
+                Action::Swallow => Action::Swallow,
+                Action::Forward => self.ack(),
+            },
             b'3' => self.swallow_counted(|u| &mut u.swallow_close),
+            b'2' | b't' | b'T' | b'n' if !injected => self.ack(),
             b'S' => {
                 let body = self.body(node, start, end).to_vec();
                 let mut parts = body.split(|b| *b == 0);
@@ -196,6 +228,22 @@ impl Session {
                 }
                 Action::Forward
             }
+        }
+    }
+
+    /// A protocol acknowledgement (ParseComplete, BindComplete, descriptions, NoData).
+    /// A unit sent again after a replica failed skips the ones the client already has.
+    fn ack(&mut self) -> Action {
+        match self.inflight.front_mut() {
+            Some(u) if u.skip_acks > 0 => {
+                u.skip_acks -= 1;
+                Action::Swallow
+            }
+            Some(u) => {
+                u.acks += 1;
+                Action::Forward
+            }
+            None => Action::Forward,
         }
     }
 

@@ -13,6 +13,7 @@ use pgfresh_sql::{Analysis, RelName};
 use crate::router::Reason;
 
 /// A unit read from the client and waiting to be routed.
+#[derive(Clone, Debug)]
 pub struct ClientUnit {
     /// The client's frames, in order.
     pub frames: Vec<Bytes>,
@@ -32,6 +33,12 @@ pub struct ClientUnit {
     pub passthrough: bool,
     /// Must run on the primary whatever its analysis says (FunctionCall).
     pub force_primary: bool,
+    /// Times this unit was sent again after the replica running it failed.
+    pub retries: u32,
+    /// A node that failed while running this unit: not chosen again for it.
+    pub avoid: Option<usize>,
+    /// Acknowledgements the client already received from an earlier attempt.
+    pub skip_acks: u32,
 }
 
 impl ClientUnit {
@@ -46,6 +53,9 @@ impl ClientUnit {
             simple_sql: None,
             passthrough: false,
             force_primary: false,
+            retries: 0,
+            avoid: None,
+            skip_acks: 0,
         }
     }
 
@@ -96,6 +106,13 @@ pub struct InFlight {
     pub owed: u32,
     /// A simple Query unit (COPY in simple mode needs no Sync).
     pub simple: bool,
+    /// For an autocommit read sent to a replica: the unit itself, so it can be sent
+    /// to another node if the replica fails before any reply reached the client.
+    pub retry: Option<Box<ClientUnit>>,
+    /// Acknowledgements forwarded to the client for this unit, and how many of the
+    /// next ones to swallow (already forwarded by an earlier attempt).
+    pub acks: u32,
+    pub skip_acks: u32,
 }
 
 impl InFlight {
@@ -114,6 +131,9 @@ impl InFlight {
             commit_sent: false,
             owed: 1,
             simple: true,
+            retry: None,
+            acks: 0,
+            skip_acks: 0,
         }
     }
 

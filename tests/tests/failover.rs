@@ -1,0 +1,150 @@
+//! Failover and replica failures, on a private cluster this test may break.
+
+use std::time::Duration;
+
+use pgfresh_tests::pgfresh_localcluster::{ClusterOptions, LocalCluster};
+use pgfresh_tests::*;
+
+fn private_cluster() -> LocalCluster {
+    let c = LocalCluster::start(ClusterOptions {
+        users: vec![("app".into(), APP_PASSWORD.into())],
+        databases: vec!["app".into()],
+        ..ClusterOptions::default()
+    })
+    .expect("private cluster");
+    c.psql(
+        0,
+        "app",
+        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
+    )
+    .unwrap();
+    c
+}
+
+#[tokio::test]
+async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_sessions() {
+    let cluster = private_cluster();
+    let p = start_proxy(&config_text_for(&cluster, ""));
+    let setup = p.connect().await;
+    setup
+        .batch_execute(
+            "CREATE TABLE f(id int primary key, v text); INSERT INTO f VALUES (1, 'one')",
+        )
+        .await
+        .unwrap();
+    let lsn: String = setup
+        .query_one(
+            "/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for i in 1..=2 {
+        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+        eventually("replay", Duration::from_secs(60), || {
+            cluster
+                .psql(i, "app", &sql)
+                .map(|s| s == "t")
+                .unwrap_or(false)
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await; // f is cold now
+
+    // 1. A replica killing the backend that runs an autocommit read, before any row was
+    //    sent: the read is answered from another node, the client sees no error.
+    let reader = p.connect().await;
+    reader
+        .batch_execute("SET application_name = 'retry_probe'")
+        .await
+        .unwrap();
+    let query = tokio::spawn(async move {
+        let r = reader
+            .query_one("SELECT v, pg_sleep(1)::text FROM f WHERE id = 1", &[])
+            .await;
+        (reader, r)
+    });
+    let kill = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                WHERE application_name = 'retry_probe' AND state = 'active'";
+    let mut killed = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !killed && std::time::Instant::now() < deadline && !query.is_finished() {
+        for i in 1..=2 {
+            // Kill once only: the retry may land on the other replica.
+            if killed {
+                break;
+            }
+            killed = cluster
+                .psql(i, "app", kill)
+                .map(|n| n != "0")
+                .unwrap_or(false);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (reader, result) = query.await.unwrap();
+    let row = result.expect("the read was retried on another node");
+    assert_eq!(row.get::<_, String>(0), "one");
+    assert!(killed, "the probe query never ran on a replica");
+
+    // 2. Failover: an idle session survives and its settings follow it; a session in a
+    //    transaction on the old primary gets an error.
+    let idle = p.connect().await;
+    idle.batch_execute("SET application_name = 'survivor'")
+        .await
+        .unwrap();
+    idle.batch_execute("INSERT INTO f VALUES (2, 'two')")
+        .await
+        .unwrap();
+    let in_tx = p.connect().await;
+    in_tx
+        .batch_execute("BEGIN; INSERT INTO f VALUES (3, 'three')")
+        .await
+        .unwrap();
+
+    cluster.stop_node(0).unwrap();
+    cluster.promote(1).unwrap();
+    cluster.repoint_standby(2, 1).unwrap();
+    let shared = p.shared.clone();
+    eventually(
+        "the proxy sees the new primary",
+        Duration::from_secs(60),
+        || shared.balancer.primary() == Some(1),
+    )
+    .await;
+
+    assert!(
+        in_tx.batch_execute("COMMIT").await.is_err(),
+        "a transaction on the old primary must fail, not be replayed"
+    );
+    let new_primary = cluster.port(1) as i32;
+    let mut last_err = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match idle
+            .query_one("INSERT INTO f VALUES (4, 'four') RETURNING inet_server_port(), current_setting('application_name')", &[])
+            .await
+        {
+            Ok(row) => {
+                assert_eq!(row.get::<_, i32>(0), new_primary);
+                assert_eq!(row.get::<_, String>(1), "survivor");
+                break;
+            }
+            Err(e) => {
+                // Until the new primary accepts writes the statement fails cleanly; the
+                // session stays usable.
+                last_err = Some(e.to_string());
+                assert!(std::time::Instant::now() < deadline, "idle session never reached the new primary: {last_err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let n: i64 = idle
+        .query_one("/* pgfresh:primary */ SELECT count(*) FROM f", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 3, "rows 1, 2 and 4; the uncommitted 3 is gone");
+    drop(p);
+    drop(cluster);
+}
