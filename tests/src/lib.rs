@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use pgfresh_config::ConfigHandle;
 use pgfresh_localcluster::LocalCluster;
-use pgfresh_proxy::{Proxy, Stop};
+pub use pgfresh_proxy::Stop;
+use pgfresh_proxy::Proxy;
 
 pub use pgfresh_localcluster;
 
@@ -172,6 +173,21 @@ pub fn proxy() -> &'static ProxyHandle {
 }
 
 impl ProxyHandle {
+    /// Ask the proxy to stop as `how` says, without waiting.
+    pub fn request_stop(&mut self, how: Stop) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(how);
+        }
+    }
+
+    /// True once the proxy's run loop has returned.
+    pub fn has_stopped(&self) -> bool {
+        self.done
+            .as_ref()
+            .and_then(|d| d.lock().ok().map(|d| d.try_recv().is_ok()))
+            .unwrap_or(true)
+    }
+
     pub fn conninfo(&self, user: &str, password: &str, db: &str) -> String {
         format!(
             "host=127.0.0.1 port={} user={user} password={password} dbname={db} connect_timeout=10",

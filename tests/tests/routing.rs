@@ -440,3 +440,48 @@ async fn paused_replicas_leave_the_pool_and_reads_fall_back() {
         "reads did not return to the replicas: {seen:?}"
     );
 }
+
+#[tokio::test]
+async fn parser_off_sends_everything_to_the_primary() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text("enable_query_parser = false"));
+    let c = p.connect().await;
+    for _ in 0..20 {
+        assert_eq!(port_of(&c, "SELECT inet_server_port()").await, primary_port());
+    }
+}
+
+#[tokio::test]
+async fn recency_off_balances_reads_by_lag_only() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let c = p.connect().await;
+    let t = unique("norec");
+    c.batch_execute(&format!("CREATE TABLE {t}(id int)")).await.unwrap();
+    wait_replicated(&c).await;
+    // Right after a write, the read is not forced to the primary.
+    c.batch_execute(&format!("INSERT INTO {t} VALUES (1)")).await.unwrap();
+    let port = port_of(&c, &format!("SELECT inet_server_port() FROM (SELECT 1) x LEFT JOIN {t} ON true LIMIT 1")).await;
+    assert_ne!(port, primary_port(), "recency routing is off: the read may go to a replica");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_lets_a_transaction_finish() {
+    let _g = SERIAL.lock().await;
+    let mut p = start_proxy(&config_text(""));
+    let c = p.connect().await;
+    let t = unique("grace");
+    c.batch_execute(&format!("CREATE TABLE {t}(id int); BEGIN; INSERT INTO {t} VALUES (1)")).await.unwrap();
+    p.request_stop(Stop::Graceful);
+    // New clients are refused once the listener is closed...
+    let addr = p.addr;
+    eventually("listener closed", Duration::from_secs(30), || std::net::TcpStream::connect(addr).is_err()).await;
+    // ...but the open transaction still commits.
+    c.batch_execute("COMMIT").await.unwrap();
+    // Then the idle session is closed (57P01) and the proxy stops.
+    let err = c.batch_execute("SELECT 1").await.unwrap_err();
+    assert!(err.is_closed() || err.code().map(|c| c.code()) == Some("57P01"), "{err}");
+    eventually("proxy stopped", Duration::from_secs(30), || p.has_stopped()).await;
+    let check = cluster().psql(0, "app", &format!("SELECT count(*) FROM {t}")).unwrap();
+    assert_eq!(check, "1");
+}
