@@ -1,16 +1,21 @@
-//! The admin console: the virtual database `pgfresh`, for users with `admin = true`.
-//! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW HOT,
-//! SHOW CONFIG, SHOW STATS, RELOAD and SET recent_access_ttl_ms = N.
+//! The admin console: the virtual database `pgfresh`, for users with `admin = true`,
+//! in the manner of pgbouncer's console (`psql -d pgfresh -U admin`).
+//! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW CLIENTS,
+//! SHOW HOT, SHOW CONFIG, SHOW STATS, SHOW HELP, RELOAD and
+//! SET recent_access_ttl_ms = N. Several `;`-separated commands may be sent at once;
+//! the first error ends the string.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
 use pgfresh_wire::{
-    build, parse_frontend, sqlstate, ErrorResponse, FrontendMessage, Limits, TxStatus,
+    build, parse_frontend, sqlstate, ErrorResponse, FrontendMessage, Limits, Severity, TxStatus,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::admin;
 use crate::client::Login;
 use crate::context::Shared;
 use crate::io::{read_frame, Side};
@@ -119,47 +124,117 @@ pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, lo
     }
 }
 
-/// Answer one console command into `out`.
+const HELP: &[(&str, &str)] = &[
+    (
+        "SHOW NODES",
+        "nodes with role, health, replay LSN, lag and read-pool membership",
+    ),
+    (
+        "SHOW POOLS",
+        "server connection pools: active, idle and free connections",
+    ),
+    (
+        "SHOW CLIENTS",
+        "client connections and the server connections they hold per node",
+    ),
+    (
+        "SHOW HOT",
+        "recently written relations with age, writes and forced reads",
+    ),
+    (
+        "SHOW CONFIG",
+        "the effective config (secrets redacted) and how each key reloads",
+    ),
+    (
+        "SHOW STATS",
+        "routing counters, offload ratio, fallbacks, caches, reloads",
+    ),
+    (
+        "RELOAD",
+        "re-read the config file; an invalid file changes nothing",
+    ),
+    (
+        "SET recent_access_ttl_ms = N",
+        "set the recency TTL (clamped to recent_access_max_ttl_ms)",
+    ),
+    ("SHOW HELP", "this list"),
+];
+
+fn error(out: &mut BytesMut, code: &'static str, msg: impl Into<String>) {
+    out.extend_from_slice(&ErrorResponse::error(code, msg).to_bytes());
+}
+
+fn notice(out: &mut BytesMut, msg: impl Into<String>) {
+    out.extend_from_slice(
+        &ErrorResponse::new(Severity::Notice, sqlstate::SUCCESSFUL_COMPLETION, msg)
+            .to_notice_bytes(),
+    );
+}
+
+fn kv(rows: &mut Vec<Vec<String>>, k: &str, v: impl ToString) {
+    rows.push(vec![k.to_string(), v.to_string()]);
+}
+
+/// Answer a query string (one or more `;`-separated commands) into `out`.
 pub fn answer(shared: &Shared, sql: &str, out: &mut BytesMut) {
-    let cmd = sql.trim().trim_end_matches(';').trim().to_ascii_lowercase();
+    let commands: Vec<&str> = sql
+        .split(';')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    if commands.is_empty() {
+        out.extend_from_slice(&build::empty_query_response());
+        return;
+    }
+    for cmd in commands {
+        let before = out.len();
+        answer_one(shared, cmd, out);
+        // Stop at the first error, as PostgreSQL does for a multi-statement string.
+        if contains_error(&out[before..]) {
+            return;
+        }
+    }
+}
+
+/// Whether the frames written for one command include an ErrorResponse.
+fn contains_error(mut frames: &[u8]) -> bool {
+    while frames.len() >= 5 {
+        let tag = frames[0];
+        let len = u32::from_be_bytes([frames[1], frames[2], frames[3], frames[4]]) as usize;
+        if tag == b'E' {
+            return true;
+        }
+        let Some(rest) = frames.get(1 + len..) else {
+            return false;
+        };
+        frames = rest;
+    }
+    false
+}
+
+fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
+    let cmd = sql.to_ascii_lowercase();
     let words: Vec<&str> = cmd.split_whitespace().collect();
     match words.as_slice() {
-        ["show", "nodes"] => {
-            let view = shared.balancer.view();
-            let rows = view
-                .nodes
-                .iter()
-                .map(|n| {
+        ["show", "nodes"] => show_nodes(shared, out),
+        ["show", "pools"] => {
+            let rows = admin::pool_rows(shared)
+                .into_iter()
+                .map(|p| {
                     vec![
-                        n.spec.name.clone(),
-                        format!("{}:{}", n.spec.host, n.spec.port),
-                        n.role.as_str().to_string(),
-                        n.healthy.to_string(),
-                        n.replay_lsn.map(|l| l.to_string()).unwrap_or_default(),
-                        n.lag_bytes.map(|l| l.to_string()).unwrap_or_default(),
-                        n.lag_ms.map(|l| l.to_string()).unwrap_or_default(),
-                        if n.eligible { "in".into() } else { n.ineligible_reason.map(|r| r.as_str()).unwrap_or("-").into() },
+                        p.node,
+                        p.user,
+                        p.database,
+                        p.active.to_string(),
+                        p.idle.to_string(),
+                        p.free.to_string(),
+                        p.pool_size.to_string(),
                     ]
                 })
                 .collect();
-            table(out, &["name", "address", "role", "healthy", "replay_lsn", "lag_bytes", "lag_ms", "read_pool"], rows);
+            table(out, &["node", "user", "database", "active", "idle", "free", "pool_size"], rows);
         }
-        ["show", "pools"] => {
-            let config = shared.config.snapshot();
-            let rows = shared
-                .pools
-                .counts()
-                .into_iter()
-                .map(|(node, user, db, idle, free)| {
-                    let name = config.nodes.get(node).map(|n| n.name.clone()).unwrap_or_default();
-                    vec![name, user, db, idle.to_string(), free.to_string()]
-                })
-                .collect();
-            table(out, &["node", "user", "database", "idle", "free_slots"], rows);
-        }
-        ["show", "clients"] => {
-            table(out, &["clients"], vec![vec![shared.client_count().to_string()]]);
-        }
+        ["show", "clients"] => show_clients(shared, out),
         ["show", "hot"] => {
             let rows = shared
                 .recency
@@ -177,51 +252,224 @@ pub fn answer(shared: &Shared, sql: &str, out: &mut BytesMut) {
                 .collect();
             table(out, &["key", "value", "reload"], rows);
         }
-        ["show", "stats"] => {
-            let s = shared.recency.stats();
-            let cache = shared.analyzer.cache_stats();
-            let rows = vec![
-                vec!["recency_marks".into(), s.marks.to_string()],
-                vec!["recency_hits".into(), s.hits.to_string()],
-                vec!["recency_expirations".into(), s.expirations.to_string()],
-                vec!["recency_overflows".into(), s.overflows.to_string()],
-                vec!["parse_cache_hits".into(), cache.hits.to_string()],
-                vec!["parse_cache_misses".into(), cache.misses.to_string()],
-                vec!["primary_fallbacks_in_flight".into(), shared.fallbacks_in_flight.load(std::sync::atomic::Ordering::Relaxed).to_string()],
-            ];
-            table(out, &["stat", "value"], rows);
+        ["show", "stats"] => show_stats(shared, out),
+        ["show", "help"] | ["help"] => {
+            let rows = HELP.iter().map(|(c, d)| vec![c.to_string(), d.to_string()]).collect();
+            table(out, &["command", "description"], rows);
         }
-        ["reload"] => match shared.config.reload() {
-            Ok(_) => {
-                crate::Proxy::apply_config(shared);
-                metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
-                out.extend_from_slice(&build::command_complete("RELOAD"));
-            }
-            Err(e) => {
-                metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
-                out.extend_from_slice(&ErrorResponse::error(sqlstate::INVALID_PARAMETER_VALUE, e.to_string()).to_bytes());
-            }
-        },
+        ["reload"] => reload(shared, out),
         ["set", "recent_access_ttl_ms", rest @ ..] => {
-            let value = rest.iter().filter(|w| **w != "=" && **w != "to").map(|w| w.trim_matches('\'')).next();
-            match value.and_then(|v| v.parse::<u64>().ok()) {
-                Some(v) => {
-                    let max = shared.config.snapshot().routing.recent_access_max_ttl_ms;
-                    shared.config.update(|c| c.routing.recent_access_ttl_ms = v.min(max));
-                    crate::Proxy::apply_config(shared);
+            let mut values = rest.iter().filter(|w| **w != "=" && **w != "to");
+            let value = values.next().map(|w| w.trim_start_matches('=').trim_matches('\''));
+            match (value.and_then(|v| v.parse::<u64>().ok()), values.next()) {
+                (Some(v), None) => {
+                    let (ttl, previous) = admin::set_ttl(shared, v, "console");
+                    if ttl != v {
+                        notice(out, format!("recent_access_ttl_ms clamped to recent_access_max_ttl_ms ({ttl})"));
+                    }
+                    notice(out, format!("recent_access_ttl_ms: {previous} -> {ttl}"));
                     out.extend_from_slice(&build::command_complete("SET"));
                 }
-                None => out.extend_from_slice(
-                    &ErrorResponse::error(sqlstate::INVALID_PARAMETER_VALUE, "usage: SET recent_access_ttl_ms = N").to_bytes(),
-                ),
+                _ => error(out, sqlstate::INVALID_PARAMETER_VALUE, "usage: SET recent_access_ttl_ms = N (a non-negative integer, in milliseconds)"),
             }
         }
-        _ => out.extend_from_slice(
-            &ErrorResponse::error(
-                sqlstate::SYNTAX_ERROR,
-                format!("unknown console command {sql:?}; try SHOW NODES, SHOW POOLS, SHOW CLIENTS, SHOW HOT, SHOW CONFIG, SHOW STATS, RELOAD, SET recent_access_ttl_ms = N"),
-            )
-            .to_bytes(),
+        ["set", key, ..] => error(
+            out,
+            sqlstate::FEATURE_NOT_SUPPORTED,
+            format!("the console sets only recent_access_ttl_ms, not {key:?}; edit the config file and RELOAD for other keys"),
         ),
+        _ => error(
+            out,
+            sqlstate::SYNTAX_ERROR,
+            format!(
+                "unknown console command {sql:?}; try {}",
+                HELP.iter().map(|(c, _)| *c).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map(|x| x.to_string()).unwrap_or_default()
+}
+
+fn show_nodes(shared: &Shared, out: &mut BytesMut) {
+    let view = shared.balancer.view();
+    let rows = view
+        .nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.spec.name.clone(),
+                format!("{}:{}", n.spec.host, n.spec.port),
+                n.role.as_str().to_string(),
+                n.healthy.to_string(),
+                opt(n.current_lsn.or(n.replay_lsn)),
+                opt(n.lag_bytes),
+                opt(n.lag_ms),
+                opt(n
+                    .external_lag
+                    .as_ref()
+                    .map(|e| format!("{} ms ({})", e.lag_ms, e.source))),
+                n.spec.weight.to_string(),
+                n.outstanding.to_string(),
+                if n.eligible {
+                    "in".into()
+                } else {
+                    n.ineligible_reason.map_or("out", |r| r.as_str()).into()
+                },
+                n.last_error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "name",
+            "address",
+            "role",
+            "healthy",
+            "lsn",
+            "lag_bytes",
+            "lag_ms",
+            "external_lag",
+            "weight",
+            "outstanding",
+            "read_pool",
+            "last_error",
+        ],
+        rows,
+    );
+}
+
+fn show_clients(shared: &Shared, out: &mut BytesMut) {
+    let config = shared.config.snapshot();
+    let mut rows = Vec::new();
+    kv(&mut rows, "client_connections", shared.client_count());
+    kv(
+        &mut rows,
+        "max_client_connections",
+        config.proxy.max_client_connections,
+    );
+    kv(
+        &mut rows,
+        "primary_fallbacks_in_flight",
+        shared.fallbacks_in_flight.load(Ordering::Relaxed),
+    );
+    let mut per_node: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    for p in admin::pool_rows(shared) {
+        let e = per_node.entry(p.node).or_default();
+        e.0 += p.active;
+        e.1 += p.idle;
+    }
+    for (node, (active, idle)) in per_node {
+        kv(
+            &mut rows,
+            &format!("server_connections_active.{node}"),
+            active,
+        );
+        kv(&mut rows, &format!("server_connections_idle.{node}"), idle);
+    }
+    table(out, &["stat", "value"], rows);
+}
+
+fn show_stats(shared: &Shared, out: &mut BytesMut) {
+    let s = shared.recency.stats();
+    let cache = shared.analyzer.cache_stats();
+    let (reload_ok, reload_err) = shared.config.reload_counts();
+    let prom = admin::metrics_handle()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    let routing = admin::routing_summary(&prom);
+    let mut rows = Vec::new();
+    for key in ["total", "primary", "replica", "reads", "forced_by_recency"] {
+        kv(&mut rows, &format!("routed_{key}"), &routing[key]);
+    }
+    kv(
+        &mut rows,
+        "offload_ratio",
+        routing["offload_ratio"]
+            .as_f64()
+            .map(|r| format!("{r:.4}"))
+            .unwrap_or_default(),
+    );
+    if let Some(by) = routing["by_reason"].as_array() {
+        for r in by {
+            let name = format!(
+                "routed.{}.{}",
+                r["target"].as_str().unwrap_or(""),
+                r["reason"].as_str().unwrap_or("")
+            );
+            kv(&mut rows, &name, &r["count"]);
+        }
+    }
+    if let Some(f) = routing["primary_fallbacks"].as_object() {
+        for (reason, n) in f {
+            kv(&mut rows, &format!("primary_fallbacks.{reason}"), n);
+        }
+    }
+    kv(
+        &mut rows,
+        "primary_fallbacks_in_flight",
+        shared.fallbacks_in_flight.load(Ordering::Relaxed),
+    );
+    kv(&mut rows, "recent_access_ttl_ms", shared.recency.ttl_ms());
+    kv(&mut rows, "hot_relations", shared.recency.len());
+    kv(&mut rows, "recency_marks", s.marks);
+    kv(&mut rows, "recency_hits", s.hits);
+    kv(&mut rows, "recency_expirations", s.expirations);
+    kv(&mut rows, "recency_overflows", s.overflows);
+    kv(&mut rows, "parse_cache_hits", cache.hits);
+    kv(&mut rows, "parse_cache_misses", cache.misses);
+    kv(&mut rows, "parse_cache_entries", cache.entries);
+    kv(&mut rows, "config_reloads_ok", reload_ok);
+    kv(&mut rows, "config_reloads_error", reload_err);
+    kv(&mut rows, "client_connections", shared.client_count());
+    table(out, &["stat", "value"], rows);
+}
+
+fn reload(shared: &Shared, out: &mut BytesMut) {
+    match shared.config.reload() {
+        Ok(outcome) => {
+            metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
+            crate::Proxy::apply_config(shared);
+            for k in &outcome.applied {
+                tracing::info!(key = %k.key, source = "console", "config key applied");
+            }
+            for k in &outcome.pending_restart {
+                tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
+            }
+            let keys = |v: &[pgfresh_config::ChangedKey]| {
+                v.iter()
+                    .map(|k| k.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if outcome.applied.is_empty() && outcome.pending_restart.is_empty() {
+                notice(out, "config file unchanged");
+            }
+            if !outcome.applied.is_empty() {
+                notice(out, format!("applied: {}", keys(&outcome.applied)));
+            }
+            if !outcome.pending_restart.is_empty() {
+                notice(
+                    out,
+                    format!(
+                        "changed but needs a restart (old value stays): {}",
+                        keys(&outcome.pending_restart)
+                    ),
+                );
+            }
+            out.extend_from_slice(&build::command_complete("RELOAD"));
+        }
+        Err(e) => {
+            metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
+            tracing::error!(error = %e, source = "console", "config reload rejected; the running config stays in force");
+            error(
+                out,
+                sqlstate::INVALID_PARAMETER_VALUE,
+                format!("reload rejected, nothing changed: {e}"),
+            );
+        }
     }
 }

@@ -57,7 +57,11 @@ async fn handle_client(mut sock: TcpStream, shared: Arc<Shared>) {
     let _guard = ClientCount(shared.clone());
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let login_timeout = Duration::from_millis(config.proxy.client_login_timeout_ms);
-    let opened = tokio::time::timeout(login_timeout, open(&mut sock, &mut buf, &config, &shared.verifiers)).await;
+    let opened = tokio::time::timeout(
+        login_timeout,
+        open(&mut sock, &mut buf, &config, &shared.verifiers),
+    )
+    .await;
     let login = match opened {
         Err(_) => {
             reject(&mut sock, ProxyError::LoginTimeout).await;
