@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use pgfresh_config::ConfigHandle;
 use pgfresh_localcluster::LocalCluster;
-pub use pgfresh_proxy::Stop;
 use pgfresh_proxy::Proxy;
+pub use pgfresh_proxy::Stop;
 
 pub use pgfresh_localcluster;
 
@@ -87,7 +87,7 @@ pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     let (su, su_pw) = c.superuser();
     let mut text = format!(
         "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 10000\n\n\
-         [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 20\n\n\
+         [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 50\n\n\
          [routing]\ncold_start_ms = 0\n{routing_extra}\n\n"
     );
     for (i, n) in c.nodes().iter().enumerate() {
@@ -129,12 +129,11 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
         let _ = shared_tx.send(proxy.shared.clone());
         // Reload on file edits, as `pgfresh run` does.
         let shared = proxy.shared.clone();
-        let ttl = proxy.ttl_source.clone();
         let _watch = pgfresh_config::FileWatch::start(
             &path_for_watch,
             Duration::from_millis(50),
             move || {
-                let _ = pgfresh_proxy::reload_config(&shared, &ttl);
+                let _ = pgfresh_proxy::reload_config(&shared, "file");
             },
         );
         proxy
@@ -254,6 +253,23 @@ pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+impl ProxyHandle {
+    /// Poll until none of `tables` (unqualified, database `app`) is hot any more.
+    pub async fn wait_cold(&self, tables: &[&str]) {
+        let keys: Vec<pgfresh_recency::RelKey<'_>> = tables
+            .iter()
+            .map(|t| pgfresh_recency::RelKey::unqualified(t))
+            .collect();
+        let recency = self.shared.recency.clone();
+        eventually(
+            "written tables to leave the recency window",
+            Duration::from_secs(120),
+            || !recency.lookup("app", &keys).is_hot(),
+        )
+        .await;
+    }
 }
 
 /// Port of node `i` of the shared cluster.

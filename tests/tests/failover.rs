@@ -50,7 +50,7 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
         })
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(1100)).await; // f is cold now
+    p.wait_cold(&["f"]).await;
 
     // 1. A replica killing the backend that runs an autocommit read, before any row was
     //    sent: the read is answered from another node, the client sees no error.
@@ -82,7 +82,7 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (reader, result) = query.await.unwrap();
+    let (_reader, result) = query.await.unwrap();
     let row = result.expect("the read was retried on another node");
     assert_eq!(row.get::<_, String>(0), "one");
     assert!(killed, "the probe query never ran on a replica");
@@ -118,7 +118,7 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
         "a transaction on the old primary must fail, not be replayed"
     );
     let new_primary = cluster.port(1) as i32;
-    let mut last_err = None;
+    let mut last_err: Option<String>;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         match idle

@@ -444,7 +444,9 @@ async fn ttl_api_changes_routing_of_the_next_read() {
 
 #[tokio::test]
 async fn status_reports_nodes_ttl_hot_relations_and_routing_counters() {
-    let p = proxy();
+    // A TTL long enough that the write is still hot when the status is read.
+    let (p, _) = proxy_with_ttl(60_000);
+    let p = &p;
     let c = p.connect().await;
     let t = unique("status_hot");
     c.batch_execute(&format!(
@@ -476,7 +478,7 @@ async fn status_reports_nodes_ttl_hot_relations_and_routing_counters() {
         assert!(n["lag_ms"].is_u64(), "{n}");
         assert!(n["in_pool"].is_boolean());
     }
-    assert_eq!(s["recent_access_ttl_ms"], 1000);
+    assert_eq!(s["recent_access_ttl_ms"], 60_000);
     assert_eq!(s["ttl_source"], "file");
     assert!(s["ttl_set_at_ms"].is_u64());
     assert!(s["hot_relation_count"].as_u64().unwrap() >= 1);
@@ -695,7 +697,9 @@ fn console_ok(p: &ProxyHandle, command: &str) -> (Vec<Vec<String>>, String) {
 
 #[tokio::test]
 async fn admin_console_works_from_psql() {
-    let (p, text) = proxy_with_ttl(1000);
+    // A TTL long enough that the write below is still hot when SHOW HOT runs, however
+    // loaded the machine is.
+    let (p, text) = proxy_with_ttl(60000);
     let c = p.connect().await;
     let t = unique("console_hot");
     c.batch_execute(&format!(
@@ -752,7 +756,7 @@ async fn admin_console_works_from_psql() {
         .iter()
         .find(|r| r[0] == "routing.recent_access_ttl_ms")
         .unwrap();
-    assert_eq!((ttl[1].as_str(), ttl[2].as_str()), ("1000", "live"));
+    assert_eq!((ttl[1].as_str(), ttl[2].as_str()), ("60000", "live"));
     let listen = config.iter().find(|r| r[0] == "proxy.listen").unwrap();
     assert_eq!(listen[2], "restart");
     assert!(!config.iter().any(|r| r[1].contains("admin-pass")));
@@ -766,7 +770,7 @@ async fn admin_console_works_from_psql() {
     assert!(stat(&stats, "routed.primary.write").parse::<u64>().unwrap() >= 1);
 
     let (_, notices) = console_ok(&p, "SET recent_access_ttl_ms = 4321");
-    assert!(notices.contains("1000 -> 4321"), "{notices}");
+    assert!(notices.contains("60000 -> 4321"), "{notices}");
     assert_eq!(p.shared.recency.ttl_ms(), 4321);
     let (_, notices) = console_ok(&p, "set recent_access_ttl_ms to 99999999;");
     assert!(notices.contains("clamped"), "{notices}");
@@ -775,7 +779,10 @@ async fn admin_console_works_from_psql() {
     // RELOAD applies a changed file and names the keys.
     std::fs::write(
         &p.config_path,
-        text.replace("recent_access_ttl_ms = 1000", "recent_access_ttl_ms = 1200"),
+        text.replace(
+            "recent_access_ttl_ms = 60000",
+            "recent_access_ttl_ms = 1200",
+        ),
     )
     .unwrap();
     // The file watch may have taken the edit already; either way, once RELOAD has

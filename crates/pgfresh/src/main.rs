@@ -141,7 +141,6 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
     };
     let proxy = Proxy::new(handle.clone());
     let shared = proxy.shared.clone();
-    let ttl_source = proxy.ttl_source.clone();
     // Reloads: file watch and SIGHUP both funnel into one task.
     let (reload_tx, mut reload_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
     let _watch = handle.path().and_then(|p| {
@@ -170,7 +169,7 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
     tokio::spawn(async move {
         while let Some(why) = reload_rx.recv().await {
             tracing::info!(trigger = why, "reloading config");
-            let _ = pgfresh_proxy::reload_config(&shared, &ttl_source);
+            let _ = pgfresh_proxy::reload_config(&shared, why);
         }
     });
     tracing::info!(listen = %config.proxy.listen, admin = %config.proxy.admin_listen, "pgfresh listening");

@@ -8,7 +8,8 @@ fn pgfresh(args: &[&str]) -> (bool, String) {
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .output()
         .expect("run pgfresh");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -16,16 +17,29 @@ fn pgfresh(args: &[&str]) -> (bool, String) {
 fn check_prints_effective_config_with_reload_classes() {
     let (ok, text) = pgfresh(&["check", "-c", "conf/pgfresh.toml"]);
     assert!(ok, "{text}");
-    assert!(text.contains("routing.recent_access_ttl_ms = 1000    # live"), "{text}");
-    assert!(text.contains("proxy.listen = \"127.0.0.1:6432\"    # restart"), "{text}");
-    assert!(!text.contains("\"secret\""), "passwords must be redacted: {text}");
+    assert!(
+        text.contains("routing.recent_access_ttl_ms = 1000    # live"),
+        "{text}"
+    );
+    assert!(
+        text.contains("proxy.listen = \"127.0.0.1:6432\"    # restart"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("\"secret\""),
+        "passwords must be redacted: {text}"
+    );
 }
 
 #[test]
 fn check_rejects_a_bad_file_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[routing]\nrecent_acces_ttl_ms = 5\n[[nodes]]\nname='a'\nhost='h'\nport=1\n").unwrap();
+    std::fs::write(
+        &path,
+        "[routing]\nrecent_acces_ttl_ms = 5\n[[nodes]]\nname='a'\nhost='h'\nport=1\n",
+    )
+    .unwrap();
     let (ok, text) = pgfresh(&["check", "-c", path.to_str().unwrap()]);
     assert!(!ok);
     assert!(text.contains("recent_acces_ttl_ms"), "{text}");
@@ -34,16 +48,41 @@ fn check_rejects_a_bad_file_naming_the_key() {
 #[test]
 fn explain_shows_analysis_and_decision() {
     let cases = [
-        ("SELECT * FROM orders o JOIN app.items i ON i.id = o.item", "replica", "reads:        orders, app.items"),
-        ("WITH u AS (UPDATE t SET a = 1 RETURNING *) SELECT * FROM u", "primary", "writes:       t"),
-        ("SELECT * FROM t FOR NO KEY UPDATE", "primary", "locking_clause"),
+        (
+            "SELECT * FROM orders o JOIN app.items i ON i.id = o.item",
+            "replica",
+            "reads:        orders, app.items",
+        ),
+        (
+            "WITH u AS (UPDATE t SET a = 1 RETURNING *) SELECT * FROM u",
+            "primary",
+            "writes:       t",
+        ),
+        (
+            "SELECT * FROM t FOR NO KEY UPDATE",
+            "primary",
+            "locking_clause",
+        ),
         ("SELEC 1", "primary", "unclassified"),
         ("SELECT nextval('s')", "primary", "must_primary"),
     ];
     for (sql, target, needle) in cases {
         let (ok, text) = pgfresh(&["explain", "-c", "conf/pgfresh.toml", sql]);
         assert!(ok, "{text}");
-        assert!(text.contains(&format!("route:        {}", if target == "primary" { "primary" } else { "a replica" })), "{sql}: {text}");
-        assert!(text.contains(needle), "{sql}: expected {needle:?} in\n{text}");
+        assert!(
+            text.contains(&format!(
+                "route:        {}",
+                if target == "primary" {
+                    "primary"
+                } else {
+                    "a replica"
+                }
+            )),
+            "{sql}: {text}"
+        );
+        assert!(
+            text.contains(needle),
+            "{sql}: expected {needle:?} in\n{text}"
+        );
     }
 }

@@ -48,6 +48,13 @@ fn now_ms() -> u64 {
 }
 
 impl TtlSource {
+    /// Set now by `source` ("file", "api" or "console").
+    pub fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            set_at_ms: now_ms(),
+        }
+    }
     pub fn file() -> Self {
         Self {
             source: "file",
@@ -184,7 +191,6 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
         (_, "/v1/config/recent_access_ttl_ms") => match read_value(req).await {
             Ok(v) => {
                 let (ttl, previous) = set_ttl(&proxy.shared, v, "api");
-                proxy.ttl_source.store(Arc::new(TtlSource::api()));
                 json_reply(
                     StatusCode::OK,
                     json!({
@@ -209,13 +215,14 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
 /// Set the recency TTL in memory (clamped to `recent_access_max_ttl_ms`), apply it to
 /// the running parts and log it with its source. Returns (TTL now in force, TTL before).
 /// Used by the HTTP API and the admin console.
-pub fn set_ttl(shared: &Shared, requested: u64, source: &str) -> (u64, u64) {
+pub fn set_ttl(shared: &Shared, requested: u64, source: &'static str) -> (u64, u64) {
     let before = shared.config.snapshot().routing.recent_access_ttl_ms;
     let after = shared.config.update(|c| {
         c.routing.recent_access_ttl_ms = requested.min(c.routing.recent_access_max_ttl_ms);
     });
     let applied = after.routing.recent_access_ttl_ms;
     Proxy::apply_config(shared);
+    shared.ttl_source.store(Arc::new(TtlSource::new(source)));
     metrics::gauge!("pgfresh_recent_access_ttl_ms").set(shared.recency.ttl_ms() as f64);
     tracing::info!(
         ttl_ms = applied,
@@ -506,7 +513,7 @@ pub fn status_json(proxy: &Proxy) -> Value {
         .into_iter()
         .map(|h| json!({ "database": h.db, "relation": h.relation, "age_ms": h.age_ms, "writes": h.writes, "hits": h.hits }))
         .collect();
-    let source = proxy.ttl_source.load();
+    let source = proxy.shared.ttl_source.load();
     let config = shared.config.snapshot();
     let (reloads_ok, reloads_err) = shared.config.reload_counts();
     let cache = shared.analyzer.cache_stats();

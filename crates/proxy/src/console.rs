@@ -429,16 +429,8 @@ fn show_stats(shared: &Shared, out: &mut BytesMut) {
 }
 
 fn reload(shared: &Shared, out: &mut BytesMut) {
-    match shared.config.reload() {
+    match crate::reload_config(shared, "console") {
         Ok(outcome) => {
-            metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
-            crate::Proxy::apply_config(shared);
-            for k in &outcome.applied {
-                tracing::info!(key = %k.key, source = "console", "config key applied");
-            }
-            for k in &outcome.pending_restart {
-                tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
-            }
             let keys = |v: &[pgfresh_config::ChangedKey]| {
                 v.iter()
                     .map(|k| k.key.as_str())
@@ -463,8 +455,6 @@ fn reload(shared: &Shared, out: &mut BytesMut) {
             out.extend_from_slice(&build::command_complete("RELOAD"));
         }
         Err(e) => {
-            metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
-            tracing::error!(error = %e, source = "console", "config reload rejected; the running config stays in force");
             error(
                 out,
                 sqlstate::INVALID_PARAMETER_VALUE,

@@ -28,6 +28,8 @@ pub struct Shared {
     /// Reads currently running on the primary because no replica could serve them.
     pub fallbacks_in_flight: AtomicUsize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Where the TTL in force came from ("file", "api", "console") and when.
+    pub ttl_source: ArcSwap<crate::admin::TtlSource>,
 }
 
 impl Shared {

@@ -103,8 +103,6 @@ fn function_policy(c: &Config) -> FunctionPolicy {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     shutdown_tx: tokio::sync::watch::Sender<bool>,
-    /// Where the TTL in force came from ("file" or "api") and when it was set.
-    pub ttl_source: Arc<ArcSwap<admin::TtlSource>>,
 }
 
 impl Proxy {
@@ -133,11 +131,11 @@ impl Proxy {
             clients: AtomicUsize::new(0),
             fallbacks_in_flight: AtomicUsize::new(0),
             shutdown: shutdown_rx,
+            ttl_source: ArcSwap::from_pointee(admin::TtlSource::file()),
         });
         let proxy = Proxy {
             shared,
             shutdown_tx,
-            ttl_source: Arc::new(ArcSwap::from_pointee(admin::TtlSource::file())),
         };
         proxy.spawn_background();
         proxy
@@ -201,21 +199,22 @@ impl Proxy {
 
     /// Re-read the config file and apply it; logs and counts the outcome.
     pub fn reload(&self) -> Result<(), pgfresh_config::ConfigError> {
-        reload_config(&self.shared, &self.ttl_source)
+        reload_config(&self.shared, "file").map(|_| ())
     }
 }
 
-/// Re-read the config file and apply its live keys; logs and counts the outcome. A file
-/// that fails validation changes nothing.
+/// Re-read the config file and apply its live keys; logs (with `trigger`: "file",
+/// "sighup", "console") and counts the outcome. A file that fails validation changes
+/// nothing.
 pub fn reload_config(
     shared: &Shared,
-    ttl_source: &ArcSwap<admin::TtlSource>,
-) -> Result<(), pgfresh_config::ConfigError> {
+    trigger: &str,
+) -> Result<pgfresh_config::ReloadOutcome, pgfresh_config::ConfigError> {
     match shared.config.reload() {
         Ok(outcome) => {
             metrics::counter!("pgfresh_config_reloads_total", "result" => "ok").increment(1);
             for k in &outcome.applied {
-                tracing::info!(key = %k.key, source = "file", "config key applied");
+                tracing::info!(key = %k.key, source = "file", trigger, "config key applied");
             }
             for k in &outcome.pending_restart {
                 tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
@@ -226,13 +225,13 @@ pub fn reload_config(
                 .iter()
                 .any(|k| k.key == "routing.recent_access_ttl_ms")
             {
-                ttl_source.store(Arc::new(admin::TtlSource::file()));
+                shared.ttl_source.store(Arc::new(admin::TtlSource::file()));
             }
-            Ok(())
+            Ok(outcome)
         }
         Err(e) => {
             metrics::counter!("pgfresh_config_reloads_total", "result" => "error").increment(1);
-            tracing::error!(error = %e, "config reload rejected; the running config stays in force");
+            tracing::error!(error = %e, trigger, "config reload rejected; the running config stays in force");
             Err(e)
         }
     }
