@@ -17,6 +17,8 @@ pub use pgfresh_proxy::Stop;
 
 pub use pgfresh_localcluster;
 
+pub mod admin;
+
 /// Password of the cluster's `app` role (see `LocalCluster::shared`).
 pub const APP_PASSWORD: &str = "app-secret";
 
