@@ -512,3 +512,114 @@ async fn graceful_shutdown_lets_a_transaction_finish() {
         .unwrap();
     assert_eq!(check, "1");
 }
+
+#[tokio::test]
+async fn routing_hints_make_reads_safer_but_never_move_writes() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = unique("hint");
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
+    wait_replicated(&c).await;
+    p.wait_cold(&[&t]).await;
+    let read = format!("SELECT inet_server_port() FROM {t}");
+    // A comment hint on one statement.
+    for _ in 0..5 {
+        assert_eq!(
+            port_of(&c, &format!("/* pgfresh:primary */ {read}")).await,
+            primary_port()
+        );
+    }
+    // A per-session setting, intercepted by pgfresh (the server never sees it).
+    c.batch_execute("SET pgfresh.route = 'primary'")
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        assert_eq!(port_of(&c, &read).await, primary_port());
+    }
+    c.batch_execute("SET pgfresh.route = 'auto'").await.unwrap();
+    let mut replica = 0;
+    for _ in 0..10 {
+        replica += usize::from(port_of(&c, &read).await != primary_port());
+    }
+    assert!(
+        replica > 0,
+        "after pgfresh.route = 'auto' reads use replicas again"
+    );
+    // Per connection, as a startup option.
+    let conninfo = format!(
+        "{} options='-c pgfresh.route=primary'",
+        p.conninfo("app", APP_PASSWORD, "app")
+    );
+    let (pinned, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..5 {
+        assert_eq!(port_of(&pinned, &read).await, primary_port());
+    }
+    // A replica hint lets a read of a just-written table use a replica; it never
+    // moves a write.
+    c.batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+        .await
+        .unwrap();
+    let hinted = port_of(&c, &format!("/* pgfresh:replica */ SELECT inet_server_port() FROM (SELECT 1) x LEFT JOIN {t} ON false")).await;
+    assert_ne!(hinted, primary_port(), "replica hint on a hot read");
+    let row = c
+        .query_one(
+            &format!(
+                "/* pgfresh:replica */ INSERT INTO {t} VALUES (3) RETURNING inet_server_port()"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i32>(0) as u16,
+        primary_port(),
+        "a write with a replica hint still goes to the primary"
+    );
+}
+
+#[tokio::test]
+async fn commits_mark_relations_and_rollbacks_do_not() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let (a, b) = (unique("rb_a"), unique("rb_b"));
+    c.batch_execute(&format!(
+        "CREATE TABLE {a}(id int); CREATE TABLE {b}(id int)"
+    ))
+    .await
+    .unwrap();
+    p.wait_cold(&[&a, &b]).await;
+    let hot = |t: &str| {
+        p.shared
+            .recency
+            .lookup("app", &[pgfresh_recency::RelKey::unqualified(t)])
+            .is_hot()
+    };
+    c.batch_execute(&format!("BEGIN; INSERT INTO {a} VALUES (1); ROLLBACK"))
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&format!("INSERT INTO {a} VALUES (2)"))
+        .await
+        .unwrap();
+    assert!(!hot(&a), "an uncommitted write is not marked");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert!(!hot(&a), "a rolled-back write marks nothing");
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&format!("INSERT INTO {b} VALUES (1)"))
+        .await
+        .unwrap();
+    c.batch_execute("SAVEPOINT s; ROLLBACK TO SAVEPOINT s")
+        .await
+        .unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert!(hot(&b), "a committed write is marked by the time COMMIT returns, savepoint rollbacks notwithstanding");
+}

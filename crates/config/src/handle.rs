@@ -137,10 +137,20 @@ fn merge_live(current: &Config, file: &Config, applied: &[ChangedKey]) -> Config
     let mut cur = serde_json::to_value(current).unwrap_or_default();
     let new = serde_json::to_value(file).unwrap_or_default();
     for k in applied {
-        // Arrays of tables are replaced whole: element paths `nodes[1].weight` map to `nodes`.
+        // Users are replaced whole; of the nodes only weights change live.
         let top = k.key.split(['[', '.']).next().unwrap_or("");
-        if top == "nodes" || top == "users" {
+        if top == "users" {
             cur[top] = new[top].clone();
+            continue;
+        }
+        if top == "nodes" {
+            let index = k.key[6..]
+                .split(']')
+                .next()
+                .and_then(|i| i.parse::<usize>().ok());
+            if let Some(i) = index {
+                cur["nodes"][i]["weight"] = new["nodes"][i]["weight"].clone();
+            }
             continue;
         }
         let mut parts = k.key.splitn(2, '.');

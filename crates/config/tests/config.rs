@@ -81,6 +81,8 @@ fn reload_classes() {
     );
     assert_eq!(reload_class("routing.delay_threshold"), ReloadClass::Live);
     assert_eq!(reload_class("nodes[0].weight"), ReloadClass::Live);
+    assert_eq!(reload_class("nodes[0].port"), ReloadClass::Restart);
+    assert_eq!(reload_class("nodes"), ReloadClass::Restart);
     assert_eq!(reload_class("proxy.listen"), ReloadClass::Restart);
     assert_eq!(reload_class("pool.pool_size"), ReloadClass::Restart);
     assert_eq!(
@@ -194,4 +196,38 @@ fn file_watch_fires_on_edit() {
         }
     }
     assert!(fired, "file watch did not report the edit");
+}
+
+#[test]
+fn node_weights_reload_live_but_addresses_wait_for_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgfresh.toml");
+    let two = |w: u32, port: u16| {
+        format!("[[nodes]]\nname = \"a\"\nhost = \"h\"\nport = 1\n\n[[nodes]]\nname = \"b\"\nhost = \"h\"\nport = {port}\nweight = {w}\n")
+    };
+    write(&path, &two(1, 2));
+    let h = ConfigHandle::open(&path).unwrap();
+    write(&path, &two(5, 3));
+    let out = h.reload().unwrap();
+    let s = h.snapshot();
+    assert_eq!(s.nodes[1].weight, 5);
+    assert_eq!(s.nodes[1].port, 2, "a node's address needs a restart");
+    assert!(
+        out.pending_restart.iter().any(|k| k.key == "nodes[1].port"),
+        "{out:?}"
+    );
+    // Adding a node is reported, not applied.
+    write(
+        &path,
+        &format!(
+            "{}\n[[nodes]]\nname = \"c\"\nhost = \"h\"\nport = 9\n",
+            two(5, 3)
+        ),
+    );
+    let out = h.reload().unwrap();
+    assert_eq!(h.snapshot().nodes.len(), 2);
+    assert!(
+        out.pending_restart.iter().any(|k| k.key == "nodes"),
+        "{out:?}"
+    );
 }

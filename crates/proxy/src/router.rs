@@ -57,6 +57,9 @@ pub enum Reason {
     ReadOnlyTxn,
     /// A read that may run on a replica.
     Replica,
+    /// `/* pgfresh:replica */`: the application accepts a replica for this read even if
+    /// a relation it reads was written recently.
+    ReplicaHint,
     /// Session-state statement: runs where the session is.
     SessionState,
     /// A replica was wanted but none is eligible (counted as a fallback).
@@ -84,6 +87,7 @@ impl Reason {
             Reason::WriteCapableTxn => "write_capable_txn",
             Reason::ReadOnlyTxn => "read_only_txn",
             Reason::Replica => "replica",
+            Reason::ReplicaHint => "replica_hint",
             Reason::SessionState => "session_state",
             Reason::NoEligibleReplica => "no_eligible_replica",
             Reason::Catalog => "catalog",
@@ -218,6 +222,10 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         return decision(Target::Primary, Reason::Catalog);
     }
     let mut required: Option<Lsn> = None;
+    let replica_hint = parts.iter().any(|a| a.hint == Some(RouteHint::Replica));
+    if replica_hint && kind == Kind::Read {
+        return decision(Target::Replica { required: None }, Reason::ReplicaHint);
+    }
     if r.enable_recent_access_routing {
         for a in parts {
             let keys: Vec<RelKey<'_>> = a
