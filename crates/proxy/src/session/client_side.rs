@@ -325,8 +325,11 @@ impl Session {
                 }
                 None => {
                     let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
-                    let slot = FallbackSlot::try_take(&self.shared, max)
-                        .ok_or(ProxyError::FallbackLimit)?;
+                    let Some(slot) = FallbackSlot::try_take(&self.shared, max) else {
+                        metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "fallback_limit")
+                            .increment(1);
+                        return Err(ProxyError::FallbackLimit);
+                    };
                     self.fallback_slot = Some(slot);
                     metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica").increment(1);
                     (primary()?, Reason::NoEligibleReplica)

@@ -165,6 +165,17 @@ impl Session {
                         return Action::Swallow;
                     }
                 }
+                if !injected {
+                    // Errors by SQLSTATE class, for the metrics.
+                    let body = self.body(node, start, end);
+                    let class = body
+                        .split(|b| *b == 0)
+                        .find_map(|f| f.strip_prefix(b"C"))
+                        .and_then(|c| std::str::from_utf8(c.get(..2)?).ok())
+                        .unwrap_or("??")
+                        .to_string();
+                    metrics::counter!("pgfresh_errors_total", "class" => class).increment(1);
+                }
                 if let Some(u) = self.inflight.front_mut() {
                     u.error = true;
                 }
