@@ -6,8 +6,11 @@
 //! saturated pool cannot hide a failover) and polls every `sr_check_period`:
 //! `pg_is_in_recovery()`, the primary's `pg_current_wal_lsn()` and timeline, and a
 //! standby's replay and receive positions, pause state, last replayed transaction time and
-//! WAL receiver status and timeline. Every poll publishes a new immutable [`ClusterView`]
-//! that readers load without locking ([`Balancer::view`]).
+//! WAL receiver status and timeline. A node configured with a
+//! [`NodeSpec::patroni_url`] is instead polled, at the same period, through Patroni's REST
+//! API (`GET /patroni`, plain HTTP only), whose member status is mapped to the same facts
+//! ([`patroni`]); SQL and Patroni nodes can be mixed. Every poll publishes a new immutable
+//! [`ClusterView`] that readers load without locking ([`Balancer::view`]).
 //!
 //! * **Roles** come only from the polls, never from the configuration order. The primary
 //!   switches as soon as exactly one node is out of recovery (see
@@ -39,6 +42,7 @@
 pub mod eligibility;
 pub mod lag;
 mod monitor;
+pub mod patroni;
 pub mod select;
 mod settings;
 mod state;

@@ -1,4 +1,5 @@
 //! The per-node poll loop: one dedicated connection per node, never shared with client pools.
+//! A node with a Patroni REST endpoint is polled over HTTP instead (see [`crate::patroni`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
+use crate::patroni::PatroniPoller;
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::state::Sample;
 use crate::Inner;
@@ -42,19 +44,51 @@ impl Drop for Conn {
     }
 }
 
+/// Where a node's facts come from.
+enum Source {
+    /// SQL polls over a dedicated monitor connection (opened on demand).
+    Sql(Option<Conn>),
+    /// The node's Patroni REST API.
+    Patroni(PatroniPoller),
+}
+
+impl Source {
+    fn for_node(spec: &NodeSpec, s: &MonitorSettings) -> Source {
+        match &spec.patroni_url {
+            Some(url) => Source::Patroni(PatroniPoller::new(url, s)),
+            None => Source::Sql(None),
+        }
+    }
+
+    async fn poll(&mut self, spec: &NodeSpec, s: &MonitorSettings) -> Result<Sample, String> {
+        match self {
+            Source::Sql(conn) => poll(conn, spec, s).await,
+            Source::Patroni(p) => p.poll(s).await,
+        }
+    }
+
+    /// After a failed poll: the next one starts from a new connection.
+    fn reset(&mut self) {
+        match self {
+            Source::Sql(conn) => *conn = None,
+            Source::Patroni(p) => p.reset(),
+        }
+    }
+}
+
 /// Polls node `id` every period until `cancel` fires, recording each outcome.
 pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, cancel: CancellationToken) {
     let spec = inner.specs[id].clone();
-    let mut conn: Option<Conn> = None;
+    let mut source = Source::for_node(&spec, &inner.settings.load());
     let mut next = Instant::now();
     loop {
         let settings = inner.settings.load_full();
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = poll(&mut conn, &spec, &settings) => r,
+            r = source.poll(&spec, &settings) => r,
         };
         if let Err(e) = &outcome {
-            conn = None;
+            source.reset();
             tracing::debug!(node = %spec.name, error = %e, "monitor poll failed");
         }
         inner.record(id, outcome);

@@ -17,8 +17,11 @@ pub struct NodeSpec {
     /// Relative share of reads among eligible replicas; 0 takes the node out of read
     /// selection (it is still monitored and can be the primary).
     pub weight: u32,
-    /// Patroni REST endpoint of the node. Reserved: roles and lag are currently always
-    /// taken from SQL polls, and this value is only carried along for display.
+    /// Base URL of the node's Patroni REST API, e.g. `http://10.0.0.5:8008` (plain HTTP
+    /// only; `https://` is reported as a failed poll). When set, the node's role, WAL
+    /// positions, pause state and timeline come from `GET {patroni_url}/patroni` instead of
+    /// SQL polls, and `host`/`port` and the monitor login are not used to watch it (see
+    /// [`crate::patroni`]).
     pub patroni_url: Option<String>,
 }
 

@@ -41,6 +41,12 @@ pub struct ClientUnit {
     pub skip_acks: u32,
 }
 
+impl Default for ClientUnit {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ClientUnit {
     pub fn new() -> Self {
         Self {
