@@ -98,12 +98,12 @@ impl Session {
                 FrontendMessage::Sync => {
                     self.batch.frames.push(frame.raw);
                     self.batch.synced = true;
-                    let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+                    let unit = std::mem::take(&mut self.batch);
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::Flush => {
                     self.batch.frames.push(frame.raw);
-                    let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+                    let unit = std::mem::take(&mut self.batch);
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::CopyData(_)
@@ -143,7 +143,7 @@ impl Session {
     /// message that does not belong to the batch.
     fn close_batch_early(&mut self) {
         if !self.batch.frames.is_empty() {
-            let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+            let unit = std::mem::take(&mut self.batch);
             self.ready.push_back(unit);
         }
     }
@@ -151,7 +151,7 @@ impl Session {
     fn push_batch(&mut self, raw: Bytes) {
         self.batch.frames.push(raw);
         if self.batch.bytes() > MAX_BATCH_BYTES {
-            let unit = std::mem::replace(&mut self.batch, ClientUnit::new());
+            let unit = std::mem::take(&mut self.batch);
             self.ready.push_back(unit);
         }
     }
