@@ -1,0 +1,138 @@
+# Shared helpers for the benchmark scripts (sourced, not run).
+#
+# Expects cluster.env (from bench/cluster.sh start) to be sourced first.
+
+BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PGFRESH_BIN="${PGFRESH_BIN:-$BENCH_ROOT/target/release/pgfresh}"
+
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then
+        setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"
+    else
+        "$@"
+    fi
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# psql as the superuser over a node's Unix socket: psql_node PORT SQL...
+psql_node() {
+    local port=$1; shift
+    local args=()
+    local s
+    for s in "$@"; do args+=(-c "$s"); done
+    as_pg "$PG_BINDIR/psql" -XAtq -v ON_ERROR_STOP=1 -h "$PG_SOCKDIR" -p "$port" -U postgres -d app "${args[@]}"
+}
+
+# Waits (at most 60 s) until both standbys have replayed the primary's current WAL position.
+wait_standbys_caught_up() {
+    local lsn port deadline=$((SECONDS + 60))
+    lsn=$(psql_node "$PRIMARY_PORT" "SELECT pg_current_wal_lsn()")
+    for port in "$STANDBY1_PORT" "$STANDBY2_PORT"; do
+        until [ "$(psql_node "$port" "SELECT pg_last_wal_replay_lsn() >= '$lsn'::pg_lsn")" = t ]; do
+            if [ $SECONDS -ge $deadline ]; then echo "standby on $port did not catch up" >&2; return 1; fi
+            sleep 0.1
+        done
+    done
+}
+
+# Writes a pgfresh config for the cluster: write_pgfresh_conf FILE LISTEN_PORT ADMIN_PORT PARSER(true|false) [EXTRA_ROUTING_LINES]
+write_pgfresh_conf() {
+    local file=$1 port=$2 admin=$3 parser=$4 extra=${5:-}
+    cat >"$file" <<EOF
+[proxy]
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+log_level = "${PGFRESH_LOG_LEVEL:-warn}"
+
+[pool]
+pool_size = 20
+
+[monitor]
+user = "postgres"
+password = ""
+database = "postgres"
+
+[routing]
+enable_query_parser = $parser
+$extra
+
+[[nodes]]
+name = "pg0"
+host = "127.0.0.1"
+port = $PRIMARY_PORT
+
+[[nodes]]
+name = "pg1"
+host = "127.0.0.1"
+port = $STANDBY1_PORT
+
+[[nodes]]
+name = "pg2"
+host = "127.0.0.1"
+port = $STANDBY2_PORT
+
+[[users]]
+name = "app"
+auth = "trust"
+EOF
+}
+
+# Starts pgfresh in the background: start_pgfresh CONF LOG; sets PGFRESH_PID.
+start_pgfresh() {
+    local conf=$1 log=$2
+    "$PGFRESH_BIN" run -c "$conf" >"$log" 2>&1 &
+    PGFRESH_PID=$!
+}
+
+# Polls until `SELECT 1` works on 127.0.0.1:PORT as app (at most 30 s).
+wait_accepting() {
+    local port=$1 deadline=$((SECONDS + 30))
+    until "$PG_BINDIR/psql" -XAtq -h 127.0.0.1 -p "$port" -U app -d app -c "SELECT 1" >/dev/null 2>&1; do
+        if [ $SECONDS -ge $deadline ]; then echo "nothing accepting on $port" >&2; return 1; fi
+        sleep 0.1
+    done
+}
+
+# Polls until a table read through the proxy on PORT is served by a standby (at most 30 s):
+# the monitor has seen both roles and the cold-start window (every table read hot) is over.
+# A relation-free SELECT would not do: it skips the recency check.
+wait_replica_reads() {
+    local port=$1 deadline=$((SECONDS + 30)) got
+    while :; do
+        got=$("$PG_BINDIR/psql" -XAtq -h 127.0.0.1 -p "$port" -U app -d app -c "SELECT inet_server_port() FROM pgbench_branches LIMIT 1" 2>/dev/null || true)
+        if [ "$got" = "$STANDBY1_PORT" ] || [ "$got" = "$STANDBY2_PORT" ]; then return 0; fi
+        if [ $SECONDS -ge $deadline ]; then echo "proxy on $port never served a read from a standby (last: '$got')" >&2; return 1; fi
+        sleep 0.2
+    done
+}
+
+# Stops a process we started and waits for it: stop_pid PID
+stop_pid() {
+    local pid=$1
+    kill -INT "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 15))
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ $SECONDS -ge $deadline ]; then kill -KILL "$pid" 2>/dev/null || true; fi
+        sleep 0.1
+    done
+    wait "$pid" 2>/dev/null || true
+}
+
+# utime + stime of PID in clock ticks.
+cpu_ticks() {
+    awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+
+# utime + stime, in clock ticks, of PID and all its live descendants (pgpool-II forks one
+# process per client slot; a parent's own counters do not include live children).
+cpu_ticks_tree() {
+    local pid=$1 total child
+    total=$(cpu_ticks "$pid" 2>/dev/null || echo 0)
+    for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+        total=$((total + $(cpu_ticks_tree "$child")))
+    done
+    echo "$total"
+}
