@@ -42,6 +42,9 @@ pub struct ProxySection {
     pub log_level: String,
     /// Largest protocol message accepted from a client (bytes).
     pub max_message_bytes: usize,
+    /// Threads serving clients: 0 runs everything on one thread (least CPU per
+    /// statement); N > 0 uses a work-stealing runtime with N threads.
+    pub worker_threads: usize,
 }
 
 impl Default for ProxySection {
@@ -55,6 +58,7 @@ impl Default for ProxySection {
             shutdown_timeout_ms: 30_000,
             log_level: "info".into(),
             max_message_bytes: 1 << 30,
+            worker_threads: 0,
         }
     }
 }

@@ -25,6 +25,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("proxy.shutdown_timeout_ms", ReloadClass::Live),
     ("proxy.log_level", ReloadClass::Live),
     ("proxy.max_message_bytes", ReloadClass::Live),
+    ("proxy.worker_threads", ReloadClass::Restart),
     ("pool.pool_size", ReloadClass::Restart),
     ("pool.", ReloadClass::Live),
     ("monitor.user", ReloadClass::Restart),

@@ -87,7 +87,8 @@ pub fn demo(listen: &str, admin_listen: &str) -> ExitCode {
     );
     println!("Status page:   http://{admin_listen}/   metrics: http://{admin_listen}/metrics");
     println!("Press Ctrl-C to stop; everything is removed.");
-    let code = super::runtime().block_on(super::run(handle));
+    let workers = handle.snapshot().proxy.worker_threads;
+    let code = super::runtime(workers).block_on(super::run(handle));
     drop(cluster);
     code
 }

@@ -76,7 +76,8 @@ fn main() -> ExitCode {
                 }
             };
             init_tracing(&handle.snapshot().proxy.log_level);
-            runtime().block_on(run(handle))
+            let workers = handle.snapshot().proxy.worker_threads;
+            runtime(workers).block_on(run(handle))
         }
         Command::Demo {
             listen,
@@ -88,8 +89,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
+/// The runtime the proxy runs on: `worker_threads = 0` is a single-threaded
+/// (current-thread) runtime, N > 0 a work-stealing runtime with N workers.
+fn runtime(worker_threads: usize) -> tokio::runtime::Runtime {
+    let mut builder = if worker_threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(worker_threads);
+        b
+    };
+    builder
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime")

@@ -20,6 +20,8 @@ pub struct Shared {
     pub cancels: CancelRegistry,
     pub verifiers: crate::client::VerifierCache,
     pub analyzer: Analyzer,
+    /// Stands in for an analysis while `enable_query_parser` is off.
+    pub not_analyzed: Arc<pgfresh_sql::Analysis>,
     pub recency: Arc<RecencyMap>,
     pub balancer: Balancer,
     /// Function lists compiled from the config; rebuilt on reload.

@@ -126,6 +126,7 @@ impl Proxy {
             cancels: cancel::CancelRegistry::default(),
             verifiers: client::VerifierCache::default(),
             analyzer,
+            not_analyzed: Arc::new(pgfresh_sql::Analysis::not_analyzed()),
             recency,
             balancer,
             clients: AtomicUsize::new(0),

@@ -7,6 +7,7 @@ use moka::sync::Cache;
 
 use crate::analyze::{analyze_bytes, analyze_uncached};
 use crate::model::Analysis;
+use crate::shape::literal_shape;
 
 /// Cache bounds. Both hold at once: at most `cache_max_entries` entries and at most
 /// `cache_max_bytes` estimated bytes (key text plus [`Analysis::estimated_bytes`]).
@@ -93,9 +94,19 @@ impl Analyzer {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return hit;
         }
+        // Texts that differ only in literal values share one analysis (see `shape`).
+        let shape = literal_shape(sql);
+        if let Some(hit) = shape.as_deref().and_then(|s| self.cache.get(s)) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return hit;
+        }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let analysis = Arc::new(analyze_uncached(sql));
-        self.cache.insert(Arc::from(sql), Arc::clone(&analysis));
+        let key = match shape {
+            Some(shape) if shareable(&analysis) => shape,
+            _ => sql.to_string(),
+        };
+        self.cache.insert(Arc::from(key), Arc::clone(&analysis));
         analysis
     }
 
@@ -132,6 +143,13 @@ impl Analyzer {
 }
 
 /// Estimated bytes one cache entry holds: key text, analysis, bookkeeping.
+/// Whether an analysis holds for every text of the same literal shape: not when it
+/// failed to parse (a literal may be what is malformed) and not when it carries session
+/// effects, whose replay uses the literal values and text positions of the exact text.
+fn shareable(a: &Analysis) -> bool {
+    a.kind != crate::Kind::Unclassified && a.statements.iter().all(|s| s.session.is_none())
+}
+
 pub fn entry_weight(key: &str, value: &Analysis) -> usize {
     key.len() + value.estimated_bytes() + ENTRY_OVERHEAD
 }

@@ -31,6 +31,7 @@ mod classify;
 mod functions;
 mod model;
 mod names;
+pub mod shape;
 mod visit;
 
 pub use analyze::{analyze_bytes, analyze_uncached};

@@ -334,6 +334,12 @@ pub struct Analysis {
 }
 
 impl Analysis {
+    /// The analysis of text nobody analysed (the query parser is off): unclassified, so
+    /// it can only ever go to the primary.
+    pub fn not_analyzed() -> Self {
+        Self::unclassified("not analysed: the query parser is off")
+    }
+
     /// An unclassified analysis carrying an error message.
     pub(crate) fn unclassified(message: impl Into<String>) -> Self {
         Self {

@@ -303,3 +303,32 @@ fn function_policy() {
         .is_empty());
     assert!(FunctionPolicy::from_lists(["a..b"], Vec::<&str>::new()).is_err());
 }
+
+#[test]
+fn texts_differing_only_in_literals_share_an_analysis_but_session_effects_do_not() {
+    let a = pgfresh_sql::Analyzer::new(pgfresh_sql::AnalyzerOptions::default());
+    let first = a.analyze("SELECT abalance FROM pgbench_accounts WHERE aid = 1");
+    let second = a.analyze("SELECT abalance FROM pgbench_accounts WHERE aid = 98765");
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &second),
+        "same shape, one analysis"
+    );
+    assert_eq!(a.cache_stats().misses, 1);
+    // Writes keep their classification across values.
+    let w1 = a.analyze("UPDATE t SET v = 'x' WHERE id = 1");
+    let w2 = a.analyze("UPDATE t SET v = 'yy' WHERE id = 2");
+    assert!(std::sync::Arc::ptr_eq(&w1, &w2));
+    assert_eq!(w2.kind, pgfresh_sql::Kind::Write);
+    // Different structure, different analysis.
+    let r = a.analyze("SELECT v FROM t WHERE id = 2 FOR UPDATE");
+    assert!(!r.must_primary.is_empty());
+    // SET values are replayed from the exact text: never shared.
+    let s1 = a.analyze("SET statement_timeout = 1000");
+    let s2 = a.analyze("SET statement_timeout = 2000");
+    assert!(!std::sync::Arc::ptr_eq(&s1, &s2));
+    // A malformed literal is the parser's business: no sharing with a valid one.
+    let ok = a.analyze("SELECT 1");
+    let bad = a.analyze("SELECT 1e");
+    assert_eq!(ok.kind, pgfresh_sql::Kind::Read);
+    assert_eq!(bad.kind, pgfresh_sql::Kind::Unclassified);
+}

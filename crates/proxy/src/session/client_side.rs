@@ -34,8 +34,19 @@ fn analysis_of(stmt: &Statement) -> Analysis {
 }
 
 impl Session {
+    /// The analysis of `sql`, or a stand-in when the parser is off (everything then goes
+    /// to the primary and nothing needs parsing).
+    fn analyze(&self, sql: &str) -> Arc<Analysis> {
+        if self.parser_enabled {
+            self.shared.analyzer.analyze(sql)
+        } else {
+            self.shared.not_analyzed.clone()
+        }
+    }
+
     /// Split every complete client frame off the buffer into units.
     pub(super) fn process_client(&mut self) -> Result<(), ProxyError> {
+        self.parser_enabled = self.shared.config.snapshot().routing.enable_query_parser;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
             let Some(frame) = try_frame(&mut self.cbuf, &self.limits, Side::Frontend)? else {
                 return Ok(());
@@ -45,7 +56,7 @@ impl Session {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
                     let mut unit = ClientUnit::new();
-                    let analysis = self.shared.analyzer.analyze(sql);
+                    let analysis = self.analyze(sql);
                     for name in analysis.executes() {
                         if let Some((_, inner)) = self.state.sql_prepared.get(name) {
                             unit.parts.push(inner.clone());
@@ -59,7 +70,7 @@ impl Session {
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::Parse { name, sql, .. } => {
-                    let analysis = self.shared.analyzer.analyze(sql);
+                    let analysis = self.analyze(sql);
                     self.state.prepared.insert(
                         name.to_string(),
                         Prepared {

@@ -68,6 +68,8 @@ pub struct Session {
     terminating: bool,
     /// The active backend is in COPY IN mode: Syncs sent now are ignored by the server.
     copy_in: bool,
+    /// `enable_query_parser`, read once per batch of client frames.
+    parser_enabled: bool,
 }
 
 impl Session {
@@ -124,6 +126,7 @@ impl Session {
             out: Vec::new(),
             terminating: false,
             copy_in: false,
+            parser_enabled: true,
         }
     }
 
