@@ -173,6 +173,27 @@ impl PositionHistory {
 /// saturates at zero, so a replica sampled after the primary (and therefore apparently
 /// ahead of it) reads as "not behind" instead of wrapping to a huge number or a negative
 /// one that a `lag > threshold` test would never catch.
+/// WAL page size (PostgreSQL's default `XLOG_BLCKSZ`).
+pub const WAL_PAGE: u64 = 8192;
+/// The largest WAL page header (the long header at the start of a segment).
+pub const WAL_PAGE_HEADER_MAX: u64 = 40;
+
+/// The replay position to compare with the primary's. When the last record ends
+/// exactly at a WAL page boundary, the primary already reports its insert position past
+/// the next page's header (24 or 40 bytes further) while a fully caught-up standby reports
+/// the boundary itself; without this correction an idle, caught-up standby would look a
+/// few bytes, and then ever more seconds, behind.
+pub fn effective_replay(replay: Lsn, primary_current: Option<Lsn>) -> Lsn {
+    match primary_current {
+        Some(p)
+            if replay < p && replay.0 % WAL_PAGE == 0 && p.0 - replay.0 <= WAL_PAGE_HEADER_MAX =>
+        {
+            p
+        }
+        _ => replay,
+    }
+}
+
 pub fn lag_bytes(primary_current: Option<Lsn>, replica_replay: Option<Lsn>) -> Option<u64> {
     Some(primary_current?.bytes_ahead_of(replica_replay?))
 }
@@ -205,6 +226,34 @@ pub fn effective_lag_ms(polled: Option<u64>, pushed: impl IntoIterator<Item = u6
     pushed
         .into_iter()
         .fold(polled, |acc, v| Some(acc.map_or(v, |a| a.max(v))))
+}
+
+#[cfg(test)]
+mod page_boundary_tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_at_a_page_boundary_is_caught_up() {
+        let boundary = Lsn(5 * WAL_PAGE);
+        assert_eq!(
+            effective_replay(boundary, Some(Lsn(boundary.0 + 24))),
+            Lsn(boundary.0 + 24)
+        );
+        assert_eq!(
+            effective_replay(boundary, Some(Lsn(boundary.0 + 40))),
+            Lsn(boundary.0 + 40)
+        );
+        // Really behind: more than a header, or not at a boundary.
+        assert_eq!(
+            effective_replay(boundary, Some(Lsn(boundary.0 + 41))),
+            boundary
+        );
+        assert_eq!(
+            effective_replay(Lsn(boundary.0 - 8), Some(Lsn(boundary.0 + 16))),
+            Lsn(boundary.0 - 8)
+        );
+        assert_eq!(effective_replay(boundary, None), boundary);
+    }
 }
 
 #[cfg(test)]

@@ -181,7 +181,7 @@ impl State {
                 let replay = n.sample.as_ref().and_then(|s| s.replay_lsn);
                 match (role, replay, primary_history) {
                     (Role::Standby, Some(replay), Some(history)) => {
-                        history.time_behind(replay, now)
+                        history.time_behind(lag::effective_replay(replay, primary_lsn), now)
                     }
                     _ => TimeBehind::Unknown,
                 }
@@ -218,7 +218,9 @@ impl State {
                 .map(|e| e.lag_ms)
                 .collect();
 
-            let replay = sample.and_then(|s| s.replay_lsn);
+            let replay = sample
+                .and_then(|s| s.replay_lsn)
+                .map(|r| lag::effective_replay(r, primary_lsn));
             let (lag_bytes, lag_ms) = if standby {
                 let polled_ms = lag::lag_ms(behind[i], sample.and_then(|s| s.replay_age_ms));
                 (
