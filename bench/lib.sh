@@ -46,6 +46,7 @@ write_pgfresh_conf() {
 listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
 log_level = "${PGFRESH_LOG_LEVEL:-warn}"
+worker_threads = ${PGFRESH_WORKERS:-0}
 
 [pool]
 pool_size = 20
