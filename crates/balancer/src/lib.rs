@@ -368,6 +368,10 @@ fn log_event(view: &ClusterView, e: &ClusterEvent) {
                 "node role changed"
             );
         }
+        ClusterEvent::PrimaryChanged { from: None, to } => {
+            // First discovery at start-up, or a primary found again after none was.
+            tracing::info!(to = ?to.map(|i| name(&i).to_string()), "primary found");
+        }
         ClusterEvent::PrimaryChanged { from, to } => {
             tracing::warn!(from = ?from.map(|i| name(&i).to_string()), to = ?to.map(|i| name(&i).to_string()), "primary changed");
         }

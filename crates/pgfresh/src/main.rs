@@ -56,7 +56,10 @@ fn init_tracing(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGFRESH_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(filter)
         .with_target(false)
         .try_init();
