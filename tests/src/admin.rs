@@ -150,14 +150,14 @@ pub fn metric_sum(text: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
         .sum()
 }
 
-/// Poll `/v1/status` every 20 ms until `done` holds (five seconds at most); returns it.
+/// Poll `/v1/status` every 20 ms until `done` holds (a minute at most); returns it.
 pub async fn wait_status(
     p: &ProxyHandle,
     token: Option<&str>,
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let s = get_json(p, "/v1/status", token).await;
         if done(&s) {

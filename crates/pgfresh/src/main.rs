@@ -52,17 +52,50 @@ enum Command {
     },
 }
 
+type LogFilter =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// The live log filter, so `log_level` can change on reload.
+static LOG_FILTER: std::sync::OnceLock<LogFilter> = std::sync::OnceLock::new();
+
 fn init_tracing(level: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGFRESH_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(filter)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    if tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .try_init()
+        .is_ok()
+    {
+        let _ = LOG_FILTER.set(handle);
+    }
+}
+
+/// Apply a new `log_level` (ignored while PGFRESH_LOG overrides it).
+fn set_log_level(level: &str) {
+    if std::env::var_os("PGFRESH_LOG").is_some() {
+        return;
+    }
+    match (
+        LOG_FILTER.get(),
+        tracing_subscriber::EnvFilter::try_new(level),
+    ) {
+        (Some(handle), Ok(filter)) => {
+            let _ = handle.reload(filter);
+            tracing::info!(level, "log level changed");
+        }
+        (_, Err(e)) => tracing::warn!(level, error = %e, "invalid log_level; the old one stays"),
+        _ => {}
+    }
 }
 
 fn main() -> ExitCode {
@@ -182,7 +215,11 @@ pub async fn run(handle: ConfigHandle) -> ExitCode {
     tokio::spawn(async move {
         while let Some(why) = reload_rx.recv().await {
             tracing::info!(trigger = why, "reloading config");
-            let _ = pgfresh_proxy::reload_config(&shared, why);
+            if let Ok(outcome) = pgfresh_proxy::reload_config(&shared, why) {
+                if outcome.applied.iter().any(|k| k.key == "proxy.log_level") {
+                    set_log_level(&shared.config.snapshot().proxy.log_level);
+                }
+            }
         }
     });
     tracing::info!(listen = %config.proxy.listen, admin = %config.proxy.admin_listen, "pgfresh listening");

@@ -30,11 +30,30 @@ pub struct Shared {
     /// Reads currently running on the primary because no replica could serve them.
     pub fallbacks_in_flight: AtomicUsize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Relations that have their own label on `pgfresh_recency_forced_total` (capped).
+    pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.
     pub ttl_source: ArcSwap<crate::admin::TtlSource>,
 }
 
+/// Relations labelled individually on `pgfresh_recency_forced_total`; the rest count as "other".
+pub const FORCED_LABEL_CAP: usize = 100;
+
 impl Shared {
+    /// Count a read forced to the primary by a recent write to `relation`.
+    pub fn count_forced(&self, relation: &str) {
+        let label = {
+            let mut labels = self.forced_labels.lock().unwrap_or_else(|p| p.into_inner());
+            if labels.contains(relation) || labels.len() < FORCED_LABEL_CAP {
+                labels.insert(relation.to_string());
+                relation.to_string()
+            } else {
+                "other".to_string()
+            }
+        };
+        metrics::counter!("pgfresh_recency_forced_total", "relation" => label).increment(1);
+    }
+
     pub fn pool_settings(c: &Config) -> PoolSettings {
         PoolSettings {
             pool_size: c.pool.pool_size,

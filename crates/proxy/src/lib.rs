@@ -133,6 +133,7 @@ impl Proxy {
             fallbacks_in_flight: AtomicUsize::new(0),
             shutdown: shutdown_rx,
             ttl_source: ArcSwap::from_pointee(admin::TtlSource::file()),
+            forced_labels: Default::default(),
         });
         let proxy = Proxy {
             shared,

@@ -192,6 +192,9 @@ impl Session {
                 continue;
             }
             let decision = self.route(&unit);
+            if decision.reason == Reason::HotRelation {
+                self.count_forced(&unit);
+            }
             let node = match self.resolve(decision, unit.avoid) {
                 Ok(n) => n,
                 Err(e) => {
@@ -317,6 +320,25 @@ impl Session {
             route_primary: self.state.route_primary,
         };
         decide(&parts, &view, &ctx)
+    }
+
+    /// Which relation forced this read to the primary, for the per-relation counter
+    /// (only hot reads pay for this second lookup).
+    fn count_forced(&self, unit: &ClientUnit) {
+        let db = &self.login.database;
+        for name in unit.parts.iter().flat_map(|a| &a.reads) {
+            let key = [pgfresh_recency::RelKey {
+                schema: name.schema.as_deref(),
+                name: &name.name,
+            }];
+            if let pgfresh_recency::Hotness::Hot { relation, .. } =
+                self.shared.recency.lookup(db, &key)
+            {
+                self.shared
+                    .count_forced(relation.as_deref().unwrap_or(&name.to_string()));
+                return;
+            }
+        }
     }
 
     /// Turn a decision into a node.
