@@ -273,6 +273,16 @@ async fn must_primary_statements_never_reach_a_standby() {
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
+    // Two-phase commit: PREPARE TRANSACTION and COMMIT PREPARED.
+    let gid = unique("gid");
+    c.batch_execute(&format!(
+        "BEGIN; INSERT INTO {t} VALUES (200, 0); PREPARE TRANSACTION '{gid}'"
+    ))
+    .await
+    .unwrap();
+    c.batch_execute(&format!("COMMIT PREPARED '{gid}'"))
+        .await
+        .unwrap();
     // COPY FROM STDIN.
     let sink = c.copy_in(&format!("COPY {t} FROM STDIN")).await.unwrap();
     futures_util::pin_mut!(sink);

@@ -595,6 +595,7 @@ fn base_conf(dir: &Path, opts: &ClusterOptions) -> String {
          wal_receiver_status_interval = '1s'\n\
          shared_buffers = '32MB'\n\
          max_connections = 200\n\
+         max_prepared_transactions = 10\n\
          password_encryption = '{encryption}'\n\
          logging_collector = off\n",
         sql_literal_body(&dir.to_string_lossy())
