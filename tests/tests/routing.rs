@@ -633,3 +633,42 @@ async fn commits_mark_relations_and_rollbacks_do_not() {
     c.batch_execute("COMMIT").await.unwrap();
     assert!(hot(&b), "a committed write is marked by the time COMMIT returns, savepoint rollbacks notwithstanding");
 }
+
+#[tokio::test]
+async fn user_functions_follow_their_catalog_volatility() {
+    let _g = SERIAL.lock().await;
+    let stable = unique("f_stable");
+    let volatile = unique("f_volatile");
+    // Created before the proxy reads pg_proc.
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE FUNCTION {stable}() RETURNS int LANGUAGE sql STABLE AS 'SELECT inet_server_port()';
+                 CREATE FUNCTION {volatile}() RETURNS int LANGUAGE sql VOLATILE AS 'SELECT inet_server_port()';"
+            ),
+        )
+        .unwrap();
+    let p = start_proxy(&config_text(""));
+    let c = p.connect().await;
+    wait_replicated(&c).await;
+    // Until pg_proc is loaded the call is unknown and goes to the primary; then a STABLE
+    // function may run on a replica.
+    let sql = format!("SELECT {stable}()");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while port_of(&c, &sql).await == primary_port() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a STABLE function never ran on a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            port_of(&c, &format!("SELECT {volatile}()")).await,
+            primary_port(),
+            "VOLATILE goes to the primary"
+        );
+    }
+}

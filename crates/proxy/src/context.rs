@@ -30,6 +30,8 @@ pub struct Shared {
     /// Reads currently running on the primary because no replica could serve them.
     pub fallbacks_in_flight: AtomicUsize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// User-function volatility per database, from `pg_proc`.
+    pub catalog: crate::catalog::Catalog,
     /// Relations that have their own label on `pgfresh_recency_forced_total` (capped).
     pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod cancel;
+pub mod catalog;
 pub mod client;
 pub mod console;
 pub mod context;
@@ -134,6 +135,7 @@ impl Proxy {
             shutdown: shutdown_rx,
             ttl_source: ArcSwap::from_pointee(admin::TtlSource::file()),
             forced_labels: Default::default(),
+            catalog: Default::default(),
         });
         let proxy = Proxy {
             shared,

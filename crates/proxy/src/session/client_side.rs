@@ -301,10 +301,20 @@ impl Session {
         }
         let config = self.shared.config.snapshot();
         let policy = self.shared.policy.load();
+        // Only units that call functions need the catalog.
+        let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
+            self.shared
+                .catalog
+                .functions(&self.shared, &self.login.database)
+        } else {
+            None
+        };
         let ctx = RouteCtx {
             routing: &config.routing,
             policy: &policy,
-            oracle: None,
+            oracle: functions
+                .as_deref()
+                .map(|f| f as &dyn pgfresh_sql::VolatilityOracle),
             recency: &self.shared.recency,
             database: &self.login.database,
         };
