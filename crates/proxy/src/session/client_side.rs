@@ -434,18 +434,16 @@ impl Session {
         let continuing = decision.is_none();
         // An autocommit read bound for a replica may be sent again elsewhere if the
         // replica fails before answering.
-        let retry_copy = match decision {
+        let retryable = matches!(
+            decision,
             Some(Decision {
                 target: Target::Replica { .. },
                 ..
-            }) if unit.synced
-                && self.tx == TxStatus::Idle
-                && Some(node) != self.shared.balancer.primary() =>
-            {
-                Some(Box::new(unit.clone()))
-            }
-            _ => None,
-        };
+            })
+        ) && unit.synced
+            && self.tx == TxStatus::Idle
+            && Some(node) != self.shared.balancer.primary();
+        let synced = unit.synced;
         if !continuing {
             let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
             if conn_version != Some(self.state.version) {
@@ -574,8 +572,9 @@ impl Session {
             f.commit_sent = commit_sent;
             f.owed = owed;
             f.simple = unit.simple_sql.is_some() || unit.force_primary;
-            f.retry = retry_copy;
             f.skip_acks = unit.skip_acks;
+            // Kept (moved, not copied) so it can be sent again elsewhere.
+            f.retry = retryable.then(|| Box::new(unit));
             self.inflight.push_back(f);
         }
         if continuing {
@@ -584,7 +583,7 @@ impl Session {
                 last.swallow_close += swallow_close;
             }
         }
-        self.open_unit_node = if unit.synced { None } else { Some(node) };
+        self.open_unit_node = if synced { None } else { Some(node) };
         Ok(())
     }
 

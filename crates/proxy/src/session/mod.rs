@@ -324,6 +324,20 @@ impl Session {
     }
 
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
+        let total: usize = self.out.iter().map(Bytes::len).sum();
+        if self.out.len() > 1 && total <= 64 * 1024 {
+            // Several small replies (a synthesized CommandComplete + ReadyForQuery, an
+            // error + ReadyForQuery): one write.
+            let mut buf = BytesMut::with_capacity(total);
+            for chunk in self.out.drain(..) {
+                buf.extend_from_slice(&chunk);
+            }
+            return self
+                .client
+                .write_all(&buf)
+                .await
+                .map_err(ProxyError::ClientIo);
+        }
         for chunk in self.out.drain(..) {
             self.client
                 .write_all(&chunk)
