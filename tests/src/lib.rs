@@ -274,6 +274,45 @@ impl ProxyHandle {
     }
 }
 
+/// Poll until every standby of `cluster` has replayed the primary's current position,
+/// read through the proxy client `c` (a primary-hinted query).
+pub async fn wait_replicated_on(cluster: &LocalCluster, c: &tokio_postgres::Client) {
+    let lsn: String = c
+        .query_one(
+            "/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text",
+            &[],
+        )
+        .await
+        .expect("primary position")
+        .get(0);
+    let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
+    for i in 1..cluster.nodes().len() {
+        eventually("standby replay", Duration::from_secs(60), || {
+            cluster
+                .psql(i, "app", &sql)
+                .map(|s| s == "t")
+                .unwrap_or(false)
+        })
+        .await;
+    }
+}
+
+impl ProxyHandle {
+    /// A new table with one row, replicated to both standbys of the shared cluster and
+    /// out of the recency window: reads of it may go to any replica.
+    pub async fn cold_table(&self, c: &tokio_postgres::Client, prefix: &str) -> String {
+        let t = unique(prefix);
+        c.batch_execute(&format!(
+            "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+        ))
+        .await
+        .expect("create table");
+        wait_replicated_on(cluster(), c).await;
+        self.wait_cold(&[&t]).await;
+        t
+    }
+}
+
 /// Port of node `i` of the shared cluster.
 pub fn node_port(i: usize) -> u16 {
     cluster().port(i)

@@ -32,24 +32,7 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
         )
         .await
         .unwrap();
-    let lsn: String = setup
-        .query_one(
-            "/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    for i in 1..=2 {
-        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
-        eventually("replay", Duration::from_secs(60), || {
-            cluster
-                .psql(i, "app", &sql)
-                .map(|s| s == "t")
-                .unwrap_or(false)
-        })
-        .await;
-    }
+    wait_replicated_on(&cluster, &setup).await;
     p.wait_cold(&["f"]).await;
 
     // 1. A replica killing the backend that runs an autocommit read, before any row was

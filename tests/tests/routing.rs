@@ -29,25 +29,7 @@ fn standby_ports() -> [u16; 2] {
 }
 
 async fn wait_replicated(c: &tokio_postgres::Client) {
-    // A write on the primary, then poll both standbys until they have replayed it.
-    let lsn: String = c
-        .query_one(
-            "/* pgfresh:primary */ SELECT pg_current_wal_lsn()::text",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    for i in 1..=2 {
-        let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
-        eventually("standby replay", Duration::from_secs(60), || {
-            cluster()
-                .psql(i, "app", &sql)
-                .map(|s| s == "t")
-                .unwrap_or(false)
-        })
-        .await;
-    }
+    wait_replicated_on(cluster(), c).await;
 }
 
 #[tokio::test]
@@ -144,14 +126,7 @@ async fn transactions_stay_on_one_node() {
     let _g = SERIAL.lock().await;
     let p = proxy();
     let c = p.connect().await;
-    let t = unique("txn");
-    c.batch_execute(&format!(
-        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
-    ))
-    .await
-    .unwrap();
-    wait_replicated(&c).await;
-    p.wait_cold(&[&t]).await;
+    let t = p.cold_table(&c, "txn").await;
     let mut replica_txns = 0;
     for _ in 0..20 {
         c.batch_execute("BEGIN READ ONLY").await.unwrap();
@@ -374,14 +349,7 @@ async fn paused_replicas_leave_the_pool_and_reads_fall_back() {
     let _g = SERIAL.lock().await;
     let p = proxy();
     let c = p.connect().await;
-    let t = unique("pause");
-    c.batch_execute(&format!(
-        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
-    ))
-    .await
-    .unwrap();
-    wait_replicated(&c).await;
-    p.wait_cold(&[&t]).await;
+    let t = p.cold_table(&c, "pause").await;
     let sql = format!("SELECT inet_server_port() FROM {t}");
     let [s1, s2] = standby_ports();
     cluster().pause_replay(1).unwrap();
@@ -528,14 +496,7 @@ async fn routing_hints_make_reads_safer_but_never_move_writes() {
     let _g = SERIAL.lock().await;
     let p = proxy();
     let c = p.connect().await;
-    let t = unique("hint");
-    c.batch_execute(&format!(
-        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
-    ))
-    .await
-    .unwrap();
-    wait_replicated(&c).await;
-    p.wait_cold(&[&t]).await;
+    let t = p.cold_table(&c, "hint").await;
     let read = format!("SELECT inet_server_port() FROM {t}");
     // A comment hint on one statement.
     for _ in 0..5 {
