@@ -46,11 +46,14 @@ pub enum Ineligible {
     Demoted,
     /// A second node out of recovery; it is neither written to nor read from.
     SecondPrimary,
+    /// No longer in the configured node set ([`crate::Balancer::update_nodes`]): it is not
+    /// monitored any more and is never selected or named primary.
+    Removed,
 }
 
 impl Ineligible {
     /// Every reason, for exporting one metric series per reason.
-    pub const ALL: [Ineligible; 9] = [
+    pub const ALL: [Ineligible; 10] = [
         Ineligible::Down,
         Ineligible::NotStandby,
         Ineligible::NotStreaming,
@@ -60,6 +63,7 @@ impl Ineligible {
         Ineligible::WrongTimeline,
         Ineligible::Demoted,
         Ineligible::SecondPrimary,
+        Ineligible::Removed,
     ];
 
     /// Snake-case name for logs, metrics and the status API.
@@ -74,6 +78,7 @@ impl Ineligible {
             Ineligible::WrongTimeline => "wrong_timeline",
             Ineligible::Demoted => "demoted",
             Ineligible::SecondPrimary => "second_primary",
+            Ineligible::Removed => "removed",
         }
     }
 }

@@ -30,6 +30,9 @@
 //!   requests, optionally only among the least-lagged replicas, optionally only among
 //!   replicas that replayed a required position. [`Balancer::wait_for`] waits, poll by
 //!   poll, for such a replica.
+//! * **Node set** ([`Balancer::update_nodes`]): nodes can be added and removed live.
+//!   Every node keeps its [`NodeId`] for the life of the balancer; a removed node is
+//!   retired ([`Ineligible::Removed`]) and stays in the view, never selected.
 //! * **Events** ([`Balancer::subscribe`]): role, primary and eligibility changes. The
 //!   first successful poll of each node announces its role as a change from
 //!   [`Role::Unknown`]: that is its initial discovery, not a failover.
@@ -78,11 +81,18 @@ pub struct WaitTimeout {
 
 /// Shared between the handle and the monitor tasks.
 pub(crate) struct Inner {
-    pub(crate) specs: Vec<NodeSpec>,
     pub(crate) settings: ArcSwap<MonitorSettings>,
     state: Mutex<State>,
     view: ArcSwap<ClusterView>,
-    outstanding: Vec<Arc<AtomicU64>>,
+    /// Outstanding-request counter of every node ever configured, indexed by [`NodeId`].
+    /// Only ever grows (replaced under the state lock, before the view that names a new
+    /// node is published), so a loaded copy covers every id of any view loaded before it.
+    outstanding: ArcSwap<Vec<Arc<AtomicU64>>>,
+    /// Stops each node's monitor task, indexed by [`NodeId`]; `None` once retired. Only
+    /// touched under the state lock.
+    monitors: Mutex<Vec<Option<CancellationToken>>>,
+    /// Where monitor tasks are spawned, also for nodes added from outside the runtime.
+    runtime: tokio::runtime::Handle,
     events: broadcast::Sender<ClusterEvent>,
     generation: watch::Sender<u64>,
     ready: watch::Sender<bool>,
@@ -104,10 +114,24 @@ impl Inner {
         self.publish(&mut state);
     }
 
+    /// Starts the monitor task of node `id`. Called with the state lock held.
+    fn spawn_monitor(self: &Arc<Self>, id: NodeId, spec: NodeSpec) {
+        let token = self.cancel.child_token();
+        let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
+        if monitors.len() <= id {
+            monitors.resize(id + 1, None);
+        }
+        monitors[id] = Some(token.clone());
+        drop(monitors);
+        self.runtime
+            .spawn(monitor::run(self.clone(), id, spec, token));
+    }
+
     /// Recomputes the view from `state`, stores it, and announces it.
     fn publish(&self, state: &mut State) {
         let outstanding: Vec<u64> = self
             .outstanding
+            .load()
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
@@ -172,7 +196,9 @@ impl Drop for Selection {
 }
 
 impl Balancer {
-    /// Starts monitoring `nodes` on the current tokio runtime.
+    /// Starts monitoring `nodes` on the current tokio runtime; they get the ids `0..n` in
+    /// their order. Nodes added later by [`Balancer::update_nodes`] are monitored on the
+    /// same runtime.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -181,19 +207,26 @@ impl Balancer {
         let inner = Arc::new(Inner {
             view: ArcSwap::from_pointee(state::initial_view(&nodes)),
             state: Mutex::new(State::new(nodes.clone())),
-            outstanding: nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
-            specs: nodes,
+            outstanding: ArcSwap::from_pointee(
+                nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            ),
+            monitors: Mutex::new(Vec::with_capacity(nodes.len())),
+            runtime: tokio::runtime::Handle::current(),
             settings: ArcSwap::from_pointee(settings),
             events: broadcast::channel(EVENT_CAPACITY).0,
             generation: watch::channel(0).0,
             ready: watch::channel(false).0,
             cancel: cancel.clone(),
         });
-        if inner.specs.is_empty() {
+        if nodes.is_empty() {
             inner.ready.send_replace(true);
         }
-        for id in 0..inner.specs.len() {
-            tokio::spawn(monitor::run(inner.clone(), id, cancel.child_token()));
+        {
+            // Held so that a first poll cannot publish before every monitor is registered.
+            let _state = inner.lock();
+            for (id, spec) in nodes.into_iter().enumerate() {
+                inner.spawn_monitor(id, spec);
+            }
         }
         Balancer {
             inner,
@@ -214,14 +247,15 @@ impl Balancer {
     /// Picks an eligible replica by the configured policy; with `required`, only among
     /// replicas whose replay position has reached it. `None` when no replica qualifies.
     pub fn select_replica(&self, required: Option<Lsn>) -> Option<Selection> {
-        let node = self.pick(required)?;
-        let counter = self.inner.outstanding[node].clone();
+        let (node, counter) = self.pick(required)?;
         counter.fetch_add(1, Ordering::Relaxed);
         Some(Selection { node, counter })
     }
 
-    fn pick(&self, required: Option<Lsn>) -> Option<NodeId> {
+    fn pick(&self, required: Option<Lsn>) -> Option<(NodeId, Arc<AtomicU64>)> {
         let view = self.inner.view.load();
+        // Loaded after the view: it has a counter for every node the view names.
+        let counters = self.inner.outstanding.load();
         let settings = self.inner.settings.load();
         let candidates: Vec<Candidate> = view
             .nodes
@@ -229,20 +263,23 @@ impl Balancer {
             .enumerate()
             .filter(|(_, n)| n.eligible)
             .filter(|(_, n)| required.is_none_or(|r| n.replay_lsn.is_some_and(|l| l >= r)))
-            .map(|(i, n)| Candidate {
-                node: i,
-                weight: n.spec.weight,
-                outstanding: self.inner.outstanding[i].load(Ordering::Relaxed),
-                lag_bytes: n.lag_bytes,
-                lag_ms: n.lag_ms,
+            .filter_map(|(i, n)| {
+                Some(Candidate {
+                    node: i,
+                    weight: n.spec.weight,
+                    outstanding: counters.get(i)?.load(Ordering::Relaxed),
+                    lag_bytes: n.lag_bytes,
+                    lag_ms: n.lag_ms,
+                })
             })
             .collect();
-        select::pick(
+        let node = select::pick(
             &candidates,
             settings.load_balance,
             settings.prefer_lower_delay_standby,
             &mut rand::rng(),
-        )
+        )?;
+        Some((node, counters.get(node)?.clone()))
     }
 
     /// Resolves with an eligible replica that has replayed `required`, as soon as a poll
@@ -254,7 +291,7 @@ impl Balancer {
     ) -> Result<NodeId, WaitTimeout> {
         let mut views = self.inner.generation.subscribe();
         loop {
-            if let Some(node) = self.pick(Some(required)) {
+            if let Some((node, _)) = self.pick(Some(required)) {
                 return Ok(node);
             }
             match tokio::time::timeout_at(deadline, views.changed()).await {
@@ -272,7 +309,8 @@ impl Balancer {
 
     /// Records a lag measured outside the database (for deployments whose replicas cannot
     /// report replay positions). It raises the node's (or every replica's) time lag until
-    /// it is older than `external_lag_max_age`, and applies from the next poll on.
+    /// it is older than `external_lag_max_age`, and applies from the next poll on. A value
+    /// for a retired or unknown node is ignored.
     pub fn push_external_lag(&self, target: LagTarget, lag_ms: u64, source: String) {
         let lag = ExternalLag {
             lag_ms,
@@ -295,12 +333,75 @@ impl Balancer {
         self.inner.publish(&mut state);
     }
 
-    /// Replaces node weights, in node order (extra values are ignored, missing ones keep
-    /// the current weight).
+    /// Replaces the weights of the current (not retired) nodes, in id order — the order of
+    /// [`ClusterView::active`] — which is the configuration order as long as nodes were only
+    /// appended or removed. Extra values are ignored, missing ones keep the current weight.
+    /// [`Balancer::update_nodes`] also updates weights, matched by name.
     pub fn update_weights(&self, weights: Vec<u32>) {
         let mut state = self.inner.lock();
         state.set_weights(&weights);
         self.inner.publish(&mut state);
+    }
+
+    /// Replace the node set. Nodes are matched by `name`; a matched node whose host, port or
+    /// patroni_url changed counts as removed + added. Existing nodes keep their NodeId; new
+    /// nodes get new ids appended after every id ever used (ids are never reused); nodes no
+    /// longer listed are retired: their monitor task stops, their NodeStatus stays in the
+    /// view with `ineligible_reason = Some(Ineligible::Removed)`, role Unknown, healthy
+    /// false, never primary, never selected. Weights of kept nodes are updated from the
+    /// specs. Returns the NodeId of each given spec, in order. Emits events for what
+    /// changes (a retired primary → PrimaryChanged to None unless another node is primary;
+    /// eligibility changes as usual).
+    ///
+    /// More precisely:
+    /// * A name listed twice matches at most one current node; the second spec becomes a
+    ///   new node.
+    /// * A retired node reports [`ClusterEvent::RoleChanged`] from its last role to
+    ///   [`Role::Unknown`] (when its role was known) and
+    ///   [`ClusterEvent::EligibilityChanged`] with [`Ineligible::Removed`]. A new node
+    ///   starts like one given to [`Balancer::start`]: unknown and
+    ///   [`Ineligible::Down`] until its first poll, announced by the usual events.
+    /// * A retired node's [`NodeStatus`] keeps its last spec, last successful poll time and
+    ///   last error; its positions, lag and pushed lag are cleared. Retired entries are kept
+    ///   for the life of the balancer: the view holds one entry per node ever configured.
+    /// * Selections still held on a retired node keep counting on it until dropped;
+    ///   [`Balancer::wait_for`] and [`Balancer::push_external_lag`] keep working by id.
+    /// * [`Balancer::wait_ready`] is a start-up latch: once it has resolved, nodes added
+    ///   later do not reset it. Before that, it also waits for the added nodes (and no
+    ///   longer for retired ones).
+    ///
+    /// The new view is published before this returns. It may be called from any thread;
+    /// after [`Balancer::shutdown`] the set and view still change but no node is polled.
+    pub fn update_nodes(&self, nodes: Vec<NodeSpec>) -> Vec<NodeId> {
+        let mut state = self.inner.lock();
+        let membership = state.update_nodes(nodes);
+        if !membership.added.is_empty() {
+            let mut counters = Vec::clone(&self.inner.outstanding.load());
+            counters.resize_with(state.len(), || Arc::new(AtomicU64::new(0)));
+            self.inner.outstanding.store(Arc::new(counters));
+        }
+        {
+            let mut monitors = self
+                .inner
+                .monitors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for &id in &membership.retired {
+                if let Some(token) = monitors.get_mut(id).and_then(Option::take) {
+                    token.cancel();
+                }
+            }
+        }
+        for &id in &membership.added {
+            self.inner.spawn_monitor(id, state.spec(id).clone());
+        }
+        if state.all_polled() {
+            self.inner
+                .ready
+                .send_if_modified(|r| !std::mem::replace(r, true));
+        }
+        self.inner.publish(&mut state);
+        membership.ids
     }
 
     /// Waits until every node has been polled once (successfully or not); false if the
@@ -318,6 +419,8 @@ impl Balancer {
 }
 
 fn export_metrics(view: &ClusterView, events: &[ClusterEvent]) {
+    // In id order: a node re-added under a retired node's name has the higher id, so its
+    // values are the ones that stay on the shared `node` label.
     for n in &view.nodes {
         let name = n.spec.name.clone();
         if n.role == Role::Standby {

@@ -76,9 +76,9 @@ impl Source {
     }
 }
 
-/// Polls node `id` every period until `cancel` fires, recording each outcome.
-pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, cancel: CancellationToken) {
-    let spec = inner.specs[id].clone();
+/// Polls node `id` (configured as `spec`) every period until `cancel` fires, recording each
+/// outcome.
+pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: CancellationToken) {
     let mut source = Source::for_node(&spec, &inner.settings.load());
     let mut next = Instant::now();
     loop {

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-/// Index of a node in the configured node list. The order carries no role.
+/// A node's position in [`crate::ClusterView::nodes`]. The nodes given to
+/// [`crate::Balancer::start`] get `0..n` in their order; nodes added later by
+/// [`crate::Balancer::update_nodes`] get the next ids after every id ever used, so an id
+/// always names the same node (ids are never reused). The order carries no role.
 pub type NodeId = usize;
 
 /// A configured node.

@@ -10,6 +10,9 @@ use crate::eligibility::{
 use crate::lag::{self, PositionHistory, TimeBehind};
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
+use crate::Ineligible;
+
+mod nodes;
 
 /// What one successful poll of a node reported.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,13 +46,18 @@ struct NodeState {
     out_bytes: bool,
     out_time: bool,
     eligible: bool,
-    reason: Option<crate::Ineligible>,
+    reason: Option<Ineligible>,
     external: Option<ExternalLag>,
     /// While the node is out of recovery: when it was first seen at each recent position.
     history: PositionHistory,
+    /// Dropped from the node set: polls are ignored and it stays out of everything.
+    retired: bool,
 }
 
 /// Everything the monitor remembers; guarded by one mutex in the balancer.
+///
+/// `specs` and `nodes` are indexed by [`NodeId`] and only ever grow: a node removed from the
+/// configuration is marked retired, never deleted, so ids stay stable.
 #[derive(Debug)]
 pub(crate) struct State {
     specs: Vec<NodeSpec>,
@@ -71,9 +79,12 @@ impl State {
         }
     }
 
-    /// Records a poll outcome.
+    /// Records a poll outcome. Outcomes for a retired (or unknown) node are dropped: its
+    /// monitor may finish one last poll after the node was removed.
     pub(crate) fn record(&mut self, id: NodeId, result: Result<Sample, String>, now: Instant) {
-        let n = &mut self.nodes[id];
+        let Some(n) = self.nodes.get_mut(id).filter(|n| !n.retired) else {
+            return;
+        };
         n.polled = true;
         match result {
             Ok(sample) => {
@@ -94,15 +105,15 @@ impl State {
         }
     }
 
-    /// Every node has been polled at least once (successfully or not).
+    /// Every current node has been polled at least once (successfully or not).
     pub(crate) fn all_polled(&self) -> bool {
-        self.nodes.iter().all(|n| n.polled)
+        self.nodes.iter().all(|n| n.polled || n.retired)
     }
 
     pub(crate) fn set_external(&mut self, id: Option<NodeId>, lag: ExternalLag) {
         match id {
             Some(id) => {
-                if let Some(n) = self.nodes.get_mut(id) {
+                if let Some(n) = self.nodes.get_mut(id).filter(|n| !n.retired) {
                     n.external = Some(lag);
                 }
             }
@@ -110,8 +121,15 @@ impl State {
         }
     }
 
+    /// Sets the weights of the current (not retired) nodes, in id order.
     pub(crate) fn set_weights(&mut self, weights: &[u32]) {
-        for (spec, w) in self.specs.iter_mut().zip(weights) {
+        let current = self
+            .specs
+            .iter_mut()
+            .zip(&self.nodes)
+            .filter(|(_, n)| !n.retired)
+            .map(|(spec, _)| spec);
+        for (spec, w) in current.zip(weights) {
             spec.weight = *w;
         }
     }
@@ -134,20 +152,22 @@ impl State {
         let pool_external = fresh(&self.pool_external);
 
         // Health and role of every node.
-        let roles: Vec<Role> =
-            self.nodes
-                .iter()
-                .map(|n| {
-                    let healthy = n.last_ok.is_some_and(|t| {
+        let roles: Vec<Role> = self
+            .nodes
+            .iter()
+            .map(|n| {
+                let healthy = !n.retired
+                    && n.last_ok.is_some_and(|t| {
                         now.saturating_duration_since(t) <= settings.health_timeout
-                    }) && n.consecutive_failures < 2;
-                    match (&n.sample, healthy) {
-                        (Some(s), true) if s.in_recovery => Role::Standby,
-                        (Some(_), true) => Role::Primary,
-                        _ => Role::Unknown,
-                    }
-                })
-                .collect();
+                    })
+                    && n.consecutive_failures < 2;
+                match (&n.sample, healthy) {
+                    (Some(s), true) if s.in_recovery => Role::Standby,
+                    (Some(_), true) => Role::Primary,
+                    _ => Role::Unknown,
+                }
+            })
+            .collect();
 
         // The primary.
         let candidates: Vec<PrimaryCandidate> = roles
@@ -271,7 +291,11 @@ impl State {
                 over_bytes: n.out_bytes,
                 over_time: n.out_time,
             };
-            let reason = ineligible_reason(&facts);
+            let reason = if n.retired {
+                Some(Ineligible::Removed)
+            } else {
+                ineligible_reason(&facts)
+            };
             let eligible = reason.is_none();
             if eligible != n.eligible || reason != n.reason {
                 events.push(ClusterEvent::EligibilityChanged {
@@ -301,6 +325,7 @@ impl State {
                 last_error: n.last_error.clone(),
                 outstanding: outstanding.get(i).copied().unwrap_or(0),
                 external_lag: external,
+                retired: n.retired,
             });
         }
         self.generation += 1;
@@ -335,11 +360,12 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
                 streaming: false,
                 timeline: None,
                 eligible: false,
-                ineligible_reason: Some(crate::Ineligible::Down),
+                ineligible_reason: Some(Ineligible::Down),
                 last_poll_ok: None,
                 last_error: None,
                 outstanding: 0,
                 external_lag: None,
+                retired: false,
             })
             .collect(),
         primary: None,
@@ -354,10 +380,9 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Ineligible;
     use std::time::Duration;
 
-    fn specs(n: usize) -> Vec<NodeSpec> {
+    pub(super) fn specs(n: usize) -> Vec<NodeSpec> {
         (0..n)
             .map(|i| NodeSpec {
                 name: format!("n{i}"),
@@ -369,7 +394,7 @@ mod tests {
             .collect()
     }
 
-    fn primary(lsn: u64, tl: u32) -> Sample {
+    pub(super) fn primary(lsn: u64, tl: u32) -> Sample {
         Sample {
             in_recovery: false,
             current_lsn: Some(Lsn(lsn)),
@@ -382,7 +407,7 @@ mod tests {
         }
     }
 
-    fn standby(replay: u64, tl: u32, age: i64) -> Sample {
+    pub(super) fn standby(replay: u64, tl: u32, age: i64) -> Sample {
         Sample {
             in_recovery: true,
             current_lsn: None,

@@ -21,7 +21,8 @@ pub struct ExternalLag {
 /// One node in a [`ClusterView`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeStatus {
-    /// The node as configured (with its current weight).
+    /// The node as configured (with its current weight); for a retired node, as it was
+    /// last configured.
     pub spec: NodeSpec,
     /// Role from the last poll; [`Role::Unknown`] while the node is down.
     pub role: Role,
@@ -57,12 +58,18 @@ pub struct NodeStatus {
     pub outstanding: u64,
     /// The fresh externally pushed lag for this node, if any.
     pub external_lag: Option<ExternalLag>,
+    /// The node was dropped from the configured node set
+    /// ([`crate::Balancer::update_nodes`]): it is no longer polled, its role is
+    /// [`Role::Unknown`], it is never healthy, primary or selected, and its reason is
+    /// [`Ineligible::Removed`]. It keeps its entry (and id) for the status API.
+    pub retired: bool,
 }
 
 /// An immutable snapshot of the whole cluster, replaced on every poll.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClusterView {
-    /// Every configured node, in configuration order ([`NodeId`] indexes it).
+    /// Every node ever configured, indexed by [`NodeId`]: the current ones and the retired
+    /// ones ([`NodeStatus::retired`]), one entry per node for the life of the balancer.
     pub nodes: Vec<NodeStatus>,
     /// The write target, when exactly one is known.
     pub primary: Option<NodeId>,
@@ -79,6 +86,15 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// The nodes currently configured (not retired), in id order.
+    pub fn active(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !n.retired)
+            .map(|(i, _)| i)
+    }
+
     /// The nodes currently in the read pool.
     pub fn eligible(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes
@@ -104,7 +120,9 @@ pub enum ClusterEvent {
     /// change `from: Role::Unknown`: that event is the node's initial discovery, not a role
     /// change of a running node, and there are no earlier server connections to close. A
     /// node that goes down and comes back also reports `Unknown` → its role; a subscriber
-    /// tells the two apart by whether it saw the node's earlier `… → Unknown` event.
+    /// tells the two apart by whether it saw the node's earlier `… → Unknown` event. A node
+    /// retired by [`crate::Balancer::update_nodes`] reports its last role → `Unknown` once
+    /// (when its role was known) and never changes again.
     RoleChanged {
         /// The node.
         node: NodeId,

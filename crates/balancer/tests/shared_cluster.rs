@@ -1,12 +1,12 @@
 //! Non-destructive checks on the shared primary + 2 standbys: lag from paused replay and
-//! apply delay, pool membership, and waiting for a position.
+//! apply delay, pool membership, waiting for a position, and live node-set changes.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{current_lsn, settings, start, until, DEADLINE};
-use pgfresh_balancer::{ClusterEvent, Ineligible, Role, WaitTimeout};
+use common::{current_lsn, settings, specs, start, until, DEADLINE};
+use pgfresh_balancer::{Balancer, ClusterEvent, Ineligible, Role, WaitTimeout};
 use pgfresh_localcluster::LocalCluster;
 
 /// The tests pause replicas of one shared cluster: run them one at a time.
@@ -232,5 +232,133 @@ async fn idle_primary_wal_without_transactions_keeps_replicas_in_pool() {
             "a replica left the pool on an idle primary: {e:?}"
         );
     }
+    b.shutdown();
+}
+
+/// Monitor connections currently open on node `i`.
+fn monitor_connections(c: &LocalCluster, i: usize) -> u32 {
+    c.psql(
+        i,
+        "postgres",
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgfresh-monitor'",
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_added_and_removed_live() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let all = specs(c);
+    let b = Balancer::start(all[..2].to_vec(), settings(c));
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    let v = until(&b, "node 1 eligible", |v| {
+        v.primary == Some(0) && v.nodes[1].eligible
+    })
+    .await;
+    assert_eq!(v.nodes.len(), 2);
+    // Held across the updates: counters are kept by id.
+    let held = b.select_replica(None).unwrap();
+    assert_eq!(*held, 1);
+
+    // Node 2 joins with the next id.
+    let mut events = b.subscribe();
+    assert_eq!(b.update_nodes(all.clone()), vec![0, 1, 2]);
+    let v = b.view();
+    assert_eq!(v.nodes.len(), 3);
+    assert_eq!(v.nodes[1].outstanding, 1);
+    assert!(!v.nodes[2].retired);
+    let v = until(&b, "node 2 eligible", |v| {
+        v.primary == Some(0) && v.nodes[1].eligible && v.nodes[2].eligible
+    })
+    .await;
+    assert_eq!(v.nodes[2].spec, all[2]);
+    assert_eq!(v.nodes[2].role, Role::Standby);
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    let mut joined = false;
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(e, ClusterEvent::PrimaryChanged { .. }),
+            "the primary did not change: {e:?}"
+        );
+        joined |= e
+            == ClusterEvent::EligibilityChanged {
+                node: 2,
+                eligible: true,
+                reason: None,
+            };
+    }
+    assert!(joined, "no event for node 2 joining the pool");
+
+    // Node 1 is dropped, with a new weight for node 2: node 1 is retired, stays in the
+    // view, and its monitor connection closes.
+    let mut reweighted = all[2].clone();
+    reweighted.weight = 5;
+    assert_eq!(b.update_nodes(vec![all[0].clone(), reweighted]), vec![0, 2]);
+    let v = b.view();
+    assert!(v.nodes[1].retired);
+    assert_eq!(v.nodes[1].ineligible_reason, Some(Ineligible::Removed));
+    assert_eq!(v.nodes[1].role, Role::Unknown);
+    assert!(!v.nodes[1].healthy && !v.nodes[1].eligible);
+    assert_eq!(v.nodes[1].spec, all[1], "the last spec stays visible");
+    assert_eq!(v.nodes[2].spec.weight, 5);
+    assert_eq!(v.active().collect::<Vec<_>>(), vec![0, 2]);
+    until(&b, "node 1's monitor connection closed", |_| {
+        monitor_connections(c, 1) == 0
+    })
+    .await;
+    // Connections of balancers from earlier tests may take a moment to go.
+    until(&b, "exactly node 2's own monitor connection", |_| {
+        monitor_connections(c, 2) == 1
+    })
+    .await;
+    let generation = b.view().generation;
+    let v = until(&b, "more polls after the removal", |v| {
+        v.generation >= generation + 6
+    })
+    .await;
+    assert_eq!(v.primary, Some(0));
+    assert!(v.nodes[1].retired && !v.nodes[1].healthy);
+    assert_eq!(v.nodes[1].ineligible_reason, Some(Ineligible::Removed));
+    assert!(v.nodes[2].eligible);
+    for _ in 0..500 {
+        assert_eq!(*b.select_replica(None).unwrap(), 2);
+    }
+    let mut removed = false;
+    while let Ok(e) = events.try_recv() {
+        assert!(
+            !matches!(e, ClusterEvent::PrimaryChanged { .. }),
+            "the primary did not change: {e:?}"
+        );
+        removed |= e
+            == ClusterEvent::EligibilityChanged {
+                node: 1,
+                eligible: false,
+                reason: Some(Ineligible::Removed),
+            };
+    }
+    assert!(removed, "no event for node 1's removal");
+
+    // Ids keep working: the held selection releases node 1's counter, and waiting for a
+    // position resolves on node 2 only.
+    drop(held);
+    b.update_weights(vec![1, 1]);
+    let v = b.view();
+    assert_eq!(v.nodes[1].outstanding, 0);
+    assert_eq!(v.nodes[2].spec.weight, 1);
+    c.psql(
+        0,
+        "app",
+        "CREATE TABLE IF NOT EXISTS bal_n (v int); INSERT INTO bal_n VALUES (1)",
+    )
+    .unwrap();
+    let lsn = current_lsn(c, 0);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    assert_eq!(b.wait_for(lsn, deadline).await, Ok(2));
+    assert_eq!(b.primary(), Some(0));
     b.shutdown();
 }

@@ -137,20 +137,10 @@ fn merge_live(current: &Config, file: &Config, applied: &[ChangedKey]) -> Config
     let mut cur = serde_json::to_value(current).unwrap_or_default();
     let new = serde_json::to_value(file).unwrap_or_default();
     for k in applied {
-        // Users are replaced whole; of the nodes only weights change live.
+        // Arrays of tables are replaced whole: `nodes[1].weight` maps to `nodes`.
         let top = k.key.split(['[', '.']).next().unwrap_or("");
-        if top == "users" {
+        if top == "nodes" || top == "users" {
             cur[top] = new[top].clone();
-            continue;
-        }
-        if top == "nodes" {
-            let index = k.key[6..]
-                .split(']')
-                .next()
-                .and_then(|i| i.parse::<usize>().ok());
-            if let Some(i) = index {
-                cur["nodes"][i]["weight"] = new["nodes"][i]["weight"].clone();
-            }
             continue;
         }
         let mut parts = k.key.splitn(2, '.');

@@ -35,16 +35,13 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("routing.parse_cache_entries", ReloadClass::Restart),
     ("routing.parse_cache_bytes", ReloadClass::Restart),
     ("routing.", ReloadClass::Live),
-    // Node weights apply live; adding, removing or moving nodes needs a restart.
-    ("nodes", ReloadClass::Restart),
+    // Nodes can be added, removed, moved and re-weighted live.
+    ("nodes", ReloadClass::Live),
     ("users", ReloadClass::Live),
 ];
 
 /// The reload class of a dotted key such as `routing.recent_access_ttl_ms` or `nodes[1].weight`.
 pub fn reload_class(key: &str) -> ReloadClass {
-    if key.starts_with("nodes[") && key.ends_with("].weight") {
-        return ReloadClass::Live;
-    }
     RELOAD_TABLE
         .iter()
         .find(|(prefix, _)| key == *prefix || key.starts_with(prefix))

@@ -81,8 +81,8 @@ fn reload_classes() {
     );
     assert_eq!(reload_class("routing.delay_threshold"), ReloadClass::Live);
     assert_eq!(reload_class("nodes[0].weight"), ReloadClass::Live);
-    assert_eq!(reload_class("nodes[0].port"), ReloadClass::Restart);
-    assert_eq!(reload_class("nodes"), ReloadClass::Restart);
+    assert_eq!(reload_class("nodes[0].port"), ReloadClass::Live);
+    assert_eq!(reload_class("nodes"), ReloadClass::Live);
     assert_eq!(reload_class("proxy.listen"), ReloadClass::Restart);
     assert_eq!(reload_class("pool.pool_size"), ReloadClass::Restart);
     assert_eq!(
@@ -199,7 +199,7 @@ fn file_watch_fires_on_edit() {
 }
 
 #[test]
-fn node_weights_reload_live_but_addresses_wait_for_restart() {
+fn nodes_reload_live() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pgfresh.toml");
     let two = |w: u32, port: u16| {
@@ -208,15 +208,9 @@ fn node_weights_reload_live_but_addresses_wait_for_restart() {
     write(&path, &two(1, 2));
     let h = ConfigHandle::open(&path).unwrap();
     write(&path, &two(5, 3));
-    let out = h.reload().unwrap();
+    h.reload().unwrap();
     let s = h.snapshot();
-    assert_eq!(s.nodes[1].weight, 5);
-    assert_eq!(s.nodes[1].port, 2, "a node's address needs a restart");
-    assert!(
-        out.pending_restart.iter().any(|k| k.key == "nodes[1].port"),
-        "{out:?}"
-    );
-    // Adding a node is reported, not applied.
+    assert_eq!((s.nodes[1].weight, s.nodes[1].port), (5, 3));
     write(
         &path,
         &format!(
@@ -225,9 +219,6 @@ fn node_weights_reload_live_but_addresses_wait_for_restart() {
         ),
     );
     let out = h.reload().unwrap();
-    assert_eq!(h.snapshot().nodes.len(), 2);
-    assert!(
-        out.pending_restart.iter().any(|k| k.key == "nodes"),
-        "{out:?}"
-    );
+    assert_eq!(h.snapshot().nodes.len(), 3);
+    assert!(out.applied.iter().any(|k| k.key == "nodes"), "{out:?}");
 }

@@ -205,7 +205,7 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
             Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
         },
         (_, "/v1/lag") => match read_json(req).await {
-            Ok(body) => push_lag(proxy, &config, &body),
+            Ok(body) => push_lag(proxy, &body),
             Err(msg) => error(StatusCode::BAD_REQUEST, &msg),
         },
         _ => reply(StatusCode::OK, "text/html; charset=utf-8", STATUS_PAGE),
@@ -234,7 +234,7 @@ pub fn set_ttl(shared: &Shared, requested: u64, source: &'static str) -> (u64, u
     (applied, before)
 }
 
-fn push_lag(proxy: &Proxy, config: &pgfresh_config::Config, body: &Value) -> Response<Full<Bytes>> {
+fn push_lag(proxy: &Proxy, body: &Value) -> Response<Full<Bytes>> {
     const USAGE: &str =
         "body must be {\"lag_ms\": N, \"node\": \"name\" (optional, default: the whole pool), \"source\": \"text\" (optional)}";
     let Some(lag) = body.get("lag_ms").and_then(Value::as_u64) else {
@@ -242,7 +242,14 @@ fn push_lag(proxy: &Proxy, config: &pgfresh_config::Config, body: &Value) -> Res
     };
     let (target, node) = match body.get("node") {
         None | Some(Value::Null) => (pgfresh_balancer::LagTarget::Pool, None),
-        Some(Value::String(name)) => match config.nodes.iter().position(|n| &n.name == name) {
+        Some(Value::String(name)) => match proxy
+            .shared
+            .balancer
+            .view()
+            .nodes
+            .iter()
+            .position(|n| &n.spec.name == name && !n.retired)
+        {
             Some(i) => (pgfresh_balancer::LagTarget::Node(i), Some(name.clone())),
             None => return error(StatusCode::BAD_REQUEST, &format!("unknown node {name:?}")),
         },

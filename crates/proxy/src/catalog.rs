@@ -129,10 +129,11 @@ impl Catalog {
 async fn load(shared: &Shared, db: &str) -> Result<DbFunctions, String> {
     let config = shared.config.snapshot();
     let primary = shared.balancer.primary().ok_or("no primary")?;
-    let node = config.nodes.get(primary).ok_or("primary not configured")?;
+    let view = shared.balancer.view();
+    let node = view.node(primary).ok_or("primary not configured")?;
     let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.host)
-        .port(node.port)
+    pg.host(&node.spec.host)
+        .port(node.spec.port)
         .user(&config.monitor.user)
         .password(&config.monitor.password)
         .dbname(db)

@@ -66,20 +66,21 @@ impl Shared {
         }
     }
 
-    /// The connection target for `node` as `user` on `database`, or None when the
-    /// node is no longer configured.
+    /// The connection target for `node` (a balancer node id) as `user` on `database`,
+    /// or None when the node is unknown or was removed from the config.
     pub fn target(
-        c: &Config,
+        &self,
         node: usize,
         user: &pgfresh_config::UserConfig,
         database: &str,
     ) -> Option<Target> {
-        let n = c.nodes.get(node)?;
+        let view = self.balancer.view();
+        let n = view.node(node).filter(|n| !n.retired)?;
         Some(Target {
             node,
-            node_name: n.name.as_str().into(),
-            host: n.host.as_str().into(),
-            port: n.port,
+            node_name: n.spec.name.as_str().into(),
+            host: n.spec.host.as_str().into(),
+            port: n.spec.port,
             user: user.server_user().into(),
             password: user.server_password().map(Into::into),
             database: database.into(),

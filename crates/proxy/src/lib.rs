@@ -195,10 +195,24 @@ impl Proxy {
             .recency
             .set_lists(patterns(&r.never_track), patterns(&r.always_hot));
         shared.balancer.update_settings(monitor_settings(&c));
-        shared
-            .balancer
-            .update_weights(c.nodes.iter().map(|n| n.weight).collect());
         shared.policy.store(Arc::new(function_policy(&c)));
+    }
+
+    /// Apply the config's node list: new nodes are monitored (and join the read pool
+    /// once eligible), removed ones are retired and their pooled and leased server
+    /// connections closed, weights updated. Relations written before the change may
+    /// not be known to the new set, so recency starts a cold-start window.
+    pub fn apply_nodes(shared: &Shared) {
+        let c = shared.config.snapshot();
+        shared.balancer.update_nodes(node_specs(&c));
+        let view = shared.balancer.view();
+        for (id, n) in view.nodes.iter().enumerate() {
+            if n.retired {
+                shared.pools.invalidate_node(id);
+            }
+        }
+        shared.recency.begin_cold_start();
+        tracing::info!(nodes = c.nodes.len(), "node list applied");
     }
 
     /// Re-read the config file and apply it; logs and counts the outcome.
@@ -224,6 +238,9 @@ pub fn reload_config(
                 tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
             }
             Proxy::apply_config(shared);
+            if outcome.applied.iter().any(|k| k.key.starts_with("nodes")) {
+                Proxy::apply_nodes(shared);
+            }
             if outcome
                 .applied
                 .iter()

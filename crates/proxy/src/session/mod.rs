@@ -81,7 +81,7 @@ impl Session {
         cancel_slot: CancelSlot,
     ) -> Self {
         let config = shared.config.snapshot();
-        let nodes = config.nodes.len();
+        let nodes = shared.balancer.view().nodes.len();
         let mut state = SessionState::default();
         for (k, v) in &login.params {
             match k.as_str() {
@@ -350,6 +350,10 @@ impl Session {
     /// Make sure the session holds a connection to `node`, and record it as the
     /// target of this client's cancel requests.
     async fn attach(&mut self, node: usize) -> Result<(), ProxyError> {
+        if node >= self.backends.len() {
+            // A node added to the config since this session started.
+            self.backends.resize_with(node + 1, || None);
+        }
         let generation = self.shared.pools.generation(node);
         if let Some(l) = &self.backends[node] {
             if l.conn.generation == generation {
@@ -371,7 +375,9 @@ impl Session {
             }
         }
         let config = self.shared.config.snapshot();
-        let target = Shared::target(&config, node, &self.login.user, &self.login.database)
+        let target = self
+            .shared
+            .target(node, &self.login.user, &self.login.database)
             .ok_or(ProxyError::NoPrimary)?;
         let leased = self
             .shared
