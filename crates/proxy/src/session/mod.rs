@@ -12,6 +12,7 @@ pub mod unit;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, CancelKey, Limits, TxStatus};
@@ -133,10 +134,24 @@ impl Session {
     /// Finish login: connect to the primary, replay the startup parameters, and send
     /// the client its ParameterStatus set, BackendKeyData and ReadyForQuery.
     pub async fn start(&mut self, key: CancelKey) -> Result<(), ProxyError> {
-        let primary = self
-            .shared
-            .balancer
-            .primary()
+        // Right after start-up (or during a failover) the monitor may not have named a
+        // primary yet: wait for it, within the login timeout that bounds this call.
+        let balancer = &self.shared.balancer;
+        let wait = async {
+            loop {
+                let mut events = balancer.subscribe();
+                if let Some(p) = balancer.primary() {
+                    return Some(p);
+                }
+                if events.recv().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        let primary = tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .ok()
+            .flatten()
             .ok_or(ProxyError::NoPrimary)?;
         self.attach(primary).await?;
         let Some(leased) = self.backends[primary].as_mut() else {
