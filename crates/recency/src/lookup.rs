@@ -134,7 +134,7 @@ impl RecencyMap {
                     continue;
                 }
                 entry.hits.fetch_add(1, Ordering::Relaxed);
-                verdict.add(HotReason::RecentWrite, entry.lsn);
+                verdict.add(HotReason::RecentWrite, entry.known_lsn());
                 if verdict.relation.is_none() {
                     let written = RelKey {
                         schema: entry.schema.as_deref(),

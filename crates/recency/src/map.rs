@@ -31,29 +31,44 @@ pub(crate) struct Entry {
     pub(crate) last_write_ms: u64,
     /// First write of the current unbroken hot streak.
     pub(crate) streak_start_ms: u64,
-    /// Highest commit LSN of the streak; 0 when any write of it had none.
+    /// Highest commit LSN of the streak; 0 when any write of it had none;
+    /// [`PENDING`] while every write of it is still waiting for its position.
     pub(crate) lsn: u64,
+    /// Writes of the streak marked with [`RecencyMap::mark_pending`] whose position has
+    /// not arrived yet; while any is outstanding the entry's position is unknown.
+    pub(crate) pending: u32,
+    /// Mark sequence number that began the current streak: a position resolved for a
+    /// mark older than this belongs to an earlier streak and is ignored.
+    pub(crate) streak_seq: u64,
     pub(crate) writes: u64,
     pub(crate) hits: AtomicU64,
 }
 
 impl Entry {
-    fn new(schema: Option<&str>, now: u64, lsn: u64) -> Self {
+    fn new(schema: Option<&str>, now: u64, lsn: u64, seq: u64) -> Self {
         Entry {
             schema: schema.map(Into::into),
             last_write_ms: now,
             streak_start_ms: now,
             lsn,
+            pending: u32::from(lsn == PENDING),
+            streak_seq: seq,
             writes: 1,
             hits: AtomicU64::new(0),
         }
     }
 
-    fn record(&mut self, now: u64, ttl: u64, lsn: u64) {
+    fn record(&mut self, now: u64, ttl: u64, lsn: u64, seq: u64) {
         if now.saturating_sub(self.last_write_ms) >= ttl {
             // The previous write has expired: a new streak begins and the old
             // position no longer matters.
             self.streak_start_ms = now;
+            self.streak_seq = seq;
+            self.lsn = lsn;
+            self.pending = u32::from(lsn == PENDING);
+        } else if lsn == PENDING {
+            self.pending += 1;
+        } else if self.lsn == PENDING {
             self.lsn = lsn;
         } else {
             self.lsn = combine_lsn(self.lsn, lsn);
@@ -61,7 +76,32 @@ impl Entry {
         self.last_write_ms = self.last_write_ms.max(now);
         self.writes += 1;
     }
+
+    /// The position a replica must have replayed, 0 when unknown.
+    pub(crate) fn known_lsn(&self) -> u64 {
+        if self.pending > 0 || self.lsn == PENDING {
+            0
+        } else {
+            self.lsn
+        }
+    }
+
+    /// A pending mark's position arrived.
+    fn resolve(&mut self, lsn: u64, seq: u64) {
+        if seq < self.streak_seq || self.pending == 0 {
+            return; // an earlier streak's write, or already settled
+        }
+        self.pending -= 1;
+        self.lsn = if self.lsn == PENDING {
+            lsn
+        } else {
+            combine_lsn(self.lsn, lsn)
+        };
+    }
 }
+
+/// Internal marker: "this write's position is not known yet, but will be".
+pub(crate) const PENDING: u64 = u64::MAX;
 
 /// Merges two commit positions where 0 means "unknown": unknown wins, since a reader
 /// cannot wait for a position nobody knows.
@@ -131,6 +171,8 @@ pub struct RecencyMap {
     pub(crate) queue: Box<[Mutex<VecDeque<QueueItem>>]>,
     pub(crate) sweep_cursor: AtomicUsize,
     next_generation: AtomicU64,
+    /// Sequence number of the last mark (see [`Entry::streak_seq`]).
+    mark_seq: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -162,6 +204,7 @@ impl RecencyMap {
             queue: (0..QUEUE_STRIPES).map(|_| Mutex::default()).collect(),
             sweep_cursor: AtomicUsize::new(0),
             next_generation: AtomicU64::new(1),
+            mark_seq: AtomicU64::new(0),
             counters: Counters::default(),
         };
         map.begin_cold_start();
@@ -286,18 +329,55 @@ impl RecencyMap {
     /// reported hot ([`crate::HotReason::Overflow`]) for one TTL after the last drop.
     /// `Lsn(0)` counts as unknown.
     pub fn mark(&self, db: &str, rels: &[RelKey<'_>], commit_lsn: Option<Lsn>) {
+        // A caller-supplied position equal to the internal pending marker is not one.
+        let lsn = commit_lsn.map_or(0, |l| l.0).min(PENDING - 1);
+        self.mark_with(db, rels, lsn);
+    }
+
+    /// Mark relations as written by a commit whose WAL position is not known yet (the
+    /// caller learns it right after, e.g. with `pg_current_wal_lsn()`). Until
+    /// [`RecencyMap::resolve_pending`] brings it, reads of the relations need the
+    /// primary, exactly as after [`RecencyMap::mark`] without an LSN; afterwards a
+    /// replica that has replayed the position may serve them. Returns the mark's token
+    /// for `resolve_pending`.
+    pub fn mark_pending(&self, db: &str, rels: &[RelKey<'_>]) -> u64 {
+        self.mark_with(db, rels, PENDING)
+    }
+
+    /// The position of a write marked with [`RecencyMap::mark_pending`] (`token` is what
+    /// that call returned). `lsn` must be at or past the commit's end, e.g. the primary's
+    /// `pg_current_wal_lsn()` read after the commit. Marks of earlier streaks are ignored.
+    pub fn resolve_pending(&self, db: &str, rels: &[RelKey<'_>], token: u64, lsn: Lsn) {
+        if lsn.0 == 0 || lsn.0 == PENDING {
+            return;
+        }
+        for rel in rels {
+            let probe = BorrowedKey { db, name: rel.name };
+            if let Some(mut slot) = self.slots.get_mut(&probe as &dyn KeyView) {
+                if let Some(entry) = slot
+                    .entries
+                    .iter_mut()
+                    .find(|e| e.schema.as_deref() == rel.schema)
+                {
+                    entry.resolve(lsn.0, token);
+                }
+            }
+        }
+    }
+
+    fn mark_with(&self, db: &str, rels: &[RelKey<'_>], lsn: u64) -> u64 {
+        let seq = self.mark_seq.fetch_add(1, Ordering::AcqRel) + 1;
         let ttl = self.ttl_ms.load(Ordering::Acquire);
         if ttl == 0 || rels.is_empty() {
-            return;
+            return seq;
         }
         let lists = self.lists.load_full();
         let now = self.clock.now_ms();
-        let lsn = commit_lsn.map_or(0, |l| l.0);
         let (mut stored, mut skipped) = (0, 0);
         for rel in rels {
             if lists.never_track.iter().any(|p| p.covers(rel)) {
                 skipped += 1;
-            } else if self.mark_one(db, rel, now, ttl, lsn) {
+            } else if self.mark_one(db, rel, now, ttl, lsn, seq) {
                 stored += 1;
             }
         }
@@ -307,24 +387,34 @@ impl RecencyMap {
         if skipped > 0 {
             self.counters.never_tracked.add(skipped);
         }
+        seq
     }
 
-    fn mark_one(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64) -> bool {
-        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn) {
+    fn mark_one(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64, seq: u64) -> bool {
+        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn, seq) {
             return true;
         }
         self.sweep(RECLAIM_BATCH);
-        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn) {
+        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn, seq) {
             return true;
         }
-        self.record_overflow(db, now, lsn);
+        // An overflowing database answers hot with no position: pending counts as unknown.
+        self.record_overflow(db, now, if lsn == PENDING { 0 } else { lsn });
         false
     }
 
-    fn try_mark(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64) -> MarkOutcome {
+    fn try_mark(
+        &self,
+        db: &str,
+        rel: &RelKey<'_>,
+        now: u64,
+        ttl: u64,
+        lsn: u64,
+        seq: u64,
+    ) -> MarkOutcome {
         let probe = BorrowedKey { db, name: rel.name };
         if let Some(mut slot) = self.slots.get_mut(&probe as &dyn KeyView) {
-            return self.update_slot(&mut slot, rel.schema, now, ttl, lsn, false);
+            return self.update_slot(&mut slot, rel.schema, now, ttl, lsn, seq, false);
         }
         if !self.reserve() {
             return MarkOutcome::Full;
@@ -332,13 +422,13 @@ impl RecencyMap {
         let key = SlotKey::new(db, rel.name);
         match self.slots.entry(key.clone()) {
             MapEntry::Occupied(mut slot) => {
-                self.update_slot(slot.get_mut(), rel.schema, now, ttl, lsn, true)
+                self.update_slot(slot.get_mut(), rel.schema, now, ttl, lsn, seq, true)
             }
             MapEntry::Vacant(vacant) => {
                 let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
                 vacant.insert(Slot {
                     generation,
-                    entries: vec![Entry::new(rel.schema, now, lsn)],
+                    entries: vec![Entry::new(rel.schema, now, lsn, seq)],
                 });
                 self.enqueue(QueueItem {
                     key,
@@ -357,6 +447,7 @@ impl RecencyMap {
         now: u64,
         ttl: u64,
         lsn: u64,
+        seq: u64,
         reserved: bool,
     ) -> MarkOutcome {
         if let Some(entry) = slot
@@ -364,7 +455,7 @@ impl RecencyMap {
             .iter_mut()
             .find(|e| e.schema.as_deref() == schema)
         {
-            entry.record(now, ttl, lsn);
+            entry.record(now, ttl, lsn, seq);
             if reserved {
                 self.entries.fetch_sub(1, Ordering::AcqRel);
             }
@@ -373,7 +464,7 @@ impl RecencyMap {
         if !reserved && !self.reserve() {
             return MarkOutcome::Full;
         }
-        slot.entries.push(Entry::new(schema, now, lsn));
+        slot.entries.push(Entry::new(schema, now, lsn, seq));
         MarkOutcome::Stored
     }
 

@@ -128,7 +128,7 @@ impl RecencyMap {
                     age_ms,
                     writes: e.writes,
                     hits: e.hits.load(Ordering::Relaxed),
-                    lsn: (e.lsn != 0).then_some(Lsn(e.lsn)),
+                    lsn: (e.known_lsn() != 0).then_some(Lsn(e.known_lsn())),
                     forcing: now.saturating_sub(e.streak_start_ms) < staleness,
                 });
             }

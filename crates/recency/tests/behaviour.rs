@@ -485,3 +485,73 @@ fn relation_pattern_from_config_text() {
     assert_eq!(p.schema(), Some("Audit"));
     assert_eq!(p.name(), None);
 }
+
+mod pending_positions {
+    use std::sync::Arc;
+
+    use pgfresh_lsn::Lsn;
+    use pgfresh_recency::*;
+
+    fn map() -> (RecencyMap, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let cfg = RecencyConfig {
+            ttl_ms: 1_000,
+            cold_start_ms: 0,
+            ..RecencyConfig::default()
+        };
+        (RecencyMap::new(cfg, clock.clone()), clock)
+    }
+
+    const T: [RelKey<'static>; 1] = [RelKey {
+        schema: None,
+        name: "t",
+    }];
+
+    #[test]
+    fn a_pending_write_needs_the_primary_until_its_position_arrives() {
+        let (m, _) = map();
+        let token = m.mark_pending("db", &T);
+        assert_eq!(m.lookup("db", &T).required_lsn(), None);
+        assert!(m.lookup("db", &T).is_hot());
+        m.resolve_pending("db", &T, token, Lsn(500));
+        assert_eq!(m.lookup("db", &T).required_lsn(), Some(Lsn(500)));
+    }
+
+    #[test]
+    fn every_pending_write_of_a_streak_must_arrive() {
+        let (m, _) = map();
+        let a = m.mark_pending("db", &T);
+        let b = m.mark_pending("db", &T);
+        m.resolve_pending("db", &T, b, Lsn(900));
+        assert_eq!(
+            m.lookup("db", &T).required_lsn(),
+            None,
+            "a's position is still unknown"
+        );
+        m.resolve_pending("db", &T, a, Lsn(700));
+        assert_eq!(
+            m.lookup("db", &T).required_lsn(),
+            Some(Lsn(900)),
+            "the highest of the streak"
+        );
+        // A plain mark without a position keeps the streak unknown, as before.
+        m.mark("db", &T, None);
+        assert_eq!(m.lookup("db", &T).required_lsn(), None);
+    }
+
+    #[test]
+    fn a_late_position_of_an_earlier_streak_is_ignored() {
+        let (m, clock) = map();
+        let old = m.mark_pending("db", &T);
+        clock.advance(1_500); // the first streak expires
+        let new = m.mark_pending("db", &T);
+        m.resolve_pending("db", &T, old, Lsn(100));
+        assert_eq!(
+            m.lookup("db", &T).required_lsn(),
+            None,
+            "the new write's position is still pending"
+        );
+        m.resolve_pending("db", &T, new, Lsn(2_000));
+        assert_eq!(m.lookup("db", &T).required_lsn(), Some(Lsn(2_000)));
+    }
+}
