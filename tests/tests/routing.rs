@@ -633,3 +633,75 @@ async fn user_functions_follow_their_catalog_volatility() {
         );
     }
 }
+
+#[tokio::test]
+async fn lsn_routing_sends_hot_reads_to_replicas_that_replayed_the_write() {
+    let _g = SERIAL.lock().await;
+    // A long TTL: only the learned positions can let a hot read leave the primary.
+    let p = start_proxy(&config_text("recent_access_ttl_ms = 60000"));
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("lsn");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    // Read-after-write across sessions never misses.
+    let mut misses = 0;
+    for i in 0..100i32 {
+        if i % 2 == 0 {
+            writer
+                .execute(&format!("INSERT INTO {t} VALUES ({i})"), &[])
+                .await
+                .unwrap();
+        } else {
+            writer
+                .batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ({i}); COMMIT"))
+                .await
+                .unwrap();
+        }
+        let n: i64 = reader
+            .query_one(&format!("SELECT count(*) FROM {t} WHERE id = {i}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        misses += usize::from(n != 1);
+    }
+    assert_eq!(misses, 0);
+    // Once the replicas have replayed the writes, the still-hot table is read from them.
+    wait_replicated(&writer).await;
+    let sql = format!("SELECT inet_server_port() FROM {t} LIMIT 1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while port_of(&reader, &sql).await == primary_port() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hot reads never reached a caught-up replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(p
+        .shared
+        .recency
+        .lookup("app", &[pgfresh_recency::RelKey::unqualified(&t)])
+        .is_hot());
+    // With replay paused, a new write keeps its readers on the primary.
+    cluster().pause_replay(1).unwrap();
+    cluster().pause_replay(2).unwrap();
+    writer
+        .execute(&format!("INSERT INTO {t} VALUES (1000)"), &[])
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        let row = reader
+            .query_one(
+                &format!("SELECT inet_server_port(), count(*) FROM {t} WHERE id = 1000"),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(1), 1, "the new row is visible");
+        assert_eq!(row.get::<_, i32>(0) as u16, primary_port());
+    }
+    cluster().resume_replay(1).unwrap();
+    cluster().resume_replay(2).unwrap();
+}

@@ -136,6 +136,10 @@ pub struct RoutingSection {
     pub enable_query_parser: bool,
     /// Force reads of recently written relations to the primary.
     pub enable_recent_access_routing: bool,
+    /// Learn each commit's WAL position (a `pg_current_wal_lsn()` pipelined after it)
+    /// so a read of a recently written relation may also go to a replica that has
+    /// replayed the write, instead of only to the primary.
+    pub lsn_routing: bool,
     /// How long a written relation stays hot.
     pub recent_access_ttl_ms: u64,
     /// Cap on any TTL set by file or by the admin API.
@@ -175,6 +179,7 @@ impl Default for RoutingSection {
         Self {
             enable_query_parser: true,
             enable_recent_access_routing: true,
+            lsn_routing: true,
             recent_access_ttl_ms: 1_000,
             recent_access_max_ttl_ms: 60_000,
             max_staleness_ms: None,

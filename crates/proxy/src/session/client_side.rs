@@ -366,6 +366,9 @@ impl Session {
                     self.replica_guard = Some(sel);
                     (node, d.reason)
                 }
+                // A hot read no replica has caught up with yet: the primary, as for any
+                // hot read (not a fallback).
+                None if required.is_some() => (primary()?, Reason::HotRelation),
                 None => {
                     let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
                     let Some(slot) = FallbackSlot::try_take(&self.shared, max) else {
@@ -550,6 +553,19 @@ impl Session {
         }
         self.send_frames(node, &unit.frames).await?;
         let writes = unit.writes();
+        // LSN routing: a committing unit on the primary is followed by a probe of the
+        // primary's WAL position, which resolves the unit's recency marks. Not after a
+        // COPY FROM (the server would read the probe as COPY data): those writes stay
+        // primary-only for the TTL.
+        let copy_from = unit
+            .parts
+            .iter()
+            .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
+        let probe = synced
+            && !copy_from
+            && self.shared.config.snapshot().routing.lsn_routing
+            && Some(node) == self.shared.balancer.primary()
+            && ((autocommit && !writes.is_empty()) || commit_sent);
         let owed = if self.copy_in {
             0
         } else {
@@ -582,6 +598,13 @@ impl Session {
                 last.swallow_parse += swallow_parse;
                 last.swallow_close += swallow_close;
             }
+        }
+        if probe {
+            self.send_frames(node, &[build::query("SELECT pg_current_wal_lsn()")])
+                .await?;
+            let mut f = InFlight::injected();
+            f.probe = Some(super::unit::Probe::default());
+            self.inflight.push_back(f);
         }
         self.open_unit_node = if synced { None } else { Some(node) };
         Ok(())

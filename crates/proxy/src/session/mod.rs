@@ -207,7 +207,7 @@ impl Session {
             let read_client = self.ready.is_empty() && !self.terminating;
             let active = self.active;
             let mut server = active.and_then(|n| self.backends[n].as_mut());
-            let server_reading = server.is_some() && !self.inflight.is_empty() || server.is_some();
+            let server_reading = server.is_some();
             tokio::select! {
                 r = self.client.read_buf(&mut self.cbuf), if read_client => {
                     match r {
@@ -234,17 +234,13 @@ impl Session {
                     }
                 }
                 _ = shutdown.changed() => {
-                    if self.tx == TxStatus::Idle && self.inflight.is_empty() {
+                    if self.client_idle() {
                         return Err(ProxyError::Shutdown);
                     }
                     // Finish the transaction first; checked again at the next turn.
                 }
             }
-            if *shutdown.borrow()
-                && self.tx == TxStatus::Idle
-                && self.inflight.is_empty()
-                && self.ready.is_empty()
-            {
+            if *shutdown.borrow() && self.client_idle() {
                 self.flush_client().await?;
                 return Err(ProxyError::Shutdown);
             }
@@ -274,8 +270,9 @@ impl Session {
         };
         let budget = self.shared.config.snapshot().routing.read_retry_budget;
         let err = self.backend_lost(node, reason);
-        if self.inflight.is_empty() && !in_tx {
-            // Idle: nothing was lost. The next statement connects to whatever node
+        if self.inflight.iter().all(|u| u.injected) && !in_tx {
+            // Idle (at most pgfresh's own probe was running; its marks simply stay
+            // primary-only until they expire): nothing of the client's was lost. The next statement connects to whatever node
             // then holds the role it needs, with the session's state replayed.
             return Ok(());
         }
@@ -314,6 +311,14 @@ impl Session {
         }
         self.tx = TxStatus::Idle;
         Ok(())
+    }
+
+    /// Nothing of the client's is running or waiting: no transaction, no unit sent or
+    /// queued (pgfresh's own injected work, such as a position probe, may still run).
+    fn client_idle(&self) -> bool {
+        self.tx == TxStatus::Idle
+            && self.ready.is_empty()
+            && self.inflight.iter().all(|u| u.injected)
     }
 
     /// A backend connection failed. What the client gets depends on where it failed.

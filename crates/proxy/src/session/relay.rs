@@ -100,7 +100,12 @@ impl Session {
                     self.fallback_slot = None;
                 }
                 match unit {
-                    Some(u) if u.injected => Action::Swallow,
+                    Some(u) if u.injected => {
+                        if let Some(probe) = u.probe {
+                            self.resolve_probe(probe);
+                        }
+                        Action::Swallow
+                    }
                     Some(u) => {
                         if status == TxStatus::Idle {
                             self.tx_writes.clear();
@@ -127,14 +132,26 @@ impl Session {
                 u.replied = true;
                 if u.autocommit && !u.writes.is_empty() {
                     let w = u.writes.clone();
-                    self.mark(&w);
+                    self.mark(w);
                 } else if is_commit {
                     u.committed = true;
                     let mut w = std::mem::take(&mut self.tx_writes);
                     w.extend(u.writes.iter().cloned());
-                    self.mark(&w);
+                    self.mark(w);
                 }
                 Action::Forward
+            }
+            b'D' if injected => {
+                // A position probe's answer: one text column, `X/Y`.
+                let body = self.body(node, start, end);
+                let lsn = body
+                    .get(6..)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok());
+                if let Some(p) = self.inflight.front_mut().and_then(|u| u.probe.as_mut()) {
+                    p.lsn = lsn;
+                }
+                Action::Swallow
             }
             b'E' => {
                 let fatal = {
@@ -285,19 +302,42 @@ impl Session {
     }
 
     /// Mark relations as written, before the reply that confirms the write is
-    /// forwarded to the client.
-    fn mark(&self, writes: &[pgfresh_sql::RelName]) {
+    /// forwarded to the client. When a position probe follows this unit (LSN routing),
+    /// the mark is pending until the probe's answer resolves it.
+    fn mark(&mut self, writes: Vec<pgfresh_sql::RelName>) {
         if writes.is_empty() {
             return;
         }
-        let keys: Vec<RelKey<'_>> = writes
-            .iter()
-            .map(|n| RelKey {
-                schema: n.schema.as_deref(),
-                name: &n.name,
-            })
-            .collect();
-        self.shared.recency.mark(&self.login.database, &keys, None);
+        let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
+        let recency = &self.shared.recency;
+        let db = &self.login.database;
+        match self.inflight.get_mut(1).and_then(|u| u.probe.as_mut()) {
+            Some(probe) => {
+                let token = recency.mark_pending(db, &keys);
+                drop(keys);
+                probe.marks.push((writes, token));
+            }
+            None => recency.mark(db, &keys, None),
+        }
+    }
+
+    /// A probe's position arrived: the marks it waited for may now be served by a
+    /// replica that has replayed it.
+    fn resolve_probe(&self, probe: super::unit::Probe) {
+        let Some(lsn) = probe.lsn else { return };
+        for (writes, token) in &probe.marks {
+            let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
+            self.shared
+                .recency
+                .resolve_pending(&self.login.database, &keys, *token, lsn);
+        }
+    }
+}
+
+fn rel_key(n: &pgfresh_sql::RelName) -> RelKey<'_> {
+    RelKey {
+        schema: n.schema.as_deref(),
+        name: &n.name,
     }
 }
 

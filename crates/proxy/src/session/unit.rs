@@ -119,6 +119,17 @@ pub struct InFlight {
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
     pub skip_acks: u32,
+    /// An injected `SELECT pg_current_wal_lsn()` sent right after a committing unit: the
+    /// position it returns is at or past that commit, and resolves the unit's marks.
+    pub probe: Option<Probe>,
+}
+
+/// The marks waiting for a position probe, and the position once read.
+#[derive(Debug, Default)]
+pub struct Probe {
+    /// (written relations, recency token) per mark.
+    pub marks: Vec<(Vec<RelName>, u64)>,
+    pub lsn: Option<pgfresh_lsn::Lsn>,
 }
 
 impl InFlight {
@@ -140,6 +151,7 @@ impl InFlight {
             retry: None,
             acks: 0,
             skip_acks: 0,
+            probe: None,
         }
     }
 
