@@ -136,7 +136,9 @@ pub async fn replicated_table(c: &tokio_postgres::Client, prefix: &str) -> Strin
 pub fn proxy_with_ttl(ttl: u64) -> (ProxyHandle, String) {
     // These tests are about the TTL: positions learned by LSN routing would let hot
     // reads leave the primary early, so it is off here (tests/tests/routing.rs covers it).
-    let text = config_text(&format!("recent_access_ttl_ms = {ttl}\nlsn_routing = false"));
+    let text = config_text(&format!(
+        "recent_access_ttl_ms = {ttl}\nlsn_routing = false"
+    ));
     (start_proxy(&text), text)
 }
 

@@ -100,6 +100,15 @@ impl Entry {
     }
 }
 
+/// One mark being applied: when, under which TTL, with which position, in which order.
+#[derive(Clone, Copy)]
+struct Mark {
+    now: u64,
+    ttl: u64,
+    lsn: u64,
+    seq: u64,
+}
+
 /// Internal marker: "this write's position is not known yet, but will be".
 pub(crate) const PENDING: u64 = u64::MAX;
 
@@ -377,7 +386,7 @@ impl RecencyMap {
         for rel in rels {
             if lists.never_track.iter().any(|p| p.covers(rel)) {
                 skipped += 1;
-            } else if self.mark_one(db, rel, now, ttl, lsn, seq) {
+            } else if self.mark_one(db, rel, Mark { now, ttl, lsn, seq }) {
                 stored += 1;
             }
         }
@@ -390,50 +399,40 @@ impl RecencyMap {
         seq
     }
 
-    fn mark_one(&self, db: &str, rel: &RelKey<'_>, now: u64, ttl: u64, lsn: u64, seq: u64) -> bool {
-        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn, seq) {
+    fn mark_one(&self, db: &str, rel: &RelKey<'_>, m: Mark) -> bool {
+        if let MarkOutcome::Stored = self.try_mark(db, rel, m) {
             return true;
         }
         self.sweep(RECLAIM_BATCH);
-        if let MarkOutcome::Stored = self.try_mark(db, rel, now, ttl, lsn, seq) {
+        if let MarkOutcome::Stored = self.try_mark(db, rel, m) {
             return true;
         }
         // An overflowing database answers hot with no position: pending counts as unknown.
-        self.record_overflow(db, now, if lsn == PENDING { 0 } else { lsn });
+        self.record_overflow(db, m.now, if m.lsn == PENDING { 0 } else { m.lsn });
         false
     }
 
-    fn try_mark(
-        &self,
-        db: &str,
-        rel: &RelKey<'_>,
-        now: u64,
-        ttl: u64,
-        lsn: u64,
-        seq: u64,
-    ) -> MarkOutcome {
+    fn try_mark(&self, db: &str, rel: &RelKey<'_>, m: Mark) -> MarkOutcome {
         let probe = BorrowedKey { db, name: rel.name };
         if let Some(mut slot) = self.slots.get_mut(&probe as &dyn KeyView) {
-            return self.update_slot(&mut slot, rel.schema, now, ttl, lsn, seq, false);
+            return self.update_slot(&mut slot, rel.schema, m, false);
         }
         if !self.reserve() {
             return MarkOutcome::Full;
         }
         let key = SlotKey::new(db, rel.name);
         match self.slots.entry(key.clone()) {
-            MapEntry::Occupied(mut slot) => {
-                self.update_slot(slot.get_mut(), rel.schema, now, ttl, lsn, seq, true)
-            }
+            MapEntry::Occupied(mut slot) => self.update_slot(slot.get_mut(), rel.schema, m, true),
             MapEntry::Vacant(vacant) => {
                 let generation = self.next_generation.fetch_add(1, Ordering::Relaxed);
                 vacant.insert(Slot {
                     generation,
-                    entries: vec![Entry::new(rel.schema, now, lsn, seq)],
+                    entries: vec![Entry::new(rel.schema, m.now, m.lsn, m.seq)],
                 });
                 self.enqueue(QueueItem {
                     key,
                     generation,
-                    since_ms: now,
+                    since_ms: m.now,
                 });
                 MarkOutcome::Stored
             }
@@ -444,10 +443,7 @@ impl RecencyMap {
         &self,
         slot: &mut Slot,
         schema: Option<&str>,
-        now: u64,
-        ttl: u64,
-        lsn: u64,
-        seq: u64,
+        m: Mark,
         reserved: bool,
     ) -> MarkOutcome {
         if let Some(entry) = slot
@@ -455,7 +451,7 @@ impl RecencyMap {
             .iter_mut()
             .find(|e| e.schema.as_deref() == schema)
         {
-            entry.record(now, ttl, lsn, seq);
+            entry.record(m.now, m.ttl, m.lsn, m.seq);
             if reserved {
                 self.entries.fetch_sub(1, Ordering::AcqRel);
             }
@@ -464,7 +460,7 @@ impl RecencyMap {
         if !reserved && !self.reserve() {
             return MarkOutcome::Full;
         }
-        slot.entries.push(Entry::new(schema, now, lsn, seq));
+        slot.entries.push(Entry::new(schema, m.now, m.lsn, m.seq));
         MarkOutcome::Stored
     }
 
