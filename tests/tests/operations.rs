@@ -36,7 +36,7 @@ async fn file_edit_changes_ttl_for_the_next_statement_without_dropping_the_conne
     let edited = Instant::now();
     let mut served = primary;
     // The reload is expected well within a second (the time is printed and recorded in
-    // docs/operations.md); the deadline here only bounds a broken reload, so a loaded
+    // the README's "Hot reload" section); the deadline here only bounds a broken reload, so a loaded
     // machine cannot make the test fail.
     while edited.elapsed() < Duration::from_secs(30) {
         served = served_by(&c, &t).await.0;
