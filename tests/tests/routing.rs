@@ -705,3 +705,48 @@ async fn lsn_routing_sends_hot_reads_to_replicas_that_replayed_the_write() {
     cluster().resume_replay(1).unwrap();
     cluster().resume_replay(2).unwrap();
 }
+
+#[tokio::test]
+async fn replica_wait_lets_a_hot_read_wait_for_a_replica_instead_of_the_primary() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(
+        "recent_access_ttl_ms = 60000\nreplica_wait_ms = 10000",
+    ));
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 300).unwrap();
+    }
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("wait");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    let mut on_replica = 0;
+    for i in 0..10i32 {
+        writer
+            .execute(&format!("INSERT INTO {t} VALUES ({i})"), &[])
+            .await
+            .unwrap();
+        let row = reader
+            .query_one(
+                &format!("SELECT inet_server_port(), count(*) FROM {t} WHERE id = {i}"),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(1), 1, "the row just written is visible");
+        on_replica += usize::from(row.get::<_, i32>(0) as u16 != primary_port());
+    }
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 0).unwrap();
+    }
+    assert!(on_replica > 0, "no hot read waited for a replica");
+    let metrics = pgfresh_proxy::admin::metrics_handle()
+        .map(|h| h.render())
+        .unwrap_or_default();
+    assert!(
+        metrics.contains("pgfresh_replica_wait_seconds"),
+        "waits are recorded"
+    );
+}

@@ -165,6 +165,9 @@ pub struct RoutingSection {
     pub write_function_list: Vec<String>,
     /// User functions known not to write: calls stay reads.
     pub read_only_function_list: Vec<String>,
+    /// With `lsn_routing`: how long a read of a recently written relation may wait for a
+    /// replica to replay the write before it goes to the primary (0: go at once).
+    pub replica_wait_ms: u64,
     /// Cap on concurrent reads that fell back to the primary.
     pub max_primary_fallbacks: usize,
     /// Retries of an idempotent autocommit read on another node after a replica failed.
@@ -193,6 +196,7 @@ impl Default for RoutingSection {
             prefer_lower_delay_standby: false,
             write_function_list: Vec::new(),
             read_only_function_list: Vec::new(),
+            replica_wait_ms: 0,
             max_primary_fallbacks: 1_000,
             read_retry_budget: 1,
             parse_cache_entries: 100_000,

@@ -195,6 +195,12 @@ impl Session {
             if decision.reason == Reason::HotRelation {
                 self.count_forced(&unit);
             }
+            if let Target::Replica {
+                required: Some(lsn),
+            } = decision.target
+            {
+                self.wait_for_replica(lsn).await;
+            }
             let node = match self.resolve(decision, unit.avoid) {
                 Ok(n) => n,
                 Err(e) => {
@@ -332,6 +338,24 @@ impl Session {
         decide(&parts, &view, &ctx)
     }
 
+    /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
+    /// to, so the read can still leave the primary. The wait is recorded in
+    /// `pgfresh_replica_wait_seconds` with its outcome.
+    async fn wait_for_replica(&self, lsn: pgfresh_lsn::Lsn) {
+        let wait = self.shared.config.snapshot().routing.replica_wait_ms;
+        if wait == 0 || self.shared.balancer.select_replica(Some(lsn)).is_some() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
+        let outcome = match self.shared.balancer.wait_for(lsn, deadline).await {
+            Ok(_) => "replayed",
+            Err(_) => "timeout",
+        };
+        metrics::histogram!("pgfresh_replica_wait_seconds", "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+    }
+
     /// Which relation forced this read to the primary, for the per-relation counter
     /// (only hot reads pay for this second lookup).
     fn count_forced(&self, unit: &ClientUnit) {
@@ -367,8 +391,23 @@ impl Session {
                     (node, d.reason)
                 }
                 // A hot read no replica has caught up with yet: the primary, as for any
-                // hot read (not a fallback).
-                None if required.is_some() => (primary()?, Reason::HotRelation),
+                // hot read; after a replica wait that timed out it is a counted fallback.
+                None if required.is_some() => {
+                    let cfg = self.shared.config.snapshot();
+                    if cfg.routing.replica_wait_ms > 0 {
+                        let Some(slot) =
+                            FallbackSlot::try_take(&self.shared, cfg.routing.max_primary_fallbacks)
+                        else {
+                            metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "fallback_limit")
+                                .increment(1);
+                            return Err(ProxyError::FallbackLimit);
+                        };
+                        self.fallback_slot = Some(slot);
+                        metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "replica_wait_timeout")
+                            .increment(1);
+                    }
+                    (primary()?, Reason::HotRelation)
+                }
                 None => {
                     let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
                     let Some(slot) = FallbackSlot::try_take(&self.shared, max) else {
