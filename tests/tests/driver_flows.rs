@@ -1,0 +1,142 @@
+//! Message flows real drivers use that the test drivers above do not: asyncpg's
+//! Parse/Describe/Flush without Sync, and libpq 17's cancel sent after SSLRequest on the
+//! same socket. Spoken here as raw protocol, byte for byte what those drivers send.
+
+use std::time::Duration;
+
+use pgfresh_tests::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+fn cstr(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
+}
+
+fn startup(user: &str, db: &str) -> Vec<u8> {
+    let mut body = 196608u32.to_be_bytes().to_vec();
+    for s in ["user", user, "database", db] {
+        body.extend_from_slice(&cstr(s));
+    }
+    body.push(0);
+    let mut v = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(&body);
+    v
+}
+
+/// Read whole messages until one with `tag` arrives; returns (tags seen, key data if any).
+async fn read_until(s: &mut TcpStream, tag: u8) -> (Vec<u8>, Option<[u8; 8]>) {
+    let mut tags = Vec::new();
+    let mut key = None;
+    loop {
+        let mut head = [0u8; 5];
+        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut head))
+            .await
+            .expect("the proxy answered")
+            .expect("read header");
+        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).await.expect("read body");
+        if head[0] == b'K' {
+            key = Some(body[..8].try_into().unwrap());
+        }
+        tags.push(head[0]);
+        if head[0] == tag {
+            return (tags, key);
+        }
+    }
+}
+
+async fn login() -> (TcpStream, [u8; 8]) {
+    let mut s = TcpStream::connect(proxy().addr).await.unwrap();
+    s.write_all(&startup("app_trust", "app")).await.unwrap();
+    let (_, key) = read_until(&mut s, b'Z').await;
+    (s, key.expect("BackendKeyData"))
+}
+
+#[tokio::test]
+async fn parse_describe_flush_is_answered_before_any_sync() {
+    let (mut s, _) = login().await;
+    // Prepare the asyncpg way: Parse + Describe + Flush, then wait for the answers.
+    let mut parse = cstr("__asyncpg_stmt_1__");
+    parse.extend_from_slice(&cstr("SELECT $1::int + 1"));
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut describe = vec![b'S'];
+    describe.extend_from_slice(&cstr("__asyncpg_stmt_1__"));
+    let mut out = msg(b'P', &parse);
+    out.extend(msg(b'D', &describe));
+    out.extend(msg(b'H', &[]));
+    s.write_all(&out).await.unwrap();
+    let (tags, _) = read_until(&mut s, b'T').await;
+    assert_eq!(
+        tags,
+        vec![b'1', b't', b'T'],
+        "ParseComplete, ParameterDescription, RowDescription"
+    );
+    // Then Bind/Execute/Sync for the same statement.
+    let mut bind = cstr("");
+    bind.extend_from_slice(&cstr("__asyncpg_stmt_1__"));
+    bind.extend_from_slice(&0u16.to_be_bytes()); // parameter formats: text
+    bind.extend_from_slice(&1u16.to_be_bytes()); // one parameter
+    bind.extend_from_slice(&2i32.to_be_bytes());
+    bind.extend_from_slice(b"41");
+    bind.extend_from_slice(&0u16.to_be_bytes()); // result formats: text
+    let mut execute = cstr("");
+    execute.extend_from_slice(&0i32.to_be_bytes());
+    let mut out = msg(b'B', &bind);
+    out.extend(msg(b'E', &execute));
+    out.extend(msg(b'S', &[]));
+    s.write_all(&out).await.unwrap();
+    let (tags, _) = read_until(&mut s, b'Z').await;
+    assert_eq!(
+        tags,
+        vec![b'2', b'D', b'C', b'Z'],
+        "BindComplete, DataRow, CommandComplete, ReadyForQuery"
+    );
+}
+
+#[tokio::test]
+async fn cancel_after_ssl_request_on_the_same_socket() {
+    let (mut s, key) = login().await;
+    s.write_all(&msg(b'Q', &cstr("SELECT pg_sleep(60)")))
+        .await
+        .unwrap();
+    // libpq 17 (cancel_safe) and asyncpg: SSLRequest, 'N', then CancelRequest on that socket.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut c = TcpStream::connect(proxy().addr).await.unwrap();
+        let mut ssl = 8u32.to_be_bytes().to_vec();
+        ssl.extend_from_slice(&80_877_103u32.to_be_bytes());
+        c.write_all(&ssl).await.unwrap();
+        let mut n = [0u8; 1];
+        c.read_exact(&mut n).await.unwrap();
+        assert_eq!(n[0], b'N');
+        let mut cancel = 16u32.to_be_bytes().to_vec();
+        cancel.extend_from_slice(&80_877_102u32.to_be_bytes());
+        cancel.extend_from_slice(&key);
+        c.write_all(&cancel).await.unwrap();
+        // The query ends with 57014 once the cancel reaches it (retry: it may not be running yet).
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {
+                reply.extend_from_slice(&buf[..n]);
+                break;
+            }
+            _ => assert!(
+                std::time::Instant::now() < deadline,
+                "the cancel never arrived"
+            ),
+        }
+    }
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("57014"), "{text}");
+}
