@@ -221,8 +221,9 @@ pub fn set_ttl(shared: &Shared, requested: u64, source: &'static str) -> (u64, u
         c.routing.recent_access_ttl_ms = requested.min(c.routing.recent_access_max_ttl_ms);
     });
     let applied = after.routing.recent_access_ttl_ms;
-    Proxy::apply_config(shared);
+    // The source first: whoever sees the new TTL also sees where it came from.
     shared.ttl_source.store(Arc::new(TtlSource::new(source)));
+    Proxy::apply_config(shared);
     metrics::gauge!("pgfresh_recent_access_ttl_ms").set(shared.recency.ttl_ms() as f64);
     tracing::info!(
         ttl_ms = applied,

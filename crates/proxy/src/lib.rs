@@ -237,16 +237,17 @@ pub fn reload_config(
             for k in &outcome.pending_restart {
                 tracing::warn!(key = %k.key, "config key changed but needs a restart; old value stays in force");
             }
-            Proxy::apply_config(shared);
-            if outcome.applied.iter().any(|k| k.key.starts_with("nodes")) {
-                Proxy::apply_nodes(shared);
-            }
+            // The source first: whoever sees the new TTL also sees where it came from.
             if outcome
                 .applied
                 .iter()
                 .any(|k| k.key == "routing.recent_access_ttl_ms")
             {
                 shared.ttl_source.store(Arc::new(admin::TtlSource::file()));
+            }
+            Proxy::apply_config(shared);
+            if outcome.applied.iter().any(|k| k.key.starts_with("nodes")) {
+                Proxy::apply_nodes(shared);
             }
             Ok(outcome)
         }
