@@ -16,18 +16,9 @@ set -Eeuo pipefail
 
 PG_BINDIR="${PG_BINDIR:-$(pg_config --bindir)}"
 
-# Run a command as the PostgreSQL OS user when we are root; as ourselves otherwise.
-as_pg() {
-    if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- "$@"
-    else
-        "$@"
-    fi
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# as_pg and free_port come from the shared helpers.
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Poll `psql -c SQL` on PORT until it prints EXPECTED, for at most 60 s.
 wait_for() {

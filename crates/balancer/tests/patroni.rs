@@ -4,6 +4,9 @@
 //! node whose API fails is down; a switchover makes a replica the leader. No PostgreSQL is
 //! involved.
 
+#[allow(dead_code)] // each test binary uses part of the shared helpers
+mod common;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,14 +18,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use pgfresh_balancer::{
-    Balancer, ClusterEvent, ClusterView, Ineligible, MonitorSettings, NodeSpec, Role,
-};
+use pgfresh_balancer::{Balancer, ClusterEvent, Ineligible, MonitorSettings, NodeSpec, Role};
 use pgfresh_lsn::Lsn;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-const DEADLINE: Duration = Duration::from_secs(20);
+use common::{until, DEADLINE};
+
 const MB: u64 = 1024 * 1024;
 
 /// One node's fake Patroni REST API.
@@ -114,26 +116,6 @@ fn replica(replayed: u64, paused: bool, timeline: u32) -> String {
         "replication_state": "streaming"
     })
     .to_string()
-}
-
-/// Polls the view until `pred` holds; panics with the last view after [`DEADLINE`].
-async fn until(
-    b: &Balancer,
-    what: &str,
-    mut pred: impl FnMut(&ClusterView) -> bool,
-) -> Arc<ClusterView> {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let v = b.view();
-        if pred(&v) {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {v:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn specs(nodes: &[FakePatroni]) -> Vec<NodeSpec> {

@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 use pgfresh_config::{AuthMethod, Config, UserConfig};
 use pgfresh_wire::auth::{
-    md5_password_hash, parse_sasl_initial_response, ScramServer, ScramVerifier,
+    md5_verify_password, parse_sasl_initial_response, ScramServer, ScramVerifier,
 };
 use pgfresh_wire::{
     build, decode_startup, parse_frontend, CancelKey, Decoded, FrontendMessage, Limits,
@@ -124,9 +124,7 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             let salt: [u8; 4] = rand::random();
             write(sock, &build::auth_md5(salt)).await?;
             let answer = read_password(sock, buf, limits).await?;
-            let expected = md5_password_hash(&user.name, password, salt);
-            let answer = answer.strip_suffix(b"\0").unwrap_or(&answer);
-            if !constant_time_eq(answer, expected.as_bytes()) {
+            if !md5_verify_password(&user.name, password, salt, &answer) {
                 return Err(failed());
             }
         }
@@ -173,8 +171,4 @@ impl VerifierCache {
         map.insert(stored.to_string(), v.clone());
         Some(v)
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

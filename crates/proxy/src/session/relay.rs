@@ -6,7 +6,7 @@
 //! before its CommandComplete or ReadyForQuery reaches the client.
 
 use pgfresh_recency::RelKey;
-use pgfresh_wire::{parse_backend, BackendMessage, Frame, TxStatus};
+use pgfresh_wire::{ErrorFields, TxStatus};
 
 use super::Session;
 use crate::error::ProxyError;
@@ -197,15 +197,12 @@ impl Session {
                     u.error = true;
                 }
                 if injected {
-                    let text = self.body(node, start, end).to_vec();
-                    if let Ok(frame) = Frame::from_raw(frame_bytes(tag, &text)) {
-                        if let Ok(BackendMessage::ErrorResponse(f)) = parse_backend(&frame) {
-                            tracing::warn!(
-                                code = f.code.unwrap_or(""),
-                                message = f.message.unwrap_or(""),
-                                "a statement pgfresh replayed on a backend failed"
-                            );
-                        }
+                    if let Ok(f) = ErrorFields::parse(tag, self.body(node, start, end)) {
+                        tracing::warn!(
+                            code = f.code.unwrap_or(""),
+                            message = f.message.unwrap_or(""),
+                            "a statement pgfresh replayed on a backend failed"
+                        );
                     }
                     return Action::Swallow;
                 }
@@ -339,12 +336,4 @@ fn rel_key(n: &pgfresh_sql::RelName) -> RelKey<'_> {
         schema: n.schema.as_deref(),
         name: &n.name,
     }
-}
-
-fn frame_bytes(tag: u8, body: &[u8]) -> bytes::Bytes {
-    let mut v = Vec::with_capacity(body.len() + 5);
-    v.push(tag);
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v.into()
 }
