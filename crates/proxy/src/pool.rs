@@ -150,6 +150,7 @@ impl Pools {
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
+            && leased.conn.wbuf.is_empty()
             && (reset_query.is_empty()
                 || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
         if reusable {

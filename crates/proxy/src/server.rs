@@ -30,6 +30,8 @@ pub struct ServerConn {
     pub target: Target,
     pub stream: TcpStream,
     pub rbuf: BytesMut,
+    /// Bytes queued for the server that it has not accepted yet (see [`ServerConn::queue`]).
+    pub wbuf: BytesMut,
     pub key: CancelKey,
     /// ParameterStatus values the server reported, kept current.
     pub params: HashMap<String, String>,
@@ -75,6 +77,7 @@ impl ServerConn {
             target: target.clone(),
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),
+            wbuf: BytesMut::new(),
             key: CancelKey { pid: 0, secret: 0 },
             params: HashMap::new(),
             prepared: HashMap::new(),
@@ -212,7 +215,60 @@ impl ServerConn {
     }
 
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ProxyError> {
+        if !self.wbuf.is_empty() {
+            let pending = std::mem::take(&mut self.wbuf);
+            self.stream
+                .write_all(&pending)
+                .await
+                .map_err(|e| self.lost(e))?;
+        }
         self.stream.write_all(bytes).await.map_err(|e| self.lost(e))
+    }
+
+    /// Queue bytes for the server without waiting: as much as the socket takes now is
+    /// written at once, the rest stays in `wbuf` for the session loop to write when
+    /// the socket is writable. The session keeps reading the server meanwhile, so a
+    /// server answering a long batch while it is still being sent never waits on us.
+    pub fn queue(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.wbuf.is_empty() {
+            let n = self.write_now(bytes)?;
+            if n < bytes.len() {
+                self.wbuf.extend_from_slice(&bytes[n..]);
+            }
+            return Ok(());
+        }
+        self.wbuf.extend_from_slice(bytes);
+        self.flush_some()
+    }
+
+    /// Write as much of `wbuf` as the socket takes without waiting.
+    pub fn flush_some(&mut self) -> std::io::Result<()> {
+        while !self.wbuf.is_empty() {
+            let n = match self.stream.try_write(&self.wbuf) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            let _ = self.wbuf.split_to(n);
+        }
+        Ok(())
+    }
+
+    fn write_now(&self, mut bytes: &[u8]) -> std::io::Result<usize> {
+        let mut written = 0;
+        while !bytes.is_empty() {
+            match self.stream.try_write(bytes) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    written += n;
+                    bytes = &bytes[n..];
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(written)
     }
 
     /// Read one frame (used outside the relay loop: login, reset, injected queries).

@@ -44,13 +44,16 @@ impl Session {
         }
     }
 
-    /// Split every complete client frame off the buffer into units.
-    pub(super) fn process_client(&mut self) -> Result<(), ProxyError> {
+    /// Split every complete client frame off the buffer into units (up to the first
+    /// unit that must be routed). Returns whether any frame was taken.
+    pub(super) fn process_client(&mut self) -> Result<bool, ProxyError> {
         self.parser_enabled = self.shared.config.snapshot().routing.enable_query_parser;
+        let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
             let Some(frame) = try_frame(&mut self.cbuf, &self.limits, Side::Frontend)? else {
-                return Ok(());
+                return Ok(consumed);
             };
+            consumed = true;
             let msg = parse_frontend(&frame)?;
             match msg {
                 FrontendMessage::Query { sql } => {
@@ -147,7 +150,7 @@ impl Session {
                 }
             }
         }
-        Ok(())
+        Ok(consumed)
     }
 
     /// Send the extended messages collected so far as a unit of their own, before a
@@ -437,18 +440,22 @@ impl Session {
         Ok(node)
     }
 
+    /// Queue frames for `node` without waiting for the server to take them (see
+    /// [`crate::server::ServerConn::queue`]).
     async fn send_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
         let Some(leased) = self.backends[node].as_mut() else {
             return Err(ProxyError::NoPrimary);
         };
         let result = match frames {
-            [one] => leased.conn.send(one).await,
+            [one] => leased.conn.queue(one),
             many => {
-                let mut buf = bytes::BytesMut::with_capacity(many.iter().map(Bytes::len).sum());
+                // One write for the whole unit.
+                let total: usize = many.iter().map(Bytes::len).sum();
+                leased.conn.wbuf.reserve(total);
                 for f in many {
-                    buf.extend_from_slice(f);
+                    leased.conn.wbuf.extend_from_slice(f);
                 }
-                leased.conn.send(&buf).await
+                leased.conn.flush_some()
             }
         };
         result.map_err(|e| {

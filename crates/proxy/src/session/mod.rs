@@ -27,6 +27,10 @@ use crate::pool::Leased;
 use state::SessionState;
 use unit::{ClientUnit, InFlight};
 
+/// Bytes queued for a server past which the client is not read until the server
+/// takes them.
+const MAX_PENDING: usize = 1 << 20;
+
 /// A transaction BEGIN that pgfresh answered itself and will send to the node the
 /// transaction's first real statement is routed to.
 pub struct DeferredBegin {
@@ -198,16 +202,27 @@ impl Session {
     async fn main_loop(&mut self) -> Result<(), ProxyError> {
         let mut shutdown = self.shared.shutdown.clone();
         loop {
-            self.process_client()?;
-            self.dispatch_ready().await?;
+            // Route and send what the client sent. A batch sent before its Sync (it
+            // outgrew the batch limit) can leave more complete frames buffered: take
+            // them too before waiting, or the server would wait for them forever.
+            loop {
+                let consumed = self.process_client()?;
+                self.dispatch_ready().await?;
+                if !(consumed && self.ready.is_empty() && !self.cbuf.is_empty()) {
+                    break;
+                }
+            }
             self.flush_client().await?;
             if self.terminating && self.inflight.is_empty() {
                 return Ok(());
             }
-            let read_client = self.ready.is_empty() && !self.terminating;
             let active = self.active;
-            let mut server = active.and_then(|n| self.backends[n].as_mut());
+            let server = active.and_then(|n| self.backends[n].as_ref());
             let server_reading = server.is_some();
+            let pending = server.map_or(0, |s| s.conn.wbuf.len());
+            // Backpressure: while the server has not taken what was queued for it, the
+            // client is not read further (its replies are still relayed).
+            let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
             tokio::select! {
                 r = self.client.read_buf(&mut self.cbuf), if read_client => {
                     match r {
@@ -221,16 +236,22 @@ impl Session {
                         Err(e) => return Err(ProxyError::ClientIo(e)),
                     }
                 }
-                r = async {
-                    let s = server.as_mut().expect("guarded by server_reading");
-                    if s.conn.rbuf.capacity() - s.conn.rbuf.len() < 4096 { s.conn.rbuf.reserve(32 * 1024); }
-                    s.conn.stream.read_buf(&mut s.conn.rbuf).await
-                }, if server_reading => {
+                r = async { server.expect("guarded by server_reading").conn.stream.readable().await }, if server_reading => {
                     let node = active.unwrap_or_default();
-                    match r {
-                        Ok(0) => self.on_backend_lost(node, "connection closed by the server")?,
-                        Ok(_) => self.relay(node)?,
-                        Err(e) => self.on_backend_lost(node, &e.to_string())?,
+                    if let Err(e) = r {
+                        self.on_backend_lost(node, &e.to_string())?;
+                    } else {
+                        self.read_backend(node)?;
+                    }
+                }
+                r = async { server.expect("guarded by pending").conn.stream.writable().await }, if pending > 0 => {
+                    let node = active.unwrap_or_default();
+                    let flushed = match r {
+                        Ok(()) => self.backends[node].as_mut().map_or(Ok(()), |l| l.conn.flush_some()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = flushed {
+                        self.on_backend_lost(node, &e.to_string())?;
                     }
                 }
                 _ = shutdown.changed() => {
@@ -244,6 +265,22 @@ impl Session {
                 self.flush_client().await?;
                 return Err(ProxyError::Shutdown);
             }
+        }
+    }
+
+    /// The active backend is readable: take what it sent and relay it.
+    fn read_backend(&mut self, node: usize) -> Result<(), ProxyError> {
+        let Some(s) = self.backends[node].as_mut() else {
+            return Ok(());
+        };
+        if s.conn.rbuf.capacity() - s.conn.rbuf.len() < 4096 {
+            s.conn.rbuf.reserve(32 * 1024);
+        }
+        match s.conn.stream.try_read_buf(&mut s.conn.rbuf) {
+            Ok(0) => self.on_backend_lost(node, "connection closed by the server"),
+            Ok(_) => self.relay(node),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) => self.on_backend_lost(node, &e.to_string()),
         }
     }
 
