@@ -28,6 +28,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         functions: stmt.functions.clone(),
         touches_catalog: stmt.touches_catalog,
         hint: None,
+        min_lsn_hint: None,
         comments: Vec::new(),
         error: None,
     }
