@@ -378,7 +378,12 @@ impl Session {
 
     /// Turn a decision into a node.
     fn resolve(&mut self, d: Decision, avoid: Option<usize>) -> Result<usize, ProxyError> {
-        let primary = || self.shared.balancer.primary().ok_or(ProxyError::NoPrimary);
+        let primary = || {
+            self.shared
+                .balancer
+                .primary()
+                .ok_or_else(|| self.shared.no_primary())
+        };
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
@@ -440,7 +445,7 @@ impl Session {
 
     async fn send_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
         let Some(leased) = self.backends[node].as_mut() else {
-            return Err(ProxyError::NoPrimary);
+            return Err(ProxyError::NoPrimary(None));
         };
         let result = match frames {
             [one] => leased.conn.send(one).await,
