@@ -556,6 +556,117 @@ async fn routing_hints_make_reads_safer_but_never_move_writes() {
     );
 }
 
+/// The port a query reports, sent with the simple (`simple`) or extended protocol.
+async fn port_via(c: &tokio_postgres::Client, sql: &str, simple: bool) -> u16 {
+    if !simple {
+        let rows = c
+            .query(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        return rows
+            .first()
+            .map(|r| r.get::<_, i32>(0) as u16)
+            .expect("a row");
+    }
+    let msgs = c
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    msgs.iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql}: no row"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// `{}` in each form stands for the hint's value (`primary` or `replica`).
+const HINT_FORMS: [(&str, &str); 6] = [
+    ("start", "/* pgfresh:{} */ SELECT inet_server_port() FROM {t}"),
+    ("middle", "SELECT /* pgfresh:{} */ inet_server_port() FROM {t}"),
+    ("end", "SELECT inet_server_port() FROM {t} /* pgfresh:{} */"),
+    ("end, line comment", "SELECT inet_server_port() FROM {t} -- pgfresh:{}"),
+    (
+        "sqlcommenter",
+        "SELECT inet_server_port() FROM {t} /*action='list',pgfresh='{}',traceparent='00-5bd66ef5095369c7b0d1f8f4bd33716a-c532cb4098ac3dd2-01'*/",
+    ),
+    (
+        "sqlcommenter, URL-encoded",
+        "SELECT inet_server_port() FROM {t} /*framework='django%3A4.2',pgfresh='%{}'*/",
+    ),
+];
+
+fn hinted(form: &str, value: &str, t: &str) -> String {
+    // The URL-encoded form spells the value's first letter as %XX.
+    let value = if form.contains("='%{}'") {
+        let (first, rest) = value.split_at(1);
+        format!("{:02X}{rest}", first.as_bytes()[0])
+    } else {
+        value.to_string()
+    };
+    form.replace("{}", &value).replace("{t}", t)
+}
+
+#[tokio::test]
+async fn hints_anywhere_in_the_text_route_as_written() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = p.cold_table(&c, "hintpos").await;
+    for simple in [true, false] {
+        let protocol = if simple { "simple" } else { "extended" };
+        // Unhinted, a cold read goes to a replica: the primary hint is what moves it.
+        let plain = format!("SELECT inet_server_port() FROM {t}");
+        assert_ne!(
+            port_via(&c, &plain, simple).await,
+            primary_port(),
+            "{protocol}: cold read"
+        );
+        for (name, form) in HINT_FORMS {
+            let sql = hinted(form, "primary", &t);
+            for _ in 0..5 {
+                assert_eq!(
+                    port_via(&c, &sql, simple).await,
+                    primary_port(),
+                    "{protocol}, primary hint at the {name}: {sql}"
+                );
+            }
+        }
+        // A replica hint sends a read of a table written an instant ago to a replica.
+        for (name, form) in HINT_FORMS {
+            c.batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+                .await
+                .unwrap();
+            let sql = hinted(form, "replica", &t);
+            let port = port_via(&c, &sql, simple).await;
+            assert!(
+                standby_ports().contains(&port),
+                "{protocol}, replica hint at the {name} right after a write: {sql} ran on {port}"
+            );
+        }
+        // Both hints: primary wins.
+        let both = format!(
+            "/* pgfresh:replica */ SELECT inet_server_port() FROM {t} /*pgfresh='primary'*/"
+        );
+        assert_eq!(
+            port_via(&c, &both, simple).await,
+            primary_port(),
+            "{protocol}: {both}"
+        );
+        // A hint inside a string literal is no hint.
+        p.wait_cold(&[&t]).await;
+        let literal =
+            format!("SELECT inet_server_port() FROM {t} WHERE '/* pgfresh:primary */' <> ''");
+        assert_ne!(
+            port_via(&c, &literal, simple).await,
+            primary_port(),
+            "{protocol}: {literal}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn commits_mark_relations_and_rollbacks_do_not() {
     let _g = SERIAL.lock().await;

@@ -81,21 +81,63 @@ impl Source {
 pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: CancellationToken) {
     let mut source = Source::for_node(&spec, &inner.settings.load());
     let mut next = Instant::now();
+    let mut failures = FailureLog::default();
     loop {
         let settings = inner.settings.load_full();
         let outcome = tokio::select! {
             _ = cancel.cancelled() => return,
             r = source.poll(&spec, &settings) => r,
         };
-        if let Err(e) = &outcome {
+        if outcome.is_err() {
             source.reset();
-            tracing::debug!(node = %spec.name, error = %e, "monitor poll failed");
+        }
+        match failures.observe(outcome.as_ref().map(|_| ()).map_err(String::as_str)) {
+            Some(Change::Failing(e)) => {
+                tracing::warn!(node = %spec.name, error = %e, "monitor cannot poll node");
+            }
+            Some(Change::Recovered(e)) => {
+                tracing::info!(node = %spec.name, previous_error = %e, "monitor reaches node again");
+            }
+            None => {
+                if let Err(e) = &outcome {
+                    tracing::debug!(node = %spec.name, error = %e, "monitor poll failed");
+                }
+            }
         }
         inner.record(id, outcome);
         next = (next + settings.period()).max(Instant::now());
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = sleep_until(next) => {}
+        }
+    }
+}
+
+/// A node's last poll error, so that a failure is logged once per change rather than once
+/// per poll, and a recovery once.
+#[derive(Debug, Default)]
+struct FailureLog {
+    last: Option<String>,
+}
+
+/// What [`FailureLog::observe`] says is worth a log line.
+#[derive(Debug, PartialEq, Eq)]
+enum Change<'a> {
+    /// The node fails with a new error (it was fine, or failed differently).
+    Failing(&'a str),
+    /// The node answers again after this error.
+    Recovered(String),
+}
+
+impl FailureLog {
+    fn observe<'a>(&mut self, outcome: Result<(), &'a str>) -> Option<Change<'a>> {
+        match outcome {
+            Err(e) if self.last.as_deref() == Some(e) => None,
+            Err(e) => {
+                self.last = Some(e.to_string());
+                Some(Change::Failing(e))
+            }
+            Ok(()) => self.last.take().map(Change::Recovered),
         }
     }
 }
@@ -121,7 +163,7 @@ async fn poll(
     let row = timeout(s.health_timeout, c.client.query_one(&c.statement, &[]))
         .await
         .map_err(|_| format!("poll timed out after {:?}", s.health_timeout))?
-        .map_err(|e| format!("poll failed: {e}"))?;
+        .map_err(|e| format!("poll failed: {}", describe_pg_error(&e)))?;
     parse_row(&row)
 }
 
@@ -141,7 +183,7 @@ async fn connect(
     let (client, connection) = timeout(s.connect_timeout, cfg.connect(NoTls))
         .await
         .map_err(|_| format!("connect timed out after {:?}", s.connect_timeout))?
-        .map_err(|e| format!("connect failed: {e}"))?;
+        .map_err(|e| format!("connect failed: {}", describe_pg_error(&e)))?;
     let driver = tokio::spawn(async move {
         // The connection ends with an error when the server goes away; the next poll
         // notices through the client and reconnects.
@@ -156,7 +198,10 @@ async fn connect(
         Ok(Ok(st)) => st,
         Ok(Err(e)) => {
             driver.abort();
-            return Err(format!("preparing the poll failed: {e}"));
+            return Err(format!(
+                "preparing the poll failed: {}",
+                describe_pg_error(&e)
+            ));
         }
         Err(_) => {
             driver.abort();
@@ -171,6 +216,62 @@ async fn connect(
         statement,
         driver,
         login,
+    })
+}
+
+/// What went wrong, in the server's own words when the server answered: its message and
+/// SQLSTATE (`password authentication failed for user "x" (SQLSTATE 28P01)`); otherwise
+/// the error with its causes (`error connecting to server: Connection refused (os error
+/// 111)`). tokio-postgres's own `Display` says only "db error" for a server error.
+pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// What a monitor login to a node found: [`check_login`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginCheck {
+    /// `pg_is_in_recovery()` answered true.
+    pub in_recovery: bool,
+    /// The server's `server_version` setting.
+    pub server_version: String,
+}
+
+/// Logs in to `spec` with the monitor's credentials, as the monitor does, and asks for the
+/// node's role and version. The error is the text the monitor would record as the node's
+/// `last_error` (the server's message and SQLSTATE, or the I/O error).
+pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCheck, String> {
+    let login = (s.user.clone(), s.password.clone(), s.database.clone());
+    let conn = connect(spec, s, login).await?;
+    let row = timeout(
+        s.health_timeout.max(Duration::from_millis(1)),
+        conn.client.query_one(
+            "SELECT pg_is_in_recovery(), current_setting('server_version')",
+            &[],
+        ),
+    )
+    .await
+    .map_err(|_| format!("query timed out after {:?}", s.health_timeout))?
+    .map_err(|e| format!("query failed: {}", describe_pg_error(&e)))?;
+    Ok(LoginCheck {
+        in_recovery: row
+            .try_get(0)
+            .map_err(|e| format!("unexpected result: {e}"))?,
+        server_version: row
+            .try_get(1)
+            .map_err(|e| format!("unexpected result: {e}"))?,
     })
 }
 
@@ -193,4 +294,28 @@ fn parse_row(row: &Row) -> Result<Sample, String> {
         receiver_status: row.try_get(6).map_err(err)?,
         timeline: timeline.and_then(|t| u32::try_from(t).ok()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_logged_once_per_change() {
+        let mut log = FailureLog::default();
+        assert_eq!(log.observe(Ok(())), None);
+        let refused = "connect failed: error connecting to server: Connection refused";
+        let auth = "connect failed: password authentication failed for user \"x\" (SQLSTATE 28P01)";
+        assert_eq!(log.observe(Err(refused)), Some(Change::Failing(refused)));
+        assert_eq!(log.observe(Err(refused)), None);
+        assert_eq!(log.observe(Err(refused)), None);
+        assert_eq!(log.observe(Err(auth)), Some(Change::Failing(auth)));
+        assert_eq!(log.observe(Err(auth)), None);
+        assert_eq!(
+            log.observe(Ok(())),
+            Some(Change::Recovered(auth.to_string()))
+        );
+        assert_eq!(log.observe(Ok(())), None);
+        assert_eq!(log.observe(Err(auth)), Some(Change::Failing(auth)));
+    }
 }

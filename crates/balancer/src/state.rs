@@ -433,6 +433,44 @@ mod tests {
     }
 
     #[test]
+    fn no_primary_reason_names_the_first_nodes_error() {
+        let s = MonitorSettings::default();
+        let mut st = State::new(specs(3));
+        let t = Instant::now();
+        let (v, _) = st.compute(&s, &[0, 0, 0], t);
+        assert_eq!(
+            v.no_primary_reason(),
+            "the monitor has not reached any node yet"
+        );
+        let auth = "connect failed: password authentication failed for user \"m\" (SQLSTATE 28P01)";
+        let (v, _) = round(
+            &mut st,
+            vec![Err(auth.into()), Err(auth.into()), Err("refused".into())],
+            &s,
+            t,
+        );
+        assert_eq!(v.primary, None);
+        assert_eq!(
+            v.no_primary_reason(),
+            format!("the monitor cannot reach any node (n0: {auth})")
+        );
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Err(auth.into()),
+                Ok(standby(10, 1, 0)),
+                Ok(standby(10, 1, 0)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(
+            v.no_primary_reason(),
+            format!("no reachable node is out of recovery; the monitor cannot reach n0 ({auth})")
+        );
+    }
+
+    #[test]
     fn lag_threshold_with_hysteresis_and_failover() {
         let s = MonitorSettings {
             delay_threshold_bytes: Some(1000),

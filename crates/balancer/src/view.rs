@@ -104,6 +104,40 @@ impl ClusterView {
             .map(|(i, _)| i)
     }
 
+    /// Why no primary is known, in words for an operator or a client: that the monitor
+    /// cannot reach any node (with the first node's error), or that no reachable node is out
+    /// of recovery. Meaningful when [`ClusterView::primary`] is `None`.
+    pub fn no_primary_reason(&self) -> String {
+        let active: Vec<&NodeStatus> = self.nodes.iter().filter(|n| !n.retired).collect();
+        if active.is_empty() {
+            return "no nodes are configured".to_string();
+        }
+        let failing: Vec<&NodeStatus> = active
+            .iter()
+            .copied()
+            .filter(|n| n.role == Role::Unknown && n.last_error.is_some())
+            .collect();
+        if failing.len() == active.len() {
+            let first = failing[0];
+            let error = first.last_error.as_deref().unwrap_or_default();
+            return format!(
+                "the monitor cannot reach any node ({}: {error})",
+                first.spec.name
+            );
+        }
+        if active.iter().all(|n| n.role == Role::Unknown) {
+            return "the monitor has not reached any node yet".to_string();
+        }
+        match failing.first() {
+            Some(n) => format!(
+                "no reachable node is out of recovery; the monitor cannot reach {} ({})",
+                n.spec.name,
+                n.last_error.as_deref().unwrap_or_default()
+            ),
+            None => "no node is out of recovery".to_string(),
+        }
+    }
+
     /// The status of node `id`, if it exists.
     pub fn node(&self, id: NodeId) -> Option<&NodeStatus> {
         self.nodes.get(id)

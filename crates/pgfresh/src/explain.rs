@@ -47,6 +47,10 @@ pub fn explain(config_path: &Path, sql: &str) -> ExitCode {
     if let Some(h) = &analysis.hint {
         println!("hint:         {h:?}");
     }
+    if let Some(m) = &analysis.min_lsn_hint {
+        let tli = m.timeline.map(|t| format!("{t}/")).unwrap_or_default();
+        println!("min_lsn hint: {tli}{} (not routed on yet)", m.lsn);
+    }
     for (i, s) in analysis.statements.iter().enumerate() {
         let mut extra = String::new();
         if let Some(tx) = &s.tx {

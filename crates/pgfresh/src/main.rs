@@ -35,7 +35,12 @@ enum Command {
     /// Run the proxy (the default).
     Run,
     /// Validate a config file and print the effective values and their reload class.
-    Check,
+    Check {
+        /// Also log in to every node as the monitor does and report, per node, its role and
+        /// version or the server's error; exits 1 when any node fails.
+        #[arg(long)]
+        connect: bool,
+    },
     /// Print the analysis of a statement and the routing decision with its reasons.
     Explain {
         /// The SQL text.
@@ -101,7 +106,7 @@ fn set_log_level(level: &str) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
-        Command::Check => check(&cli.config),
+        Command::Check { connect } => check(&cli.config, connect),
         Command::Explain { sql } => explain::explain(&cli.config, &sql),
         Command::Run => {
             let handle = match ConfigHandle::open(&cli.config) {
@@ -141,24 +146,54 @@ fn runtime(worker_threads: usize) -> tokio::runtime::Runtime {
         .expect("cannot start the tokio runtime")
 }
 
-fn check(path: &std::path::Path) -> ExitCode {
-    match pgfresh_config::load_file(path) {
-        Ok(c) => {
-            println!("{}: valid", path.display());
-            for (key, value, class) in pgfresh_config::describe(&pgfresh_config::redacted(&c)) {
-                let class = match class {
-                    pgfresh_config::ReloadClass::Live => "live",
-                    pgfresh_config::ReloadClass::Restart => "restart",
-                };
-                println!("{key} = {value}    # {class}");
-            }
-            ExitCode::SUCCESS
-        }
+fn check(path: &std::path::Path, connect: bool) -> ExitCode {
+    let c = match pgfresh_config::load_file(path) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("pgfresh: {e}");
-            ExitCode::from(2)
+            return ExitCode::from(2);
+        }
+    };
+    println!("{}: valid", path.display());
+    for (key, value, class) in pgfresh_config::describe(&pgfresh_config::redacted(&c)) {
+        let class = match class {
+            pgfresh_config::ReloadClass::Live => "live",
+            pgfresh_config::ReloadClass::Restart => "restart",
+        };
+        println!("{key} = {value}    # {class}");
+    }
+    if !connect {
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "monitor login as \"{}\" to database \"{}\":",
+        c.monitor.user, c.monitor.database
+    );
+    let checks = runtime(0).block_on(pgfresh_proxy::check_monitor_logins(&c));
+    let mut failed = 0;
+    for n in &checks {
+        match &n.result {
+            Ok(ok) => {
+                let role = if ok.in_recovery { "standby" } else { "primary" };
+                println!(
+                    "node {} ({}): ok, {role}, PostgreSQL {}",
+                    n.name, n.address, ok.server_version
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("node {} ({}): FAILED: {e}", n.name, n.address);
+            }
         }
     }
+    if failed > 0 {
+        eprintln!(
+            "pgfresh: the monitor cannot log in to {failed} of {} nodes",
+            checks.len()
+        );
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
 }
 
 /// Run the proxy until SIGTERM (graceful) or SIGINT (fast); SIGHUP and file edits reload.

@@ -65,6 +65,32 @@ fn explain_shows_analysis_and_decision() {
         ),
         ("SELEC 1", "primary", "unclassified"),
         ("SELECT nextval('s')", "primary", "must_primary"),
+        // Hints count in any comment, also in sqlcommenter form.
+        (
+            "SELECT * FROM t /* pgfresh:primary */",
+            "primary",
+            "hint:         Primary",
+        ),
+        (
+            "SELECT /* pgfresh:primary */ * FROM t",
+            "primary",
+            "hint:         Primary",
+        ),
+        (
+            "SELECT * FROM t /*action='list',pgfresh='primary'*/",
+            "primary",
+            "hint:         Primary",
+        ),
+        (
+            "SELECT '/* pgfresh:primary */' FROM t",
+            "replica",
+            "reads:        t",
+        ),
+        (
+            "SELECT * FROM t /* pgfresh:min_lsn=1/0/16B3748 */",
+            "replica",
+            "min_lsn hint: 1/0/16B3748",
+        ),
     ];
     for (sql, target, needle) in cases {
         let (ok, text) = pgfresh(&["explain", "-c", "conf/pgfresh.toml", sql]);

@@ -66,6 +66,12 @@ impl Shared {
         }
     }
 
+    /// The error for "no primary is known", saying why (the monitor cannot reach any node,
+    /// with the first node's error; or no reachable node is out of recovery).
+    pub fn no_primary(&self) -> crate::error::ProxyError {
+        crate::error::ProxyError::NoPrimary(Some(self.balancer.view().no_primary_reason()))
+    }
+
     /// The connection target for `node` (a balancer node id) as `user` on `database`,
     /// or None when the node is unknown or was removed from the config.
     pub fn target(

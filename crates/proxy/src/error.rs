@@ -33,8 +33,10 @@ pub enum ProxyError {
     CommitOutcomeUnknown { node: String },
     #[error("server {node} sent an invalid message: {reason}")]
     ServerProtocol { node: String, reason: String },
-    #[error("no primary is available")]
-    NoPrimary,
+    /// No node is known as the primary; carries why, when the cluster view can tell
+    /// ([`pgfresh_balancer::ClusterView::no_primary_reason`]).
+    #[error("no primary is available{}", reason_suffix(.0))]
+    NoPrimary(Option<String>),
     #[error("the node serving this transaction changed role; the transaction was rolled back")]
     RoleChanged,
     #[error("login timed out")]
@@ -45,6 +47,13 @@ pub enum ProxyError {
         "no replica can serve this read consistently and the primary fallback limit is reached"
     )]
     FallbackLimit,
+}
+
+fn reason_suffix(reason: &Option<String>) -> String {
+    reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default()
 }
 
 /// How the error ends the exchange with the client.
@@ -69,7 +78,7 @@ impl ProxyError {
             UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             Startup(_) => sqlstate::PROTOCOL_VIOLATION,
             TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,
-            ServerConnect { .. } | NoPrimary => {
+            ServerConnect { .. } | NoPrimary(_) => {
                 sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
             }
             ServerLogin { .. } => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
@@ -86,9 +95,11 @@ impl ProxyError {
         use ProxyError::*;
         match self {
             ClientGone | ClientIo(_) => Disposition::Silent,
-            PoolTimeout { .. } | NoPrimary | ServerConnect { .. } | FallbackLimit | RoleChanged => {
-                Disposition::Recoverable
-            }
+            PoolTimeout { .. }
+            | NoPrimary(_)
+            | ServerConnect { .. }
+            | FallbackLimit
+            | RoleChanged => Disposition::Recoverable,
             _ => Disposition::Fatal,
         }
     }

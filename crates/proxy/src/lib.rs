@@ -75,6 +75,45 @@ fn node_specs(c: &Config) -> Vec<NodeSpec> {
         .collect()
 }
 
+/// One node's answer to [`check_monitor_logins`].
+#[derive(Debug, Clone)]
+pub struct NodeLoginCheck {
+    /// The node's configured name.
+    pub name: String,
+    /// `host:port` as configured.
+    pub address: String,
+    /// Role and version, or what went wrong in the words the monitor records
+    /// (the server's message and SQLSTATE, or the I/O error).
+    pub result: Result<pgfresh_balancer::LoginCheck, String>,
+}
+
+/// Tries the monitor's login (`[monitor]` user, password, database) against every
+/// configured node at once, as the monitor itself connects (`pgfresh check --connect`).
+pub async fn check_monitor_logins(c: &Config) -> Vec<NodeLoginCheck> {
+    let settings = monitor_settings(c);
+    let tasks: Vec<_> = node_specs(c)
+        .into_iter()
+        .map(|spec| {
+            let settings = settings.clone();
+            tokio::spawn(async move {
+                let result = pgfresh_balancer::check_login(&spec, &settings).await;
+                NodeLoginCheck {
+                    address: format!("{}:{}", spec.host, spec.port),
+                    name: spec.name,
+                    result,
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        if let Ok(r) = t.await {
+            out.push(r);
+        }
+    }
+    out
+}
+
 fn patterns(list: &[String]) -> Vec<RelPattern> {
     list.iter().filter_map(|s| s.parse().ok()).collect()
 }

@@ -3,7 +3,8 @@
 use pg_query::protobuf::Token;
 
 use crate::classify::{classify, sort_dedup};
-use crate::model::{Analysis, Kind, RouteHint, Statement};
+use crate::hints::hints_in;
+use crate::model::{Analysis, Kind, Statement};
 
 /// Analyses SQL text without the cache. Pure, synchronous, never panics on any input.
 ///
@@ -16,17 +17,15 @@ pub fn analyze_uncached(sql: &str) -> Analysis {
     } else {
         Vec::new()
     };
-    let hint = comments
-        .iter()
-        .find_map(|(c, leading)| if *leading { hint_of(c) } else { None });
-    let comments: Vec<String> = comments.into_iter().map(|(c, _)| c).collect();
+    let hints = hints_in(comments.iter().map(String::as_str));
 
     let parsed = match pg_query::parse(sql) {
         Ok(p) => p,
         Err(e) => {
             let mut a = Analysis::unclassified(error_message(e));
             a.comments = comments;
-            a.hint = hint;
+            a.hint = hints.route;
+            a.min_lsn_hint = hints.min_lsn;
             return a;
         }
     };
@@ -47,7 +46,8 @@ pub fn analyze_uncached(sql: &str) -> Analysis {
     }
     let mut analysis = combine(statements);
     analysis.comments = comments;
-    analysis.hint = hint;
+    analysis.hint = hints.route;
+    analysis.min_lsn_hint = hints.min_lsn;
     analysis
 }
 
@@ -104,53 +104,18 @@ pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
     a
 }
 
-/// Comments in the text, each with whether it precedes the first non-comment token.
-fn scan_comments(sql: &str) -> Vec<(String, bool)> {
+/// Every comment in the text, verbatim, as PostgreSQL's scanner finds them (so comment markers
+/// inside literals are not comments).
+fn scan_comments(sql: &str) -> Vec<String> {
     let Ok(scan) = pg_query::scan(sql) else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    let mut leading = true;
-    for t in &scan.tokens {
-        let is_comment = t.token == Token::CComment as i32 || t.token == Token::SqlComment as i32;
-        if !is_comment {
-            leading = false;
-            continue;
-        }
-        let (Ok(s), Ok(e)) = (usize::try_from(t.start), usize::try_from(t.end)) else {
-            continue;
-        };
-        if let Some(text) = sql.get(s..e) {
-            out.push((text.to_owned(), leading));
-        }
-    }
-    out
-}
-
-/// `pgfresh:primary` / `pgfresh:replica` as a word of a comment.
-fn hint_of(comment: &str) -> Option<RouteHint> {
-    let body = comment
-        .strip_prefix("/*")
-        .map(|b| b.strip_suffix("*/").unwrap_or(b))
-        .or_else(|| comment.strip_prefix("--"))
-        .unwrap_or(comment);
-    body.split(|c: char| c.is_whitespace() || c == ',' || c == ';')
-        .find_map(|w| match w.to_ascii_lowercase().as_str() {
-            "pgfresh:primary" => Some(RouteHint::Primary),
-            "pgfresh:replica" => Some(RouteHint::Replica),
-            _ => None,
+    scan.tokens
+        .iter()
+        .filter(|t| t.token == Token::CComment as i32 || t.token == Token::SqlComment as i32)
+        .filter_map(|t| {
+            let (s, e) = (usize::try_from(t.start).ok()?, usize::try_from(t.end).ok()?);
+            sql.get(s..e).map(str::to_owned)
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hint_parsing() {
-        assert_eq!(hint_of("/* pgfresh:primary */"), Some(RouteHint::Primary));
-        assert_eq!(hint_of("-- PGFRESH:REPLICA"), Some(RouteHint::Replica));
-        assert_eq!(hint_of("/*pgfresh:replica*/"), Some(RouteHint::Replica));
-        assert_eq!(hint_of("/* app=web */"), None);
-    }
+        .collect()
 }

@@ -29,6 +29,7 @@ mod builtins;
 mod cache;
 mod classify;
 mod functions;
+mod hints;
 mod model;
 mod names;
 pub mod shape;
@@ -38,7 +39,7 @@ pub use analyze::{analyze_bytes, analyze_uncached};
 pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats};
 pub use functions::{reasons_for, FunctionPolicy, Volatility, VolatilityOracle};
 pub use model::{
-    Analysis, DiscardKind, Isolation, Kind, MustPrimary, RouteHint, SessionEffect, Statement,
-    TxEffect, TxModes,
+    Analysis, DiscardKind, HintLsn, Isolation, Kind, MustPrimary, RouteHint, SessionEffect,
+    Statement, TxEffect, TxModes,
 };
 pub use names::{FuncName, NameError, RelName};

@@ -1,5 +1,7 @@
 //! The analysis result: what a SQL string does, statement by statement.
 
+use pgfresh_lsn::Lsn;
+
 use crate::names::{FuncName, RelName};
 
 /// What kind of statement this is, for routing.
@@ -250,7 +252,8 @@ pub enum MustPrimary {
     UserFunction(FuncName),
 }
 
-/// A routing hint from a leading comment: `/* pgfresh:primary */` or `-- pgfresh:replica`.
+/// A routing hint from a comment anywhere in the text: `/* pgfresh:primary */`,
+/// `-- pgfresh:replica`, or sqlcommenter's `/*pgfresh='primary'*/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RouteHint {
     /// Send to the primary regardless of the classification.
@@ -258,6 +261,16 @@ pub enum RouteHint {
     /// Prefer a replica. The router only honours this for statements classified as reads
     /// without must-primary reasons.
     Replica,
+}
+
+/// A `/* pgfresh:min_lsn=TLI/X/Y */` hint: the application asks for a node that has replayed
+/// at least this position (the timeline is optional: `X/Y` also parses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HintLsn {
+    /// The timeline the position was taken on, when given.
+    pub timeline: Option<u32>,
+    /// The WAL position.
+    pub lsn: Lsn,
 }
 
 /// The analysis of one statement of a (possibly multi-statement) string.
@@ -325,8 +338,10 @@ pub struct Analysis {
     pub functions: Vec<FuncName>,
     /// Any statement reads a system catalog.
     pub touches_catalog: bool,
-    /// Routing hint from a comment before the first statement.
+    /// Routing hint from any comment of the text (primary wins over replica).
     pub hint: Option<RouteHint>,
+    /// The highest `pgfresh:min_lsn=` position named in any comment of the text.
+    pub min_lsn_hint: Option<HintLsn>,
     /// Every comment in the text, verbatim (with `/* */` or `--`).
     pub comments: Vec<String>,
     /// The parser's message when `kind` is [`Kind::Unclassified`].
@@ -351,6 +366,7 @@ impl Analysis {
             functions: Vec::new(),
             touches_catalog: false,
             hint: None,
+            min_lsn_hint: None,
             comments: Vec::new(),
             error: Some(message.into()),
         }

@@ -172,9 +172,9 @@ fn comments_and_hints() {
     assert_eq!(a.hint, Some(RouteHint::Replica));
     assert_eq!(a.comments, ["-- pgfresh:replica"]);
 
-    // Only a comment before the first statement is a hint.
+    // A hint counts in any comment, not only a leading one.
     let a = analyze_uncached("SELECT 1 /* pgfresh:replica */");
-    assert_eq!(a.hint, None);
+    assert_eq!(a.hint, Some(RouteHint::Replica));
     assert_eq!(a.comments.len(), 1);
 
     // Comments do not change the classification.
@@ -193,6 +193,102 @@ fn comments_and_hints() {
     let a = analyze_uncached("/* pgfresh:primary */ SELEC 1");
     assert_eq!(a.kind, Kind::Unclassified);
     assert_eq!(a.comments, ["/* pgfresh:primary */"]);
+}
+
+#[test]
+fn hints_anywhere_in_the_text() {
+    use RouteHint::{Primary, Replica};
+    let cases: &[(&str, Option<RouteHint>)] = &[
+        // start, middle, end
+        ("/* pgfresh:primary */ SELECT inet_server_port()", Some(Primary)),
+        ("SELECT /* pgfresh:primary */ inet_server_port()", Some(Primary)),
+        ("SELECT inet_server_port() /* pgfresh:primary */", Some(Primary)),
+        ("SELECT inet_server_port() -- pgfresh:replica", Some(Replica)),
+        ("SELECT a\n-- pgfresh:replica\nFROM t WHERE b = 1", Some(Replica)),
+        ("SELECT 1; /* pgfresh:primary */", Some(Primary)),
+        ("SELECT 1; SELECT 2 -- pgfresh:replica", Some(Replica)),
+        // sqlcommenter, as ORMs and OpenTelemetry append it
+        ("SELECT * FROM t /*pgfresh='primary'*/", Some(Primary)),
+        (
+            "SELECT * FROM t /*action='list',pgfresh='replica',traceparent='00-5bd66ef5095369c7b0d1f8f4bd33716a-c532cb4098ac3dd2-01'*/",
+            Some(Replica),
+        ),
+        (
+            "SELECT * FROM t /*db_driver='psycopg2',framework='django%3A4.2.1',pgfresh='prim%61ry',route='%2Fpolls%2F'*/",
+            Some(Primary),
+        ),
+        // several comments: primary wins over replica, whatever the order
+        ("/* pgfresh:replica */ SELECT 1 /* pgfresh:primary */", Some(Primary)),
+        ("/* pgfresh:primary */ SELECT 1 -- pgfresh:replica", Some(Primary)),
+        ("/* app=web */ SELECT 1 /* pgfresh:replica */ -- done", Some(Replica)),
+        // not hints: markers inside literals and identifiers, other words, no comment
+        ("SELECT '/* pgfresh:primary */'", None),
+        ("SELECT '-- pgfresh:primary', 1", None),
+        ("SELECT $$ /* pgfresh:primary */ $$", None),
+        ("SELECT 1 AS \"/* pgfresh:primary */\"", None),
+        ("SELECT 'pgfresh:primary' /* app=web */", None),
+        ("SELECT 1 /* pgfresh:nowhere */", None),
+        ("SELECT 1 /*route='pgfresh:primary'*/", None),
+        ("SELECT 1", None),
+    ];
+    for (sql, want) in cases {
+        let a = analyze_uncached(sql);
+        assert_eq!(a.hint, *want, "{sql}");
+        assert_ne!(a.kind, Kind::Unclassified, "{sql}");
+    }
+}
+
+#[test]
+fn min_lsn_hint_is_its_own_kind() {
+    let a = analyze_uncached("SELECT * FROM t /* pgfresh:min_lsn=1/0/16B3748 */");
+    assert_eq!(a.hint, None);
+    let m = a.min_lsn_hint.expect("min_lsn hint");
+    assert_eq!(
+        (m.timeline, m.lsn.to_string().as_str()),
+        (Some(1), "0/16B3748")
+    );
+    let a = analyze_uncached("SELECT 1 /*pgfresh='min_lsn%3D1%2F0%2F16B3748'*/ -- pgfresh:primary");
+    assert_eq!(a.hint, Some(RouteHint::Primary));
+    assert_eq!(a.min_lsn_hint.map(|m| m.lsn.0), Some(0x16B_3748));
+    assert_eq!(
+        analyze_uncached("SELECT '/* pgfresh:min_lsn=1/0/1 */'").min_lsn_hint,
+        None
+    );
+}
+
+#[test]
+fn texts_differing_only_in_a_hint_never_share_an_analysis() {
+    let analyzer = Analyzer::new(AnalyzerOptions::default());
+    let texts = [
+        "SELECT v FROM t WHERE id = 1",
+        "SELECT v FROM t WHERE id = 2 /* pgfresh:primary */",
+        "SELECT v FROM t WHERE id = 3 /* pgfresh:replica */",
+        "SELECT v FROM t WHERE id = 4 /*pgfresh='primary'*/",
+        "SELECT v FROM t WHERE id = 5 /*pgfresh='replica'*/",
+        "SELECT /* pgfresh:primary */ v FROM t WHERE id = 6",
+        "SELECT v FROM t WHERE id = 7 /* pgfresh:min_lsn=1/0/10 */",
+        "SELECT v FROM t WHERE id = 8 /* pgfresh:min_lsn=1/0/20 */",
+    ];
+    // Twice round, in both orders, so every text meets every other's cached entry.
+    for round in 0..2 {
+        let order: Vec<&str> = if round == 0 {
+            texts.to_vec()
+        } else {
+            texts.iter().rev().copied().collect()
+        };
+        for sql in order {
+            let cached = analyzer.analyze(sql);
+            let fresh = analyze_uncached(sql);
+            assert_eq!(cached.hint, fresh.hint, "{sql}");
+            assert_eq!(cached.min_lsn_hint, fresh.min_lsn_hint, "{sql}");
+            assert_eq!(cached.comments, fresh.comments, "{sql}");
+        }
+    }
+    // The same hint with other literal values still shares.
+    let a = analyzer.analyze("SELECT v FROM t WHERE id = 40 /* pgfresh:primary */");
+    let b = analyzer.analyze("SELECT v FROM t WHERE id = 41 /* pgfresh:primary */");
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(a.hint, Some(RouteHint::Primary));
 }
 
 #[test]

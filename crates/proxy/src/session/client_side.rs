@@ -28,6 +28,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         functions: stmt.functions.clone(),
         touches_catalog: stmt.touches_catalog,
         hint: None,
+        min_lsn_hint: None,
         comments: Vec::new(),
         error: None,
     }
@@ -380,7 +381,12 @@ impl Session {
 
     /// Turn a decision into a node.
     fn resolve(&mut self, d: Decision, avoid: Option<usize>) -> Result<usize, ProxyError> {
-        let primary = || self.shared.balancer.primary().ok_or(ProxyError::NoPrimary);
+        let primary = || {
+            self.shared
+                .balancer
+                .primary()
+                .ok_or_else(|| self.shared.no_primary())
+        };
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
@@ -444,7 +450,7 @@ impl Session {
     /// [`crate::server::ServerConn::queue`]).
     async fn send_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
         let Some(leased) = self.backends[node].as_mut() else {
-            return Err(ProxyError::NoPrimary);
+            return Err(ProxyError::NoPrimary(None));
         };
         let result = match frames {
             [one] => leased.conn.queue(one),

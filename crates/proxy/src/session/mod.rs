@@ -156,10 +156,10 @@ impl Session {
             .await
             .ok()
             .flatten()
-            .ok_or(ProxyError::NoPrimary)?;
+            .ok_or_else(|| self.shared.no_primary())?;
         self.attach(primary).await?;
         let Some(leased) = self.backends[primary].as_mut() else {
-            return Err(ProxyError::NoPrimary);
+            return Err(ProxyError::NoPrimary(None));
         };
         let sql = self.state.replay_sql();
         if let Err(msg) = leased.conn.run_quiet(&sql).await? {
@@ -435,7 +435,7 @@ impl Session {
         let target = self
             .shared
             .target(node, &self.login.user, &self.login.database)
-            .ok_or(ProxyError::NoPrimary)?;
+            .ok_or(ProxyError::NoPrimary(None))?;
         let leased = self
             .shared
             .pools
