@@ -154,9 +154,21 @@ impl Walk {
     }
 }
 
+/// Most closure entries stored for one database (32 MiB of ids). Closures can grow with the
+/// square of the schema (every table reaching every other); past the bound a closure is not
+/// stored and expands to the whole database instead, which is conservative.
+pub const MAX_CLOSURE_ENTRIES: usize = 8 << 20;
+
 /// Appends `ids` (without `exclude`) to the pool, sorted.
 fn push_span(pool: &mut Vec<RelId>, ids: &[RelId], exclude: Option<RelId>, whole: bool) -> Span {
     let start = pool.len();
+    if start + ids.len() > MAX_CLOSURE_ENTRIES {
+        return Span {
+            start: 0,
+            len: 0,
+            whole: true,
+        };
+    }
     pool.extend(ids.iter().copied().filter(|&r| Some(r) != exclude));
     pool[start..].sort_unstable();
     Span {

@@ -39,6 +39,7 @@
 pub mod body;
 pub mod catalog;
 mod closure;
+pub use closure::MAX_CLOSURE_ENTRIES;
 mod expand;
 mod graph;
 pub mod report;
