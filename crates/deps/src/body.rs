@@ -84,7 +84,10 @@ fn shorten(s: &str) -> String {
 /// unanalysable; `None` definition likewise).
 pub fn analyze_body(language: &str, definition: Option<&str>) -> BodyEffects {
     let Some(def) = definition else {
-        return BodyEffects::unanalysable(format!("language {language}"));
+        return BodyEffects::unanalysable(match language {
+            "sql" | "plpgsql" => "no definition".to_owned(),
+            other => format!("language {other}"),
+        });
     };
     match language {
         "plpgsql" => analyze_plpgsql(def),

@@ -122,6 +122,8 @@ fn other_languages_and_missing_definitions_are_unanalysable() {
     assert_eq!(fx.unanalysable.as_deref(), Some("language plpython3u"));
     let fx = analyze_body("c", None);
     assert_eq!(fx.unanalysable.as_deref(), Some("language c"));
+    let fx = analyze_body("plpgsql", None);
+    assert_eq!(fx.unanalysable.as_deref(), Some("no definition"));
 }
 
 #[test]
@@ -129,4 +131,64 @@ fn empty_sql_body_does_nothing() {
     let def = "CREATE OR REPLACE FUNCTION public.noop()\n RETURNS void\n LANGUAGE sql\nAS $function$ $function$\n";
     let fx = analyze_body("sql", Some(def));
     assert_eq!(fx, Default::default());
+}
+
+#[test]
+fn procedures_options_and_every_expression_form() {
+    let def = r#"CREATE OR REPLACE PROCEDURE app.settle(IN p_id integer, INOUT total numeric DEFAULT 0)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'app', 'public'
+AS $procedure$
+DECLARE
+  i integer;
+  x integer[];
+  rec record;
+BEGIN
+  CALL app.audit_call(p_id);
+  FOR i IN 1..(SELECT count(*) FROM range_src) LOOP
+    x[i] := (SELECT v FROM elem_src WHERE id = i);
+  END LOOP;
+  WHILE (SELECT flag FROM while_src) LOOP
+    EXIT;
+  END LOOP;
+  CASE (SELECT kind FROM case_src)
+    WHEN 1 THEN total := 1;
+    ELSE total = (SELECT sum(n) FROM eq_src);
+  END CASE;
+  FOREACH i IN ARRAY (SELECT array_agg(id) FROM array_src) LOOP
+    RAISE NOTICE 'value %', (SELECT name FROM raise_src WHERE id = i);
+  END LOOP;
+  ASSERT (SELECT ok FROM assert_src);
+  DELETE FROM app.pending WHERE id = p_id RETURNING id INTO i;
+  COMMIT;
+EXCEPTION WHEN others THEN
+  INSERT INTO app.errors(msg) VALUES (SQLERRM);
+END
+$procedure$
+"#;
+    let fx = analyze_body("plpgsql", Some(def));
+    assert_eq!(fx.unanalysable, None);
+    assert_eq!(names(&fx.writes), ["app.errors", "app.pending"]);
+    for src in [
+        "range_src",
+        "elem_src",
+        "while_src",
+        "case_src",
+        "eq_src",
+        "array_src",
+        "raise_src",
+        "assert_src",
+    ] {
+        assert!(names(&fx.reads).contains(&src.to_owned()), "{src}");
+    }
+    assert!(calls(&fx.calls).contains(&"app.audit_call".to_owned()));
+}
+
+#[test]
+fn sql_procedure() {
+    let def = "CREATE OR REPLACE PROCEDURE app.purge()\n LANGUAGE sql\nBEGIN ATOMIC\n DELETE FROM app.sessions\n   WHERE (sessions.expires < now());\nEND\n";
+    let fx = analyze_body("sql", Some(def));
+    assert_eq!(fx.unanalysable, None);
+    assert_eq!(names(&fx.writes), ["app.sessions"]);
 }
