@@ -131,14 +131,17 @@ c.confupdtype::text AS on_update \
 FROM pg_catalog.pg_constraint c WHERE c.contype = 'f'";
 
 /// The relations a view's or materialized view's query uses: the dependencies (`deptype
-/// 'n'`) of its `_RETURN` rewrite rule on other relations.
+/// 'n'`) of its `_RETURN` rewrite rule on other relations; system views left out.
 pub const VIEW_DEPS_SQL: &str = "\
 SELECT DISTINCT r.ev_class::int8 AS view_oid, d.refobjid::int8 AS base_oid \
 FROM pg_catalog.pg_rewrite r \
 JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
 JOIN pg_catalog.pg_class b ON b.oid = d.refobjid \
+JOIN pg_catalog.pg_class v ON v.oid = r.ev_class \
+JOIN pg_catalog.pg_namespace n ON n.oid = v.relnamespace \
 WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_class'::regclass \
-AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v', 'm', 'f')";
+AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v', 'm', 'f') \
+AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// Partitions and inheritance children.
 pub const INHERITS_SQL: &str = "\
