@@ -161,6 +161,14 @@ fn bench(c: &mut Criterion) {
             black_box(graph.expand_writes(&writes[i], &no_calls, &mut out))
         })
     });
+    let mut borrowed = Vec::new();
+    c.bench_function("expand_writes_borrowed per statement (1-3 tables)", |b| {
+        b.iter(|| {
+            i = (i + 1) % writes.len();
+            borrowed.clear();
+            black_box(graph.expand_writes_borrowed(&writes[i], &no_calls, &mut borrowed))
+        })
+    });
     c.bench_function("expand_reads per statement (1-3 views)", |b| {
         b.iter(|| {
             i = (i + 1) % reads.len();

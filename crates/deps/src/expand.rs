@@ -87,7 +87,23 @@ impl DepGraph {
         if self.is_empty() {
             return Expansion::Precise;
         }
-        self.expand(writes, called, &self.rel_write, &self.func_write, out)
+        let spans = (&self.rel_write[..], &self.func_write[..]);
+        self.expand(writes, called, spans, &mut |r| out.push(r.clone()))
+    }
+
+    /// [`DepGraph::expand_writes`] appending borrowed names (no reference-count traffic; the
+    /// names live as long as the graph).
+    pub fn expand_writes_borrowed<'g>(
+        &'g self,
+        writes: &[RelName],
+        called: &[FuncName],
+        out: &mut Vec<&'g RelName>,
+    ) -> Expansion {
+        if self.is_empty() {
+            return Expansion::Precise;
+        }
+        let spans = (&self.rel_write[..], &self.func_write[..]);
+        self.expand(writes, called, spans, &mut |r| out.push(r))
     }
 
     /// Appends to `out` the relations that reading `reads` and calling `called` reads beyond
@@ -102,16 +118,30 @@ impl DepGraph {
         if self.is_empty() {
             return Expansion::Precise;
         }
-        self.expand(reads, called, &self.rel_read, &self.func_read, out)
+        let spans = (&self.rel_read[..], &self.func_read[..]);
+        self.expand(reads, called, spans, &mut |r| out.push(r.clone()))
     }
 
-    fn expand(
-        &self,
+    /// [`DepGraph::expand_reads`] appending borrowed names.
+    pub fn expand_reads_borrowed<'g>(
+        &'g self,
+        reads: &[RelName],
+        called: &[FuncName],
+        out: &mut Vec<&'g RelName>,
+    ) -> Expansion {
+        if self.is_empty() {
+            return Expansion::Precise;
+        }
+        let spans = (&self.rel_read[..], &self.func_read[..]);
+        self.expand(reads, called, spans, &mut |r| out.push(r))
+    }
+
+    fn expand<'g>(
+        &'g self,
         rels: &[RelName],
         called: &[FuncName],
-        rel_spans: &[Span],
-        func_spans: &[Span],
-        out: &mut Vec<RelName>,
+        (rel_spans, func_spans): (&[Span], &[Span]),
+        sink: &mut dyn FnMut(&'g RelName),
     ) -> Expansion {
         let mut whole = false;
         let mut first: Option<Span> = None;
@@ -152,16 +182,14 @@ impl DepGraph {
         if ids.is_empty() {
             if let Some(span) = first {
                 // One closure: already sorted and without duplicates.
-                out.extend(
-                    self.slice(span)
-                        .iter()
-                        .map(|&r| self.rels[r as usize].clone()),
-                );
+                self.slice(span)
+                    .iter()
+                    .for_each(|&r| sink(&self.rels[r as usize]));
             }
         } else {
             ids.sort_unstable();
             ids.dedup();
-            out.extend(ids.iter().map(|&r| self.rels[r as usize].clone()));
+            ids.iter().for_each(|&r| sink(&self.rels[r as usize]));
         }
         if whole {
             Expansion::WholeDatabase
@@ -183,5 +211,16 @@ impl DepGraph {
     /// Relation nodes, functions, and closure entries stored (for status output).
     pub fn size(&self) -> (usize, usize, usize) {
         (self.rels.len(), self.funcs.len(), self.pool.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graphs_are_shared_across_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<DepGraph>();
     }
 }

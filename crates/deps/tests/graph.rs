@@ -112,6 +112,9 @@ fn writes(g: &DepGraph, w: &[&str], c: &[&str]) -> (Vec<RelName>, Expansion) {
     let c: Vec<FuncName> = c.iter().map(|n| func(n)).collect();
     let mut out = Vec::new();
     let e = g.expand_writes(&w, &c, &mut out);
+    let mut borrowed = Vec::new();
+    assert_eq!(g.expand_writes_borrowed(&w, &c, &mut borrowed), e);
+    assert!(out.iter().eq(borrowed.iter().copied()));
     out.sort();
     (out, e)
 }
@@ -121,6 +124,9 @@ fn reads(g: &DepGraph, r: &[&str], c: &[&str]) -> (Vec<RelName>, Expansion) {
     let c: Vec<FuncName> = c.iter().map(|n| func(n)).collect();
     let mut out = Vec::new();
     let e = g.expand_reads(&r, &c, &mut out);
+    let mut borrowed = Vec::new();
+    assert_eq!(g.expand_reads_borrowed(&r, &c, &mut borrowed), e);
+    assert!(out.iter().eq(borrowed.iter().copied()));
     out.sort();
     (out, e)
 }
