@@ -3,7 +3,8 @@
 //! The proxy runs each query below on the primary (as the monitor user, in the database the
 //! graph is for) and fills [`CatalogRows`]; the column lists of the queries match the fields
 //! of the row types one to one (a unit test checks the names). Every query is read-only and
-//! returns text or integers only, so any driver can decode the rows.
+//! returns text or `int8` only, so any driver can decode the rows (oids arrive as `int8`:
+//! convert with `u32::try_from`; one-letter columns as text: [`char_column`]).
 
 use serde::{Deserialize, Serialize};
 
