@@ -1,0 +1,239 @@
+//! What the catalog of one database says, as plain rows, and the queries that read them.
+//!
+//! The proxy runs each query below on the primary (as the monitor user, in the database the
+//! graph is for) and fills [`CatalogRows`]; the column lists of the queries match the fields
+//! of the row types one to one (a unit test checks the names). Every query is read-only and
+//! returns text or `int8` only, so any driver can decode the rows (oids arrive as `int8`:
+//! convert with `u32::try_from`; one-letter columns as text: [`char_column`]).
+
+use serde::{Deserialize, Serialize};
+
+/// Object identifier (`oid`), as PostgreSQL numbers catalog rows.
+pub type Oid = u32;
+
+/// Everything the graph is built from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogRows {
+    /// Tables, partitioned tables, views, materialized views, foreign tables ([`RELATIONS_SQL`]).
+    pub relations: Vec<RelationRow>,
+    /// Enabled, user-defined triggers ([`TRIGGERS_SQL`]).
+    pub triggers: Vec<TriggerRow>,
+    /// Foreign keys ([`FOREIGN_KEYS_SQL`]).
+    pub foreign_keys: Vec<ForeignKeyRow>,
+    /// Relations each view's query uses ([`VIEW_DEPS_SQL`]).
+    pub view_deps: Vec<ViewDepRow>,
+    /// Partitions and inheritance children ([`INHERITS_SQL`]).
+    pub inherits: Vec<InheritsRow>,
+    /// User functions and procedures ([`FUNCTIONS_SQL`]).
+    pub functions: Vec<FunctionRow>,
+}
+
+/// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelationRow {
+    /// `pg_class.oid`.
+    pub oid: Oid,
+    /// Schema name (`pg_namespace.nspname`), exactly as stored (no folding needed).
+    pub schema: String,
+    /// Relation name (`pg_class.relname`), exactly as stored.
+    pub name: String,
+    /// `pg_class.relkind`: `r` table, `p` partitioned table, `v` view, `m` materialized
+    /// view, `f` foreign table.
+    pub relkind: char,
+}
+
+/// One enabled, non-internal row of `pg_trigger`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TriggerRow {
+    /// The table (or view, for INSTEAD OF triggers) the trigger is on (`tgrelid`).
+    pub table_oid: Oid,
+    /// The trigger function (`tgfoid`).
+    pub function_oid: Oid,
+    /// Trigger name (`tgname`), for introspection.
+    pub name: String,
+}
+
+/// One foreign key (`pg_constraint` with `contype = 'f'`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForeignKeyRow {
+    /// Constraint name (`conname`), for introspection.
+    pub name: String,
+    /// The table holding the key (`conrelid`): written by a cascade.
+    pub referencing_oid: Oid,
+    /// The table referenced (`confrelid`): the write that cascades is to this one.
+    pub referenced_oid: Oid,
+    /// `confdeltype`: `a` no action, `r` restrict, `c` cascade, `n` set null, `d` set default.
+    pub on_delete: char,
+    /// `confupdtype`, same letters.
+    pub on_update: char,
+}
+
+/// A relation a view's (or materialized view's) query uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewDepRow {
+    /// The view.
+    pub view_oid: Oid,
+    /// A relation its query reads (never the view itself).
+    pub base_oid: Oid,
+}
+
+/// One row of `pg_inherits`: a partition of a partitioned table, or an inheritance child.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InheritsRow {
+    /// `inhrelid`.
+    pub child_oid: Oid,
+    /// `inhparent`.
+    pub parent_oid: Oid,
+}
+
+/// One user function or procedure.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionRow {
+    /// `pg_proc.oid`.
+    pub oid: Oid,
+    /// Schema name, exactly as stored.
+    pub schema: String,
+    /// Function name (`proname`), exactly as stored.
+    pub name: String,
+    /// Language name (`pg_language.lanname`): `sql` and `plpgsql` bodies are analysed; any
+    /// other language is unanalysable.
+    pub language: String,
+    /// `pg_get_functiondef(oid)` for `sql` and `plpgsql`, `None` for other languages.
+    pub definition: Option<String>,
+    /// `provolatile`: `i`, `s` or `v`.
+    pub volatility: char,
+}
+
+/// Relations: tables, partitioned tables, views, materialized views and foreign tables
+/// outside the system schemas.
+pub const RELATIONS_SQL: &str = "\
+SELECT c.oid::int8 AS oid, n.nspname::text AS schema, c.relname::text AS name, \
+c.relkind::text AS relkind \
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'";
+
+/// Triggers that can fire: enabled (`tgenabled <> 'D'`; `O`, `R` and `A` all fire in some
+/// session replication role) and not internal (foreign-key enforcement triggers are internal
+/// and are described by [`FOREIGN_KEYS_SQL`] instead). On PostgreSQL 11–14 row triggers a
+/// partition inherits from its parent are marked internal; the graph covers them by letting a
+/// write to a partition fire its ancestors' triggers.
+pub const TRIGGERS_SQL: &str = "\
+SELECT t.tgrelid::int8 AS table_oid, t.tgfoid::int8 AS function_oid, t.tgname::text AS name \
+FROM pg_catalog.pg_trigger t \
+WHERE NOT t.tgisinternal AND t.tgenabled <> 'D'";
+
+/// Foreign keys with their referential actions (all of them: the graph keeps the ones whose
+/// ON DELETE or ON UPDATE action writes the referencing table).
+pub const FOREIGN_KEYS_SQL: &str = "\
+SELECT c.conname::text AS name, c.conrelid::int8 AS referencing_oid, \
+c.confrelid::int8 AS referenced_oid, c.confdeltype::text AS on_delete, \
+c.confupdtype::text AS on_update \
+FROM pg_catalog.pg_constraint c WHERE c.contype = 'f'";
+
+/// The relations a view's or materialized view's query uses: the dependencies (`deptype
+/// 'n'`) of its `_RETURN` rewrite rule on other relations; system views left out.
+pub const VIEW_DEPS_SQL: &str = "\
+SELECT DISTINCT r.ev_class::int8 AS view_oid, d.refobjid::int8 AS base_oid \
+FROM pg_catalog.pg_rewrite r \
+JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
+JOIN pg_catalog.pg_class b ON b.oid = d.refobjid \
+JOIN pg_catalog.pg_class v ON v.oid = r.ev_class \
+JOIN pg_catalog.pg_namespace n ON n.oid = v.relnamespace \
+WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_class'::regclass \
+AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v', 'm', 'f') \
+AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
+
+/// Partitions and inheritance children.
+pub const INHERITS_SQL: &str = "\
+SELECT i.inhrelid::int8 AS child_oid, i.inhparent::int8 AS parent_oid \
+FROM pg_catalog.pg_inherits i";
+
+/// User functions and procedures (not aggregates or window functions) outside the system
+/// schemas, with their full definition for `sql` and `plpgsql`. C and internal-language
+/// functions that belong to an extension (pgcrypto, uuid-ossp, PostGIS ...) are left out:
+/// extension code does not write the application's relations, and treating each of its
+/// functions as unanalysable would make every call of them mark the whole database.
+pub const FUNCTIONS_SQL: &str = "\
+SELECT p.oid::int8 AS oid, n.nspname::text AS schema, p.proname::text AS name, \
+l.lanname::text AS language, \
+CASE WHEN l.lanname IN ('sql', 'plpgsql') THEN pg_catalog.pg_get_functiondef(p.oid) END AS definition, \
+p.provolatile::text AS volatility \
+FROM pg_catalog.pg_proc p \
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+JOIN pg_catalog.pg_language l ON l.oid = p.prolang \
+WHERE p.prokind IN ('f', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+AND (l.lanname IN ('sql', 'plpgsql') OR NOT EXISTS (\
+SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = 'pg_catalog.pg_proc'::regclass \
+AND e.objid = p.oid AND e.deptype = 'e'))";
+
+/// Each query with the row type it fills, for loaders and tests.
+pub const QUERIES: [(&str, &str); 6] = [
+    ("relations", RELATIONS_SQL),
+    ("triggers", TRIGGERS_SQL),
+    ("foreign_keys", FOREIGN_KEYS_SQL),
+    ("view_deps", VIEW_DEPS_SQL),
+    ("inherits", INHERITS_SQL),
+    ("functions", FUNCTIONS_SQL),
+];
+
+/// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
+/// empty; a helper for loaders.
+pub fn char_column(text: &str) -> char {
+    text.chars().next().unwrap_or('?')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Output column names of a query, in order, from the parser's target list.
+    fn columns(sql: &str) -> Vec<String> {
+        let parsed = pg_query::parse(sql).expect("query parses");
+        let stmt = parsed.protobuf.stmts[0].stmt.as_ref().unwrap();
+        let Some(pg_query::NodeEnum::SelectStmt(select)) = stmt.node.as_ref() else {
+            panic!("not a SELECT: {sql}")
+        };
+        select
+            .target_list
+            .iter()
+            .map(|t| match t.node.as_ref() {
+                Some(pg_query::NodeEnum::ResTarget(r)) => r.name.clone(),
+                other => panic!("unexpected target {other:?}"),
+            })
+            .collect()
+    }
+
+    /// Field names of a row type, in declaration order (serde_json keeps them sorted, so
+    /// compare sorted lists).
+    fn fields<T: Serialize + Default>() -> Vec<String> {
+        let v = serde_json::to_value(T::default()).unwrap();
+        let mut f: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        f.sort();
+        f
+    }
+
+    #[test]
+    fn query_columns_match_row_types() {
+        let expected = [
+            fields::<RelationRow>(),
+            fields::<TriggerRow>(),
+            fields::<ForeignKeyRow>(),
+            fields::<ViewDepRow>(),
+            fields::<InheritsRow>(),
+            fields::<FunctionRow>(),
+        ];
+        for ((what, sql), want) in QUERIES.iter().zip(expected) {
+            let mut got = columns(sql);
+            assert!(got.iter().all(|c| !c.is_empty()), "{what}: unnamed column");
+            got.sort();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn char_columns() {
+        assert_eq!(char_column("c"), 'c');
+        assert_eq!(char_column(""), '?');
+    }
+}

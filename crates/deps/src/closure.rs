@@ -1,0 +1,250 @@
+//! Precomputing closures: for every relation and function, everything a write to it (or a
+//! call of it) marks, and everything a read of it reads.
+//!
+//! Write closures walk two kinds of relation state, because partitions go both ways but not
+//! transitively: a write to a parent may write any descendant (and those writes are visible
+//! through every ancestor of the descendant, and fire their triggers), while a write to a
+//! partition marks its ancestors without writing its siblings. A relation reached *fully*
+//! follows triggers, cascades, children and parents; one reached *upwards* (as an ancestor of
+//! a written relation) follows triggers, cascades and parents only. Row triggers defined on a
+//! partitioned table fire for writes to its partitions, so an ancestor's triggers count.
+//! Functions follow their writes and calls. Cycles end at already-visited states.
+
+use std::collections::HashMap;
+
+use crate::expand::{DepGraph, Span};
+use crate::graph::{Builder, FuncId, RelId};
+use crate::{CatalogRows, ManualRule};
+
+/// Visited-state stamps, reused across walks without clearing.
+struct Walk {
+    stamp: u32,
+    full: Vec<u32>,
+    up: Vec<u32>,
+    func: Vec<u32>,
+    rel_seen: Vec<u32>,
+    queue: Vec<Item>,
+    out: Vec<RelId>,
+}
+
+#[derive(Clone, Copy)]
+enum Item {
+    Full(RelId),
+    Up(RelId),
+    Func(FuncId),
+}
+
+impl Walk {
+    fn new(b: &Builder) -> Walk {
+        Walk {
+            stamp: 0,
+            full: vec![0; b.rels.len()],
+            up: vec![0; b.rels.len()],
+            func: vec![0; b.funcs.len()],
+            rel_seen: vec![0; b.rels.len()],
+            queue: Vec::new(),
+            out: Vec::new(),
+        }
+    }
+
+    fn begin(&mut self) {
+        self.stamp += 1;
+        self.queue.clear();
+        self.out.clear();
+    }
+
+    fn collect(&mut self, r: RelId) {
+        if self.rel_seen[r as usize] != self.stamp {
+            self.rel_seen[r as usize] = self.stamp;
+            self.out.push(r);
+        }
+    }
+
+    /// Everything `start` writes; true when an unanalysable volatile function may run.
+    fn writes(&mut self, b: &Builder, start: Item) -> bool {
+        self.begin();
+        let mut whole = false;
+        self.queue.push(start);
+        while let Some(item) = self.queue.pop() {
+            match item {
+                Item::Full(r) => {
+                    let i = r as usize;
+                    if self.full[i] == self.stamp {
+                        continue;
+                    }
+                    self.full[i] = self.stamp;
+                    self.collect(r);
+                    self.queue
+                        .extend(b.children[i].iter().map(|&c| Item::Full(c)));
+                    self.relation_common(b, i);
+                }
+                Item::Up(r) => {
+                    let i = r as usize;
+                    if self.full[i] == self.stamp || self.up[i] == self.stamp {
+                        continue;
+                    }
+                    self.up[i] = self.stamp;
+                    self.collect(r);
+                    self.relation_common(b, i);
+                }
+                Item::Func(f) => {
+                    let i = f as usize;
+                    if self.func[i] == self.stamp {
+                        continue;
+                    }
+                    self.func[i] = self.stamp;
+                    // PostgreSQL runs the body of a STABLE or IMMUTABLE function read-only,
+                    // so only a volatile body can write through dynamic SQL.
+                    whole |= b.unanalysable[i].is_some() && b.volatility[i] == 'v';
+                    self.queue
+                        .extend(b.func_writes[i].iter().map(|&r| Item::Full(r)));
+                    self.queue.extend(b.calls[i].iter().map(|&g| Item::Func(g)));
+                }
+            }
+        }
+        whole
+    }
+
+    fn relation_common(&mut self, b: &Builder, i: usize) {
+        self.queue
+            .extend(b.triggers[i].iter().map(|&f| Item::Func(f)));
+        self.queue
+            .extend(b.cascades[i].iter().map(|&c| Item::Full(c)));
+        self.queue.extend(b.parents[i].iter().map(|&p| Item::Up(p)));
+    }
+
+    /// The base relations a read of view `start` reads, through views over views.
+    fn view_reads(&mut self, b: &Builder, start: RelId) {
+        self.begin();
+        self.queue.push(Item::Full(start));
+        while let Some(Item::Full(r)) = self.queue.pop() {
+            let i = r as usize;
+            if self.full[i] == self.stamp {
+                continue;
+            }
+            self.full[i] = self.stamp;
+            self.collect(r);
+            self.queue
+                .extend(b.view_reads[i].iter().map(|&c| Item::Full(c)));
+        }
+    }
+
+    /// What a call of `start` reads (through the functions it calls, and views); true when an
+    /// unanalysable function may run.
+    fn func_reads(&mut self, b: &Builder, start: FuncId, rel_read: &[Vec<RelId>]) -> bool {
+        self.begin();
+        let mut whole = false;
+        let mut stack = vec![start];
+        while let Some(f) = stack.pop() {
+            let i = f as usize;
+            if self.func[i] == self.stamp {
+                continue;
+            }
+            self.func[i] = self.stamp;
+            whole |= b.unanalysable[i].is_some();
+            for &r in &b.func_reads[i] {
+                self.collect(r);
+                for &base in &rel_read[r as usize] {
+                    self.collect(base);
+                }
+            }
+            stack.extend(b.calls[i].iter().copied());
+        }
+        whole
+    }
+}
+
+/// Most closure entries stored for one database (32 MiB of ids). Closures can grow with the
+/// square of the schema (every table reaching every other); past the bound a closure is not
+/// stored and expands to the whole database instead, which is conservative.
+pub const MAX_CLOSURE_ENTRIES: usize = 8 << 20;
+
+/// Appends `ids` (without `exclude`) to the pool, sorted.
+fn push_span(pool: &mut Vec<RelId>, ids: &[RelId], exclude: Option<RelId>, whole: bool) -> Span {
+    let start = pool.len();
+    if start + ids.len() > MAX_CLOSURE_ENTRIES {
+        return Span {
+            start: 0,
+            len: 0,
+            whole: true,
+        };
+    }
+    pool.extend(ids.iter().copied().filter(|&r| Some(r) != exclude));
+    pool[start..].sort_unstable();
+    Span {
+        start: u32::try_from(start).unwrap_or(u32::MAX),
+        len: u32::try_from(pool.len() - start).unwrap_or(u32::MAX),
+        whole,
+    }
+}
+
+impl DepGraph {
+    /// Builds the graph of one database from its catalog rows and the manual rules. Parses
+    /// every function body, so it takes milliseconds to seconds on a large schema: build it
+    /// off the request path and swap it in.
+    pub fn build(rows: &CatalogRows, rules: &[ManualRule]) -> DepGraph {
+        let b = Builder::new(rows, rules);
+        let mut walk = Walk::new(&b);
+        let mut pool = Vec::new();
+
+        let mut rel_read_ids: Vec<Vec<RelId>> = vec![Vec::new(); b.rels.len()];
+        let mut rel_read = vec![Span::default(); b.rels.len()];
+        let mut rel_write = vec![Span::default(); b.rels.len()];
+        for r in 0..b.rels.len() {
+            let id = r as RelId;
+            if !b.view_reads[r].is_empty() {
+                walk.view_reads(&b, id);
+                rel_read_ids[r] = walk.out.iter().copied().filter(|&x| x != id).collect();
+                rel_read[r] = push_span(&mut pool, &rel_read_ids[r], None, false);
+            }
+            let trivial = b.triggers[r].is_empty()
+                && b.cascades[r].is_empty()
+                && b.children[r].is_empty()
+                && b.parents[r].is_empty();
+            if !trivial {
+                let whole = walk.writes(&b, Item::Full(id));
+                rel_write[r] = push_span(&mut pool, &walk.out, Some(id), whole);
+            }
+        }
+        let mut func_write = vec![Span::default(); b.funcs.len()];
+        let mut func_read = vec![Span::default(); b.funcs.len()];
+        for f in 0..b.funcs.len() {
+            let whole = walk.writes(&b, Item::Func(f as FuncId));
+            func_write[f] = push_span(&mut pool, &walk.out, None, whole);
+            let whole = walk.func_reads(&b, f as FuncId, &rel_read_ids);
+            func_read[f] = push_span(&mut pool, &walk.out, None, whole);
+        }
+
+        let mut rel_index: HashMap<_, Vec<RelId>> = HashMap::new();
+        for (r, name) in b.rels.iter().enumerate() {
+            if !rel_write[r].is_trivial() || !rel_read[r].is_trivial() {
+                rel_index
+                    .entry(name.name.clone())
+                    .or_default()
+                    .push(r as RelId);
+            }
+        }
+        let mut func_index: HashMap<_, Vec<FuncId>> = HashMap::new();
+        for (f, name) in b.funcs.iter().enumerate() {
+            if !func_write[f].is_trivial() || !func_read[f].is_trivial() {
+                func_index
+                    .entry(name.name.clone())
+                    .or_default()
+                    .push(f as FuncId);
+            }
+        }
+        pool.shrink_to_fit();
+        DepGraph {
+            rels: b.rels,
+            funcs: b.funcs,
+            pool,
+            rel_write,
+            rel_read,
+            func_write,
+            func_read,
+            rel_index,
+            func_index,
+            report: b.report,
+        }
+    }
+}

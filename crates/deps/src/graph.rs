@@ -1,0 +1,335 @@
+//! Building the graph: catalog rows and manual rules to nodes and edges.
+//!
+//! Nodes are relations and functions. Relations are the catalog's, named exactly as stored
+//! (always schema-qualified), plus *virtual* relations: names a function body or a manual rule
+//! uses that the catalog does not have (a table created later, a temp table), kept as written.
+//! Names inside bodies resolve conservatively: a qualified name to that relation, an
+//! unqualified one to every relation of that name in any schema (the body's search path is not
+//! known). System catalogs are ignored. Called functions resolve the same way to every overload;
+//! a call of a function the rows do not have (a built-in, extension code) adds nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pgfresh_sql::{FuncName, RelName};
+
+use crate::body::analyze_body;
+use crate::catalog::{CatalogRows, Oid};
+use crate::report::{fk_action, DependencyReport, Edge, EdgeKind, UnanalysableBody};
+use crate::rules::{ManualRule, RuleSource};
+
+/// Index of a relation node.
+pub(crate) type RelId = u32;
+/// Index of a function node.
+pub(crate) type FuncId = u32;
+
+/// The adjacency lists the closures are computed from.
+#[derive(Default)]
+pub(crate) struct Builder {
+    pub rels: Vec<RelName>,
+    /// Relkind per relation (`?` for virtual ones).
+    pub relkind: Vec<char>,
+    pub funcs: Vec<FuncName>,
+    /// Volatility per function (`v` for virtual ones).
+    pub volatility: Vec<char>,
+    /// Why a function cannot be analysed; `None` when it can or a manual rule describes it.
+    pub unanalysable: Vec<Option<String>>,
+    /// Relation → functions its triggers run.
+    pub triggers: Vec<Vec<FuncId>>,
+    /// Relation → relations a write to it writes (FK cascades, writes through a view, manual).
+    pub cascades: Vec<Vec<RelId>>,
+    /// Parent → partitions / inheritance children.
+    pub children: Vec<Vec<RelId>>,
+    /// Child → parents.
+    pub parents: Vec<Vec<RelId>>,
+    /// View → relations its query reads (not for materialized views).
+    pub view_reads: Vec<Vec<RelId>>,
+    /// Function → relations it writes.
+    pub func_writes: Vec<Vec<RelId>>,
+    /// Function → relations it reads.
+    pub func_reads: Vec<Vec<RelId>>,
+    /// Function → functions it calls.
+    pub calls: Vec<Vec<FuncId>>,
+    by_oid: HashMap<Oid, RelId>,
+    func_by_oid: HashMap<Oid, FuncId>,
+    by_name: HashMap<Arc<str>, Vec<RelId>>,
+    func_by_name: HashMap<Arc<str>, Vec<FuncId>>,
+    pub report: DependencyReport,
+}
+
+fn func_label(f: &FuncName) -> String {
+    format!("{f}()")
+}
+
+impl Builder {
+    fn add_rel(&mut self, name: RelName, relkind: char) -> RelId {
+        let id = RelId::try_from(self.rels.len()).unwrap_or(RelId::MAX);
+        self.by_name.entry(name.name.clone()).or_default().push(id);
+        self.rels.push(name);
+        self.relkind.push(relkind);
+        for v in [
+            &mut self.cascades,
+            &mut self.children,
+            &mut self.parents,
+            &mut self.view_reads,
+        ] {
+            v.push(Vec::new());
+        }
+        self.triggers.push(Vec::new());
+        id
+    }
+
+    fn add_func(&mut self, name: FuncName, volatility: char) -> FuncId {
+        let id = FuncId::try_from(self.funcs.len()).unwrap_or(FuncId::MAX);
+        self.func_by_name
+            .entry(name.name.clone())
+            .or_default()
+            .push(id);
+        self.funcs.push(name);
+        self.volatility.push(volatility);
+        self.unanalysable.push(None);
+        self.func_writes.push(Vec::new());
+        self.func_reads.push(Vec::new());
+        self.calls.push(Vec::new());
+        id
+    }
+
+    /// Every relation `name` may denote; a virtual node when the catalog has none.
+    fn resolve_rel(&mut self, name: &RelName) -> Vec<RelId> {
+        let found: Vec<RelId> = self
+            .by_name
+            .get(&name.name)
+            .map(|ids| {
+                ids.iter()
+                    .copied()
+                    .filter(|&id| name.may_match(&self.rels[id as usize]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !found.is_empty() {
+            return found;
+        }
+        vec![self.add_rel(name.clone(), '?')]
+    }
+
+    /// Every function `name` may denote (all overloads); empty for unknown ones.
+    fn resolve_func(&self, name: &FuncName) -> Vec<FuncId> {
+        self.func_by_name
+            .get(&name.name)
+            .map(|ids| {
+                ids.iter()
+                    .copied()
+                    .filter(|&id| name.may_match(&self.funcs[id as usize]))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn edge(&mut self, kind: EdgeKind, from: String, to: String, via: Option<&str>, action: &str) {
+        self.report.edges.push(Edge {
+            kind,
+            from,
+            to,
+            via: via.map(str::to_owned),
+            action: action.to_owned(),
+        });
+    }
+
+    fn rel_label(&self, id: RelId) -> String {
+        self.rels[id as usize].to_string()
+    }
+
+    /// Builds every node and edge from the rows and rules.
+    pub fn new(rows: &CatalogRows, rules: &[ManualRule]) -> Builder {
+        let mut b = Builder::default();
+        for r in &rows.relations {
+            let id = b.add_rel(RelName::new(Some(&r.schema), &r.name), r.relkind);
+            b.by_oid.insert(r.oid, id);
+        }
+        for f in &rows.functions {
+            let id = b.add_func(FuncName::new(Some(&f.schema), &f.name), f.volatility);
+            b.func_by_oid.insert(f.oid, id);
+        }
+        b.report.relations = rows.relations.len();
+        b.report.functions = rows.functions.len();
+        b.add_catalog_edges(rows);
+        for (f, row) in rows.functions.iter().enumerate() {
+            b.add_body(f as FuncId, &row.language, row.definition.as_deref());
+        }
+        for rule in rules {
+            b.add_rule(rule);
+        }
+        for v in [
+            &mut b.cascades,
+            &mut b.children,
+            &mut b.parents,
+            &mut b.view_reads,
+            &mut b.func_writes,
+            &mut b.func_reads,
+        ] {
+            v.iter_mut().for_each(|l| {
+                l.sort_unstable();
+                l.dedup();
+            });
+        }
+        for l in b.triggers.iter_mut().chain(b.calls.iter_mut()) {
+            l.sort_unstable();
+            l.dedup();
+        }
+        b.report.edges.sort();
+        b.report.edges.dedup();
+        b.report.unanalysable.sort();
+        b
+    }
+
+    fn add_catalog_edges(&mut self, rows: &CatalogRows) {
+        for t in &rows.triggers {
+            let (Some(&rel), Some(&f)) = (
+                self.by_oid.get(&t.table_oid),
+                self.func_by_oid.get(&t.function_oid),
+            ) else {
+                continue; // a built-in or extension trigger function: writes nothing of ours
+            };
+            self.triggers[rel as usize].push(f);
+            let (from, to) = (self.rel_label(rel), func_label(&self.funcs[f as usize]));
+            self.edge(EdgeKind::Trigger, from, to, Some(&t.name), "fires");
+        }
+        for k in &rows.foreign_keys {
+            let Some(action) = fk_action(k.on_delete, k.on_update) else {
+                continue;
+            };
+            let (Some(&referenced), Some(&referencing)) = (
+                self.by_oid.get(&k.referenced_oid),
+                self.by_oid.get(&k.referencing_oid),
+            ) else {
+                continue;
+            };
+            self.cascades[referenced as usize].push(referencing);
+            let (from, to) = (self.rel_label(referenced), self.rel_label(referencing));
+            self.edge(EdgeKind::ForeignKey, from, to, Some(&k.name), &action);
+        }
+        for d in &rows.view_deps {
+            let (Some(&view), Some(&base)) =
+                (self.by_oid.get(&d.view_oid), self.by_oid.get(&d.base_oid))
+            else {
+                continue;
+            };
+            if view == base {
+                continue;
+            }
+            let (from, to) = (self.rel_label(view), self.rel_label(base));
+            if self.relkind[view as usize] == 'm' {
+                // A materialized view's rows change only when it is refreshed, which is a
+                // write of the view itself: reading it reads no base relation.
+                let action = "materialized: read only at refresh";
+                self.edge(EdgeKind::View, from, to, None, action);
+                continue;
+            }
+            self.view_reads[view as usize].push(base);
+            // A write through an updatable view writes its base relation.
+            self.cascades[view as usize].push(base);
+            self.edge(EdgeKind::View, from, to, None, "reads");
+        }
+        for i in &rows.inherits {
+            let (Some(&child), Some(&parent)) = (
+                self.by_oid.get(&i.child_oid),
+                self.by_oid.get(&i.parent_oid),
+            ) else {
+                continue;
+            };
+            self.children[parent as usize].push(child);
+            self.parents[child as usize].push(parent);
+            let (kind, action) = if self.relkind[parent as usize] == 'p' {
+                (EdgeKind::Partition, "partition")
+            } else {
+                (EdgeKind::Inheritance, "inherits")
+            };
+            let (from, to) = (self.rel_label(parent), self.rel_label(child));
+            self.edge(kind, from, to, None, action);
+        }
+    }
+
+    fn add_body(&mut self, f: FuncId, language: &str, definition: Option<&str>) {
+        let fx = analyze_body(language, definition);
+        let label = func_label(&self.funcs[f as usize]);
+        if let Some(reason) = fx.unanalysable {
+            self.report.unanalysable.push(UnanalysableBody {
+                function: label.clone(),
+                language: language.to_owned(),
+                reason: reason.clone(),
+                overridden_by_rule: false,
+            });
+            self.unanalysable[f as usize] = Some(reason);
+        }
+        for (names, action) in [(&fx.writes, "writes"), (&fx.reads, "reads")] {
+            for name in names.iter().filter(|n| !n.is_system_catalog()) {
+                for rel in self.resolve_rel(name) {
+                    let list = if action == "writes" {
+                        &mut self.func_writes
+                    } else {
+                        &mut self.func_reads
+                    };
+                    list[f as usize].push(rel);
+                    let to = self.rel_label(rel);
+                    self.edge(EdgeKind::Function, label.clone(), to, None, action);
+                }
+            }
+        }
+        for name in &fx.calls {
+            for callee in self.resolve_func(name) {
+                self.calls[f as usize].push(callee);
+                let to = func_label(&self.funcs[callee as usize]);
+                self.edge(EdgeKind::Function, label.clone(), to, None, "calls");
+            }
+        }
+    }
+
+    fn add_rule(&mut self, rule: &ManualRule) {
+        let targets: Vec<RelId> = rule
+            .targets
+            .iter()
+            .flat_map(|t| self.resolve_rel(t))
+            .collect();
+        match &rule.source {
+            RuleSource::Relation(src) => {
+                for s in self.resolve_rel(src) {
+                    for &t in targets.iter().filter(|&&t| t != s) {
+                        self.cascades[s as usize].push(t);
+                        let (from, to) = (self.rel_label(s), self.rel_label(t));
+                        self.edge(EdgeKind::Manual, from, to, Some(&rule.text), "writes");
+                    }
+                }
+            }
+            RuleSource::Function(src) => {
+                let mut funcs = self.resolve_func(src);
+                if funcs.is_empty() {
+                    funcs.push(self.add_func(src.clone(), 'v'));
+                }
+                for f in funcs {
+                    // The rule says what the function does: its body no longer counts as
+                    // unanalysable.
+                    if self.unanalysable[f as usize].take().is_some() {
+                        let label = func_label(&self.funcs[f as usize]);
+                        for u in &mut self.report.unanalysable {
+                            if u.function == label {
+                                u.overridden_by_rule = true;
+                            }
+                        }
+                    }
+                    for &t in &targets {
+                        self.func_writes[f as usize].push(t);
+                        self.func_reads[f as usize].push(t);
+                        let (from, to) = (func_label(&self.funcs[f as usize]), self.rel_label(t));
+                        self.edge(
+                            EdgeKind::Manual,
+                            from,
+                            to,
+                            Some(&rule.text),
+                            "writes, reads",
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Building catalog rows by hand, as the proxy's loader would from a real database.
+#![allow(dead_code)]
+
+use pgfresh_deps::{
+    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, RelationRow, TriggerRow, ViewDepRow,
+};
+use pgfresh_sql::{FuncName, RelName};
+
+#[derive(Default)]
+pub struct Schema {
+    pub rows: CatalogRows,
+    next: u32,
+}
+
+fn split(q: &str) -> (String, String) {
+    let (s, n) = q.split_once('.').expect("qualified name");
+    (s.to_owned(), n.to_owned())
+}
+
+/// `pg_get_functiondef` output for a PL/pgSQL function with `body` between BEGIN and END.
+pub fn plpgsql_def(qualified: &str, returns: &str, vol: &str, body: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {qualified}()\n RETURNS {returns}\n LANGUAGE plpgsql\n{vol}AS $function$\nBEGIN\n{body}\nEND;\n$function$\n"
+    )
+}
+
+impl Schema {
+    fn oid(&mut self) -> u32 {
+        self.next += 1;
+        16384 + self.next
+    }
+
+    pub fn rel(&mut self, qualified: &str, relkind: char) -> u32 {
+        let oid = self.oid();
+        let (schema, name) = split(qualified);
+        self.rows.relations.push(RelationRow {
+            oid,
+            schema,
+            name,
+            relkind,
+        });
+        oid
+    }
+
+    pub fn table(&mut self, qualified: &str) -> u32 {
+        self.rel(qualified, 'r')
+    }
+
+    pub fn func(&mut self, qualified: &str, language: &str, vol: char, def: Option<String>) -> u32 {
+        let oid = self.oid();
+        let (schema, name) = split(qualified);
+        self.rows.functions.push(FunctionRow {
+            oid,
+            schema,
+            name,
+            language: language.to_owned(),
+            definition: def,
+            volatility: vol,
+        });
+        oid
+    }
+
+    /// A volatile PL/pgSQL trigger function.
+    pub fn trigger_fn(&mut self, qualified: &str, body: &str) -> u32 {
+        let def = plpgsql_def(qualified, "trigger", "", body);
+        self.func(qualified, "plpgsql", 'v', Some(def))
+    }
+
+    pub fn trigger(&mut self, table: u32, function: u32, name: &str) {
+        self.rows.triggers.push(TriggerRow {
+            table_oid: table,
+            function_oid: function,
+            name: name.to_owned(),
+        });
+    }
+
+    pub fn fk(&mut self, referencing: u32, referenced: u32, on_delete: char, on_update: char) {
+        let name = format!("fk_{referencing}_{referenced}");
+        self.rows.foreign_keys.push(ForeignKeyRow {
+            name,
+            referencing_oid: referencing,
+            referenced_oid: referenced,
+            on_delete,
+            on_update,
+        });
+    }
+
+    pub fn view(&mut self, qualified: &str, relkind: char, bases: &[u32]) -> u32 {
+        let oid = self.rel(qualified, relkind);
+        for &b in bases {
+            self.rows.view_deps.push(ViewDepRow {
+                view_oid: oid,
+                base_oid: b,
+            });
+        }
+        oid
+    }
+
+    pub fn inherit(&mut self, child: u32, parent: u32) {
+        self.rows.inherits.push(InheritsRow {
+            child_oid: child,
+            parent_oid: parent,
+        });
+    }
+}
+
+pub fn rel(name: &str) -> RelName {
+    RelName::parse(name).unwrap()
+}
+
+pub fn func(name: &str) -> FuncName {
+    FuncName::parse(name).unwrap()
+}
+
+pub fn rels(names: &[&str]) -> Vec<RelName> {
+    let mut v: Vec<RelName> = names.iter().map(|n| rel(n)).collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,379 @@
+//! Table-driven checks of every edge kind, chains, cycles, overloads and name matching.
+
+mod common;
+
+use common::{func, plpgsql_def, rel, rels, Schema};
+use pgfresh_deps::{DepGraph, EdgeKind, Expansion, ManualRule};
+use pgfresh_sql::{FuncName, RelName};
+
+/// A schema exercising every kind of dependency.
+fn schema() -> Schema {
+    let mut s = Schema::default();
+    let orders = s.table("app.orders");
+    let items = s.table("app.order_items");
+    s.table("app.audit_log");
+    s.table("app.order_totals");
+    s.table("public.orders");
+    let ledger = s.table("app.ledger");
+    let loose = s.table("app.loose_refs");
+    s.fk(items, orders, 'c', 'a'); // ON DELETE CASCADE
+    s.fk(loose, orders, 'a', 'r'); // NO ACTION / RESTRICT: no cascade
+    let audit = s.trigger_fn(
+        "app.audit",
+        "  INSERT INTO audit_log(op) VALUES (TG_OP);\n  RETURN NEW;",
+    );
+    s.trigger(orders, audit, "orders_audit");
+    let recalc = s.trigger_fn(
+        "app.recalc",
+        "  UPDATE app.order_totals SET n = n + 1;\n  PERFORM app.post(1);\n  RETURN NEW;",
+    );
+    s.trigger(items, recalc, "items_recalc");
+    let post = plpgsql_def(
+        "app.post",
+        "void",
+        "",
+        "  INSERT INTO app.ledger VALUES (1);",
+    );
+    s.func("app.post", "plpgsql", 'v', Some(post));
+
+    // views over views, and a materialized view
+    let v_orders = s.view("app.v_orders", 'v', &[orders, items]);
+    s.view("app.v_top", 'v', &[v_orders]);
+    s.view("app.mv_orders", 'm', &[orders]);
+
+    // partitions two levels deep, and plain inheritance
+    let events = s.rel("app.events", 'p');
+    let e24 = s.table("app.events_2024");
+    let e25 = s.rel("app.events_2025", 'p');
+    let e25q1 = s.table("app.events_2025_q1");
+    s.inherit(e24, events);
+    s.inherit(e25, events);
+    s.inherit(e25q1, e25);
+    let base = s.table("app.base_t");
+    let child = s.table("app.child_t");
+    s.inherit(child, base);
+
+    // a trigger cycle and a self-referencing foreign key
+    let a = s.table("app.cyc_a");
+    let b = s.table("app.cyc_b");
+    let fa = s.trigger_fn(
+        "app.touch_b",
+        "  UPDATE app.cyc_b SET n = n + 1;\n  RETURN NEW;",
+    );
+    let fb = s.trigger_fn(
+        "app.touch_a",
+        "  UPDATE app.cyc_a SET n = n + 1;\n  RETURN NEW;",
+    );
+    s.trigger(a, fa, "a_touch");
+    s.trigger(b, fb, "b_touch");
+    let tree = s.table("app.tree");
+    s.fk(tree, tree, 'c', 'c');
+
+    // dynamic SQL behind a trigger
+    let dyn_t = s.table("app.dyn_target");
+    let dynf = s.trigger_fn(
+        "app.dyn",
+        "  EXECUTE format('DELETE FROM %I', TG_ARGV[0]);\n  RETURN NEW;",
+    );
+    s.trigger(dyn_t, dynf, "dyn_trg");
+
+    // overloads: one PL/pgSQL, one SQL
+    let p1 = plpgsql_def(
+        "app.place_order",
+        "void",
+        "",
+        "  INSERT INTO app.orders DEFAULT VALUES;",
+    );
+    s.func("app.place_order", "plpgsql", 'v', Some(p1));
+    let p2 = "CREATE OR REPLACE FUNCTION app.place_order(a integer, b integer)\n RETURNS void\n LANGUAGE sql\nAS $function$ UPDATE app.ledger SET n = n + a $function$\n";
+    s.func("app.place_order", "sql", 'v', Some(p2.to_owned()));
+
+    // functions read through views; a STABLE one with dynamic SQL; another language
+    let stats = "CREATE OR REPLACE FUNCTION app.stats()\n RETURNS bigint\n LANGUAGE sql\n STABLE\nAS $function$ SELECT count(*) FROM app.v_orders $function$\n";
+    s.func("app.stats", "sql", 's', Some(stats.to_owned()));
+    let sdyn = plpgsql_def(
+        "app.stable_dyn",
+        "bigint",
+        " STABLE\n",
+        "  EXECUTE 'SELECT 1';\n  RETURN 1;",
+    );
+    s.func("app.stable_dyn", "plpgsql", 's', Some(sdyn));
+    s.func("app.py", "plpython3u", 'v', None);
+    let _ = ledger;
+    s
+}
+
+fn graph() -> DepGraph {
+    DepGraph::build(&schema().rows, &[])
+}
+
+fn writes(g: &DepGraph, w: &[&str], c: &[&str]) -> (Vec<RelName>, Expansion) {
+    let w: Vec<RelName> = w.iter().map(|n| rel(n)).collect();
+    let c: Vec<FuncName> = c.iter().map(|n| func(n)).collect();
+    let mut out = Vec::new();
+    let e = g.expand_writes(&w, &c, &mut out);
+    let mut borrowed = Vec::new();
+    assert_eq!(g.expand_writes_borrowed(&w, &c, &mut borrowed), e);
+    assert!(out.iter().eq(borrowed.iter().copied()));
+    out.sort();
+    (out, e)
+}
+
+fn reads(g: &DepGraph, r: &[&str], c: &[&str]) -> (Vec<RelName>, Expansion) {
+    let r: Vec<RelName> = r.iter().map(|n| rel(n)).collect();
+    let c: Vec<FuncName> = c.iter().map(|n| func(n)).collect();
+    let mut out = Vec::new();
+    let e = g.expand_reads(&r, &c, &mut out);
+    let mut borrowed = Vec::new();
+    assert_eq!(g.expand_reads_borrowed(&r, &c, &mut borrowed), e);
+    assert!(out.iter().eq(borrowed.iter().copied()));
+    out.sort();
+    (out, e)
+}
+
+/// Inputs (relations, called functions), expected relations, expected verdict.
+type Case = (
+    &'static [&'static str],
+    &'static [&'static str],
+    &'static [&'static str],
+    Expansion,
+);
+
+const P: Expansion = Expansion::Precise;
+const W: Expansion = Expansion::WholeDatabase;
+
+const ORDERS_CLOSURE: &[&str] = &[
+    "app.audit_log",
+    "app.ledger",
+    "app.order_items",
+    "app.order_totals",
+];
+
+#[test]
+fn write_expansions() {
+    let g = graph();
+    let cases: &[Case] = &[
+        // FK cascade → referencing table → its trigger → function → called function
+        (&["orders"], &[], ORDERS_CLOSURE, P),
+        (&["app.orders"], &[], ORDERS_CLOSURE, P),
+        (&["APP.ORDERS"], &[], ORDERS_CLOSURE, P),
+        (&["public.orders"], &[], &[], P),
+        (&["other.orders"], &[], &[], P),
+        (&["\"Orders\""], &[], &[], P),
+        (
+            &["app.order_items"],
+            &[],
+            &["app.ledger", "app.order_totals"],
+            P,
+        ),
+        (&["app.loose_refs"], &[], &[], P),
+        // partitions: down to every descendant, up to every ancestor, never siblings
+        (
+            &["app.events"],
+            &[],
+            &["app.events_2024", "app.events_2025", "app.events_2025_q1"],
+            P,
+        ),
+        (
+            &["events_2025_q1"],
+            &[],
+            &["app.events", "app.events_2025"],
+            P,
+        ),
+        (&["events_2024"], &[], &["app.events"], P),
+        (&["app.base_t"], &[], &["app.child_t"], P),
+        (&["app.child_t"], &[], &["app.base_t"], P),
+        // cycles end
+        (&["app.cyc_a"], &[], &["app.cyc_b"], P),
+        (&["app.cyc_b"], &[], &["app.cyc_a"], P),
+        (&["app.tree"], &[], &[], P),
+        // a write through a view writes its base relations (and their cascades)
+        (
+            &["app.v_orders"],
+            &[],
+            &[
+                "app.audit_log",
+                "app.ledger",
+                "app.order_items",
+                "app.order_totals",
+                "app.orders",
+            ],
+            P,
+        ),
+        (&["app.mv_orders"], &[], &[], P),
+        // dynamic SQL behind a trigger
+        (&["dyn_target"], &[], &[], W),
+        // called functions, all overloads
+        (
+            &[],
+            &["place_order"],
+            &[
+                "app.audit_log",
+                "app.ledger",
+                "app.order_items",
+                "app.order_totals",
+                "app.orders",
+            ],
+            P,
+        ),
+        (&[], &["other.place_order"], &[], P),
+        (&[], &["app.post"], &["app.ledger"], P),
+        (&[], &["app.stats"], &[], P),
+        // STABLE bodies run read-only: their dynamic SQL cannot write
+        (&[], &["stable_dyn"], &[], P),
+        (&[], &["app.py"], &[], W),
+        (&[], &["now", "count"], &[], P),
+        // several inputs: union, deduplicated
+        (
+            &["app.order_items", "app.cyc_a", "app.orders"],
+            &["app.post"],
+            &[
+                "app.audit_log",
+                "app.cyc_b",
+                "app.ledger",
+                "app.order_items",
+                "app.order_totals",
+            ],
+            P,
+        ),
+    ];
+    for (w, c, want, e) in cases {
+        assert_eq!(
+            writes(&g, w, c),
+            (rels(want), *e),
+            "writes {w:?} calls {c:?}"
+        );
+    }
+}
+
+#[test]
+fn read_expansions() {
+    let g = graph();
+    let cases: &[Case] = &[
+        (
+            &["app.v_orders"],
+            &[],
+            &["app.order_items", "app.orders"],
+            P,
+        ),
+        (
+            &["v_top"],
+            &[],
+            &["app.order_items", "app.orders", "app.v_orders"],
+            P,
+        ),
+        (&["other.v_top"], &[], &[], P),
+        (&["app.mv_orders"], &[], &[], P),
+        (&["orders", "app.events"], &[], &[], P),
+        (
+            &[],
+            &["stats"],
+            &["app.order_items", "app.orders", "app.v_orders"],
+            P,
+        ),
+        (&[], &["stable_dyn"], &[], W),
+        (&[], &["app.py"], &[], W),
+        (&[], &["place_order"], &[], P),
+    ];
+    for (r, c, want, e) in cases {
+        assert_eq!(reads(&g, r, c), (rels(want), *e), "reads {r:?} calls {c:?}");
+    }
+}
+
+#[test]
+fn manual_rules_join_the_closures() {
+    let rules: Vec<ManualRule> = [
+        "app.order_totals -> app.cyc_a",
+        "shipments -> shipment_log",
+        "app.dyn() -> app.ledger",
+        "ledger_sync() -> \"App\".\"Ledger\"",
+    ]
+    .iter()
+    .map(|r| ManualRule::parse(r).unwrap())
+    .collect();
+    let g = DepGraph::build(&schema().rows, &rules);
+    // order_totals now writes cyc_a, which cycles with cyc_b
+    let mut want = ORDERS_CLOSURE.to_vec();
+    want.extend(["app.cyc_a", "app.cyc_b"]);
+    assert_eq!(writes(&g, &["app.orders"], &[]), (rels(&want), P));
+    // relations the catalog does not have are kept as written
+    assert_eq!(
+        writes(&g, &["app.shipments"], &[]),
+        (rels(&["shipment_log"]), P)
+    );
+    // a rule describes an unanalysable function: no longer the whole database
+    assert_eq!(writes(&g, &["dyn_target"], &[]), (rels(&["app.ledger"]), P));
+    let u = &g.report().unanalysable;
+    assert!(u
+        .iter()
+        .any(|u| u.function == "app.dyn()" && u.overridden_by_rule));
+    // a function rule writes and reads its targets
+    let ledger = rels(&["\"App\".\"Ledger\""]);
+    assert_eq!(writes(&g, &[], &["ledger_sync"]), (ledger.clone(), P));
+    assert_eq!(reads(&g, &[], &["public.ledger_sync"]), (ledger, P));
+}
+
+#[test]
+fn empty_graphs_add_nothing() {
+    let g = DepGraph::empty();
+    assert!(g.is_empty());
+    assert_eq!(writes(&g, &["orders"], &["f"]), (vec![], P));
+    assert_eq!(reads(&g, &["orders"], &["f"]), (vec![], P));
+    let mut s = Schema::default();
+    s.table("app.orders");
+    let sql = "CREATE OR REPLACE FUNCTION app.two()\n RETURNS integer\n LANGUAGE sql\n IMMUTABLE\nAS $function$ SELECT 2 $function$\n";
+    s.func("app.two", "sql", 'i', Some(sql.to_owned()));
+    let g = DepGraph::build(&s.rows, &[]);
+    assert!(g.is_empty(), "relations and functions without effects");
+}
+
+#[test]
+fn report_lists_every_edge_kind_and_unanalysable_body() {
+    let g = graph();
+    let r = g.report();
+    for kind in [
+        EdgeKind::Trigger,
+        EdgeKind::ForeignKey,
+        EdgeKind::View,
+        EdgeKind::Partition,
+        EdgeKind::Inheritance,
+        EdgeKind::Function,
+    ] {
+        assert!(r.edges.iter().any(|e| e.kind == kind), "{kind:?}");
+    }
+    let fk = r
+        .edges
+        .iter()
+        .find(|e| e.kind == EdgeKind::ForeignKey)
+        .unwrap();
+    assert_eq!(
+        (fk.from.as_str(), fk.to.as_str(), fk.action.as_str()),
+        ("app.orders", "app.order_items", "on delete cascade")
+    );
+    let trg = r
+        .edges
+        .iter()
+        .find(|e| e.via.as_deref() == Some("orders_audit"))
+        .unwrap();
+    assert_eq!(
+        (trg.from.as_str(), trg.to.as_str()),
+        ("app.orders", "app.audit()")
+    );
+    assert!(!r.edges.iter().any(|e| e.to == "app.loose_refs"));
+    let reasons: Vec<(&str, &str)> = r
+        .unanalysable
+        .iter()
+        .map(|u| (u.function.as_str(), u.reason.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("app.dyn()", "dynamic SQL (EXECUTE)"),
+            ("app.py()", "language plpython3u"),
+            ("app.stable_dyn()", "dynamic SQL (EXECUTE)"),
+        ]
+    );
+    let json = serde_json::to_value(r).unwrap();
+    assert!(json["edges"][0]["kind"].as_str().is_some());
+    assert_eq!(json["relations"], 20);
+}
