@@ -6,6 +6,7 @@ use bytes::Bytes;
 use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::{build, parse_frontend, FrontendMessage, TxStatus};
 
+use super::settings::{event_of, StmtEvent};
 use super::state::{text_hash, PinReason, Prepared};
 use super::unit::{ClientUnit, InFlight};
 use super::{DeferredBegin, Session};
@@ -16,6 +17,33 @@ use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target};
 
 /// An extended batch larger than this is sent before its Sync arrives.
 const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Whether pgfresh answers a unit itself.
+enum Local {
+    Answered,
+    /// It will, once the replies to the units ahead of it have been relayed.
+    Wait,
+    No,
+}
+
+/// What executing the statement prepared as `p` means for the session's settings.
+fn portal_event(p: &Prepared) -> StmtEvent {
+    let [stmt] = p.analysis.statements.as_slice() else {
+        return StmtEvent::Other;
+    };
+    if stmt.session.is_none() && stmt.tx.is_none() {
+        return StmtEvent::Other;
+    }
+    let frame = pgfresh_wire::Frame {
+        tag: b'P',
+        raw: p.parse.clone(),
+    };
+    let text = match parse_frontend(&frame) {
+        Ok(FrontendMessage::Parse { sql, .. }) => sql.get(stmt.text_range.0..stmt.text_range.1),
+        _ => None,
+    };
+    event_of(stmt, text)
+}
 
 /// An Analysis for a single statement (the inner statement of SQL PREPARE).
 fn analysis_of(stmt: &Statement) -> Analysis {
@@ -67,6 +95,17 @@ impl Session {
                             unit.sql_executes.push(name.to_string());
                         }
                     }
+                    if analysis
+                        .statements
+                        .iter()
+                        .any(|s| s.session.is_some() || s.tx.is_some())
+                    {
+                        unit.events = analysis
+                            .statements
+                            .iter()
+                            .map(|s| event_of(s, sql.get(s.text_range.0..s.text_range.1)))
+                            .collect();
+                    }
                     unit.parts.insert(0, analysis);
                     unit.simple_sql = Some(sql.to_string());
                     unit.synced = true;
@@ -87,9 +126,18 @@ impl Session {
                     self.batch.parses.push(name.to_string());
                     self.push_batch(frame.raw);
                 }
-                FrontendMessage::Bind { statement, .. } => {
+                FrontendMessage::Bind {
+                    portal, statement, ..
+                } => {
+                    let mut event = StmtEvent::Other;
                     if let Some(p) = self.state.prepared.get(statement) {
                         self.batch.parts.push(p.analysis.clone());
+                        event = portal_event(p);
+                    }
+                    if event != StmtEvent::Other {
+                        self.portal_events.insert(portal.to_string(), event);
+                    } else if !self.portal_events.is_empty() {
+                        self.portal_events.remove(portal);
                     }
                     if !self.batch.parses.iter().any(|n| n == statement) {
                         self.batch.uses_statements.push(statement.to_string());
@@ -109,7 +157,15 @@ impl Session {
                     }
                     self.push_batch(frame.raw);
                 }
-                FrontendMessage::Execute { .. } => self.push_batch(frame.raw),
+                FrontendMessage::Execute { portal, .. } => {
+                    let event = self
+                        .portal_events
+                        .get(portal)
+                        .cloned()
+                        .unwrap_or(StmtEvent::Other);
+                    self.batch.events.push(event);
+                    self.push_batch(frame.raw);
+                }
                 FrontendMessage::Sync => {
                     self.batch.frames.push(frame.raw);
                     self.batch.synced = true;
@@ -192,8 +248,14 @@ impl Session {
                     .await?;
                 continue;
             }
-            if self.answer_locally(&unit) {
-                continue;
+            match self.answer_locally(&unit) {
+                Local::Answered => continue,
+                Local::Wait => {
+                    // Replies to units ahead of it must reach the client first.
+                    self.ready.push_front(unit);
+                    return Ok(());
+                }
+                Local::No => {}
             }
             let decision = self.route(&unit);
             if decision.reason == Reason::HotRelation {
@@ -241,18 +303,22 @@ impl Session {
 
     /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
     /// pgfresh itself. Returns true when the unit was answered.
-    fn answer_locally(&mut self, unit: &ClientUnit) -> bool {
+    fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
         let Some(sql) = &unit.simple_sql else {
-            return false;
+            return Local::No;
         };
         let [analysis] = unit.parts.as_slice() else {
-            return false;
+            return Local::No;
         };
         let [stmt] = analysis.statements.as_slice() else {
-            return false;
+            return Local::No;
         };
+        let busy = self.inflight.iter().any(|u| !u.injected);
         if let Some(SessionEffect::Set { name, value, .. }) = &stmt.session {
             if name == "pgfresh.route" {
+                if busy {
+                    return Local::Wait;
+                }
                 let v = value
                     .as_deref()
                     .unwrap_or("auto")
@@ -266,7 +332,7 @@ impl Session {
                 }
                 self.out.push(build::command_complete("SET"));
                 self.out.push(build::ready_for_query(self.tx));
-                return true;
+                return Local::Answered;
             }
         }
         let enabled = self.shared.config.snapshot().routing.enable_query_parser;
@@ -282,7 +348,12 @@ impl Session {
                 self.out.push(build::command_complete("BEGIN"));
                 self.out
                     .push(build::ready_for_query(TxStatus::InTransaction));
-                true
+                Local::Answered
+            }
+            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
+                if self.deferred_begin.is_some() && busy =>
+            {
+                Local::Wait
             }
             Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
                 if self.deferred_begin.is_some() =>
@@ -296,9 +367,9 @@ impl Session {
                 };
                 self.out.push(build::command_complete(tag));
                 self.out.push(build::ready_for_query(TxStatus::Idle));
-                true
+                Local::Answered
             }
-            _ => false,
+            _ => Local::No,
         }
     }
 
@@ -470,6 +541,20 @@ impl Session {
         })
     }
 
+    /// Bring `node`'s connection to the session's settings: RESET ALL, then each
+    /// setting as a query of its own (one the server refuses cannot undo the others;
+    /// a refusal leaves the connection marked as not up to date, see `relay`).
+    async fn replay_settings(&mut self, node: usize) -> Result<(), ProxyError> {
+        let frames: Vec<Bytes> = self.state.replay_statements().map(build::query).collect();
+        self.send_frames(node, &frames).await?;
+        for _ in &frames {
+            let mut f = InFlight::injected();
+            f.replay = true;
+            self.inflight.push_back(f);
+        }
+        Ok(())
+    }
+
     /// Queue an injected simple query (its replies are swallowed).
     async fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
         self.send_frames(node, &[build::query(sql)]).await?;
@@ -502,8 +587,7 @@ impl Session {
         if !continuing {
             let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
             if conn_version != Some(self.state.version) {
-                let sql = self.state.replay_sql();
-                self.inject_query(node, &sql).await?;
+                self.replay_settings(node).await?;
             }
             if let Some(begin) = self.deferred_begin.take() {
                 self.inject_query(node, &begin.sql).await?;
@@ -626,8 +710,10 @@ impl Session {
                 .filter(|f| matches!(f.first(), Some(b'Q' | b'S' | b'F')))
                 .count() as u32
         };
+        let events = unit.events.clone();
         if continuing {
             if let Some(last) = self.inflight.back_mut() {
+                last.events.extend(events);
                 last.writes.extend(writes);
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
@@ -635,6 +721,7 @@ impl Session {
             }
         } else {
             let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
+            f.events = events.into();
             f.swallow_parse = swallow_parse;
             f.swallow_close = swallow_close;
             f.commit_sent = commit_sent;
@@ -686,46 +773,9 @@ impl Session {
                         .map(str::to_string)
                 };
                 match effect {
-                    SessionEffect::Set {
-                        name,
-                        value,
-                        local: false,
-                    } => {
-                        let stmt = text().or_else(|| {
-                            value.as_ref().map(|v| {
-                                format!(
-                                    "SET {} = {}",
-                                    super::state::quote_ident(name),
-                                    super::state::literal(v)
-                                )
-                            })
-                        });
-                        self.state.set(name, value.as_deref(), stmt);
-                    }
-                    SessionEffect::Reset(name) => self.state.set(name, None, None),
-                    SessionEffect::ResetAll => self.state.reset_all(),
-                    SessionEffect::SetRole(v) => self.state.set("role", v.as_deref(), text()),
-                    SessionEffect::SetSessionAuthorization(v) => {
-                        self.state
-                            .set("session_authorization", v.as_deref(), text())
-                    }
-                    SessionEffect::SetConfig {
-                        name: Some(name),
-                        value,
-                        local: Some(false),
-                    } => {
-                        let stmt = value.as_ref().map(|v| {
-                            format!(
-                                "SET {} = {}",
-                                super::state::quote_ident(name),
-                                super::state::literal(v)
-                            )
-                        });
-                        self.state.set(name, value.as_deref(), stmt);
-                    }
                     SessionEffect::Discard(kind) => match kind {
                         DiscardKind::All => {
-                            self.state.reset_all();
+                            // Settings are reset when the server confirms (settings.rs).
                             self.state.prepared.clear();
                             self.state.sql_prepared.clear();
                             let route = self.state.pins.contains(&PinReason::RouteSetting);
@@ -739,6 +789,14 @@ impl Session {
                         }
                         DiscardKind::Plans | DiscardKind::Sequences => {}
                     },
+                    SessionEffect::SetConfig { name, value, local }
+                        if *local != Some(true)
+                            && (name.is_none() || value.is_none() || local.is_none()) =>
+                    {
+                        // set_config with a value pgfresh cannot see: the setting cannot be
+                        // replayed elsewhere, so the session stays where it is confirmed.
+                        self.state.pins.insert(PinReason::UnknownSetting);
+                    }
                     SessionEffect::Prepare { name, inner } => {
                         if let Some(t) = text() {
                             self.state

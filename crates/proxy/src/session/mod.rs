@@ -7,6 +7,7 @@
 
 mod client_side;
 mod relay;
+pub mod settings;
 pub mod state;
 pub mod unit;
 
@@ -51,6 +52,10 @@ pub struct Session {
     /// Units sent to the active backend and not yet answered by ReadyForQuery.
     inflight: VecDeque<InFlight>,
     state: SessionState,
+    /// Setting changes waiting for their transaction to commit.
+    pending_settings: settings::Pending,
+    /// What each portal's Execute will mean for the settings (extended protocol).
+    portal_events: std::collections::HashMap<String, settings::StmtEvent>,
     /// Transaction status as the client last saw it.
     tx: TxStatus,
     deferred_begin: Option<DeferredBegin>,
@@ -120,6 +125,8 @@ impl Session {
             active: None,
             inflight: VecDeque::new(),
             state,
+            pending_settings: settings::Pending::default(),
+            portal_events: std::collections::HashMap::new(),
             tx: TxStatus::Idle,
             deferred_begin: None,
             tx_writes: Vec::new(),
@@ -161,12 +168,13 @@ impl Session {
         let Some(leased) = self.backends[primary].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
-        let sql = self.state.replay_sql();
-        if let Err(msg) = leased.conn.run_quiet(&sql).await? {
-            return Err(ProxyError::ServerLogin {
-                code: msg.get(..5).unwrap_or("08000").to_string(),
-                message: msg,
-            });
+        for sql in self.state.replay_statements() {
+            if let Err(msg) = leased.conn.run_quiet(sql).await? {
+                return Err(ProxyError::ServerLogin {
+                    code: msg.get(..5).unwrap_or("08000").to_string(),
+                    message: msg,
+                });
+            }
         }
         leased.conn.state_version = self.state.version;
         let mut out = BytesMut::new();

@@ -8,6 +8,7 @@
 use pgfresh_recency::RelKey;
 use pgfresh_wire::{ErrorFields, TxStatus};
 
+use super::settings::{self, SettingChange, StmtEvent};
 use super::Session;
 use crate::error::ProxyError;
 use crate::server::server_limits;
@@ -101,12 +102,21 @@ impl Session {
                 }
                 match unit {
                     Some(u) if u.injected => {
+                        if u.replay && u.error {
+                            // A replayed setting was refused: this connection is not
+                            // up to date, so the next unit replays again.
+                            if let Some(l) = self.backends[node].as_mut() {
+                                l.conn.state_version = u64::MAX;
+                            }
+                        }
                         if let Some(probe) = u.probe {
                             self.resolve_probe(probe);
                         }
                         Action::Swallow
                     }
                     Some(u) => {
+                        let settled = self.pending_settings.on_ready(status, u.error);
+                        self.apply_settings(node, settled);
                         if status == TxStatus::Idle {
                             self.tx_writes.clear();
                         } else if !u.autocommit && !u.error {
@@ -130,6 +140,16 @@ impl Session {
                     return Action::Forward;
                 };
                 u.replied = true;
+                if let Some(event) = u.events.pop_front() {
+                    if event != StmtEvent::Other {
+                        let tag = self.body(node, start, end).to_vec();
+                        let committed = self.pending_settings.on_complete(event, &tag);
+                        self.apply_settings(node, committed);
+                    }
+                }
+                let Some(u) = self.inflight.front_mut() else {
+                    return Action::Forward;
+                };
                 if u.autocommit && !u.writes.is_empty() {
                     let w = u.writes.clone();
                     self.mark(w);
@@ -244,6 +264,13 @@ impl Session {
                 }
                 Action::Forward
             }
+            b's' | b'I' if !injected => {
+                if let Some(u) = self.inflight.front_mut() {
+                    u.replied = true;
+                    u.events.pop_front();
+                }
+                Action::Forward
+            }
             // Notifications and notices are the client's whoever caused them.
             b'A' | b'N' => Action::Forward,
             _ if injected => Action::Swallow,
@@ -252,6 +279,22 @@ impl Session {
                     u.replied = true;
                 }
                 Action::Forward
+            }
+        }
+    }
+
+    /// Settings the server confirmed become the session's. The connection that ran
+    /// them stays up to date if it was; every other connection replays them before
+    /// its next unit.
+    fn apply_settings(&mut self, node: usize, changes: Vec<SettingChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        let before = self.state.version;
+        settings::apply(&mut self.state, changes);
+        if let Some(l) = self.backends[node].as_mut() {
+            if l.conn.state_version == before {
+                l.conn.state_version = self.state.version;
             }
         }
     }

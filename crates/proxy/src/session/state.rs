@@ -17,6 +17,8 @@ pub enum PinReason {
     AdvisoryLock,
     HoldCursor,
     RouteSetting,
+    /// `set_config(name, value, false)` with a name or value that is not a literal.
+    UnknownSetting,
 }
 
 impl PinReason {
@@ -27,6 +29,7 @@ impl PinReason {
             PinReason::AdvisoryLock => "advisory_lock",
             PinReason::HoldCursor => "hold_cursor",
             PinReason::RouteSetting => "route_setting",
+            PinReason::UnknownSetting => "unknown_setting",
         }
     }
 }
@@ -111,16 +114,12 @@ impl SessionState {
         self.version += 1;
     }
 
-    /// The SQL that brings a freshly reset connection to this session's settings.
+    /// The statements that bring a connection to this session's settings, each sent
+    /// as a query of its own so that one the server refuses cannot undo the others.
     /// Values are already SQL text (as the client wrote them in SET) except startup
     /// parameters, which are quoted when recorded.
-    pub fn replay_sql(&self) -> String {
-        let mut sql = String::from("RESET ALL;");
-        for (_, stmt) in &self.settings {
-            sql.push_str(stmt);
-            sql.push(';');
-        }
-        sql
+    pub fn replay_statements(&self) -> impl Iterator<Item = &str> {
+        std::iter::once("RESET ALL").chain(self.settings.iter().map(|(_, s)| s.as_str()))
     }
 
     pub fn settings(&self) -> &[(String, String)] {
@@ -215,15 +214,16 @@ mod tests {
             Some("b"),
             Some("set search_path to b".into()),
         );
+        let replay = |s: &SessionState| s.replay_statements().collect::<Vec<_>>().join(";");
         assert_eq!(
-            s.replay_sql(),
-            "RESET ALL;SET timezone = 'UTC';set search_path to b;"
+            replay(&s),
+            "RESET ALL;SET timezone = 'UTC';set search_path to b"
         );
         s.set("search_path", None, None);
-        assert_eq!(s.replay_sql(), "RESET ALL;SET timezone = 'UTC';");
+        assert_eq!(replay(&s), "RESET ALL;SET timezone = 'UTC'");
         let v = s.version;
         s.reset_all();
         assert!(s.version > v);
-        assert_eq!(s.replay_sql(), "RESET ALL;");
+        assert_eq!(replay(&s), "RESET ALL");
     }
 }

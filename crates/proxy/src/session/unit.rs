@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pgfresh_sql::{Analysis, RelName};
 
+use super::settings::StmtEvent;
 use crate::router::Reason;
 
 /// A unit read from the client and waiting to be routed.
@@ -39,6 +40,8 @@ pub struct ClientUnit {
     pub avoid: Option<usize>,
     /// Acknowledgements the client already received from an earlier attempt.
     pub skip_acks: u32,
+    /// One event per statement the server will complete, in order (settings).
+    pub events: Vec<StmtEvent>,
 }
 
 impl Default for ClientUnit {
@@ -62,6 +65,7 @@ impl ClientUnit {
             retries: 0,
             avoid: None,
             skip_acks: 0,
+            events: Vec::new(),
         }
     }
 
@@ -122,6 +126,11 @@ pub struct InFlight {
     /// An injected `SELECT pg_current_wal_lsn()` sent right after a committing unit: the
     /// position it returns is at or past that commit, and resolves the unit's marks.
     pub probe: Option<Probe>,
+    /// Settings events still to be matched with the server's CommandCompletes.
+    pub events: std::collections::VecDeque<StmtEvent>,
+    /// An injected replay of the session's settings: if it fails, the connection is
+    /// not up to date.
+    pub replay: bool,
 }
 
 /// The marks waiting for a position probe, and the position once read.
@@ -152,6 +161,8 @@ impl InFlight {
             acks: 0,
             skip_acks: 0,
             probe: None,
+            events: std::collections::VecDeque::new(),
+            replay: false,
         }
     }
 

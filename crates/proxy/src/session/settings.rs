@@ -1,0 +1,341 @@
+//! Session settings recorded only once the server confirmed them (DESIGN §1.7).
+//!
+//! Every statement a unit runs yields one [`StmtEvent`], in the order the server
+//! answers them (one CommandComplete each). A setting change is *staged* when its
+//! CommandComplete arrives, and becomes part of the session's state only when its
+//! transaction commits: at the ReadyForQuery that ends an implicit transaction without
+//! an error, or at an explicit COMMIT the server answered with `COMMIT` (a COMMIT of a
+//! failed transaction is answered `ROLLBACK`). `ROLLBACK` drops what is staged,
+//! `ROLLBACK TO SAVEPOINT` drops what was staged after that savepoint, and `SET LOCAL`
+//! is never recorded.
+
+use pgfresh_sql::{DiscardKind, Isolation, SessionEffect, Statement, TxEffect};
+use pgfresh_wire::TxStatus;
+
+use super::state::{literal, quote_ident, SessionState};
+
+/// A change to the session's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SettingChange {
+    /// `name` now has the value `stmt` sets (`None`: back to its default).
+    Set {
+        name: String,
+        value: Option<String>,
+        stmt: Option<String>,
+    },
+    /// RESET ALL, DISCARD ALL.
+    ResetAll,
+}
+
+/// What one statement means for settings, in the order of the server's answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StmtEvent {
+    /// Nothing for the settings.
+    Other,
+    Change(Vec<SettingChange>),
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
+    Commit,
+    Rollback,
+}
+
+/// Staged changes of the open (implicit or explicit) transaction, with savepoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Staged {
+    Change(SettingChange),
+    Savepoint(String),
+}
+
+/// The event for `stmt`; `text` is the statement's own SQL when known (replayed as
+/// written, so list and quoted values keep their exact form).
+pub fn event_of(stmt: &Statement, text: Option<&str>) -> StmtEvent {
+    if let Some(tx) = &stmt.tx {
+        return match tx {
+            TxEffect::Savepoint(n) => StmtEvent::Savepoint(n.clone()),
+            TxEffect::Release(n) => StmtEvent::Release(n.clone()),
+            TxEffect::RollbackTo(n) => StmtEvent::RollbackTo(n.clone()),
+            // PREPARE TRANSACTION ends the transaction for the session: its settings stay.
+            TxEffect::Commit { .. } | TxEffect::PrepareTransaction(_) => StmtEvent::Commit,
+            TxEffect::Rollback { .. } => StmtEvent::Rollback,
+            TxEffect::SetSessionCharacteristics(m) => {
+                let mut changes = Vec::new();
+                if let Some(ro) = m.read_only {
+                    let v = if ro { "on" } else { "off" };
+                    changes.push(set("default_transaction_read_only", v));
+                }
+                if let Some(iso) = &m.isolation {
+                    let v = match iso {
+                        Isolation::ReadUncommitted => "read uncommitted",
+                        Isolation::ReadCommitted => "read committed",
+                        Isolation::RepeatableRead => "repeatable read",
+                        Isolation::Serializable => "serializable",
+                    };
+                    changes.push(set("default_transaction_isolation", v));
+                }
+                if let Some(d) = m.deferrable {
+                    changes.push(set(
+                        "default_transaction_deferrable",
+                        if d { "on" } else { "off" },
+                    ));
+                }
+                StmtEvent::Change(changes)
+            }
+            _ => StmtEvent::Other,
+        };
+    }
+    let Some(effect) = &stmt.session else {
+        return StmtEvent::Other;
+    };
+    let change = match effect {
+        SessionEffect::Set { local: true, .. } => return StmtEvent::Other,
+        SessionEffect::Set { name, value, .. } => SettingChange::Set {
+            name: name.clone(),
+            value: value.clone(),
+            stmt: text.map(str::to_string).or_else(|| {
+                value
+                    .as_ref()
+                    .map(|v| format!("SET {} = {}", quote_ident(name), literal(v)))
+            }),
+        },
+        SessionEffect::Reset(name) => SettingChange::Set {
+            name: name.clone(),
+            value: None,
+            stmt: None,
+        },
+        SessionEffect::ResetAll | SessionEffect::Discard(DiscardKind::All) => {
+            SettingChange::ResetAll
+        }
+        SessionEffect::SetRole(v) => SettingChange::Set {
+            name: "role".into(),
+            value: v.clone(),
+            stmt: v
+                .as_ref()
+                .map(|r| text.map_or_else(|| format!("SET ROLE {}", ident(r)), str::to_string)),
+        },
+        SessionEffect::SetSessionAuthorization(v) => SettingChange::Set {
+            name: "session_authorization".into(),
+            value: v.clone(),
+            stmt: v.as_ref().map(|u| {
+                text.map_or_else(
+                    || format!("SET SESSION AUTHORIZATION {}", ident(u)),
+                    str::to_string,
+                )
+            }),
+        },
+        SessionEffect::SetConfig {
+            name: Some(name),
+            value: Some(value),
+            local: Some(false),
+        } => SettingChange::Set {
+            name: name.clone(),
+            value: Some(value.clone()),
+            stmt: Some(format!(
+                "SELECT pg_catalog.set_config({}, {}, false)",
+                literal(name),
+                literal(value)
+            )),
+        },
+        _ => return StmtEvent::Other,
+    };
+    StmtEvent::Change(vec![change])
+}
+
+fn set(name: &str, value: &str) -> SettingChange {
+    SettingChange::Set {
+        name: name.into(),
+        value: Some(value.into()),
+        stmt: Some(format!("SET {name} = {}", literal(value))),
+    }
+}
+
+/// A role or user name as an identifier (quoted unless plain lower case).
+fn ident(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit();
+    if plain {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// The staged changes of a session and how they settle.
+#[derive(Debug, Default)]
+pub struct Pending {
+    staged: Vec<Staged>,
+}
+
+impl Pending {
+    /// A statement completed (its CommandComplete carried `tag`). Returns the changes
+    /// that are now committed.
+    pub fn on_complete(&mut self, event: StmtEvent, tag: &[u8]) -> Vec<SettingChange> {
+        match event {
+            StmtEvent::Other => Vec::new(),
+            StmtEvent::Change(c) => {
+                self.staged.extend(c.into_iter().map(Staged::Change));
+                Vec::new()
+            }
+            StmtEvent::Savepoint(n) => {
+                self.staged.push(Staged::Savepoint(n));
+                Vec::new()
+            }
+            StmtEvent::Release(n) => {
+                if let Some(i) = self.savepoint(&n) {
+                    // The savepoint and the ones after it are gone; their changes stay.
+                    let mut k = 0;
+                    self.staged.retain(|s| {
+                        let keep = k < i || !matches!(s, Staged::Savepoint(_));
+                        k += 1;
+                        keep
+                    });
+                }
+                Vec::new()
+            }
+            StmtEvent::RollbackTo(n) => {
+                if let Some(i) = self.savepoint(&n) {
+                    self.staged.truncate(i + 1);
+                }
+                Vec::new()
+            }
+            StmtEvent::Commit if tag.starts_with(b"COMMIT") || tag.starts_with(b"PREPARE") => {
+                self.take()
+            }
+            StmtEvent::Commit | StmtEvent::Rollback => {
+                self.staged.clear();
+                Vec::new()
+            }
+        }
+    }
+
+    /// ReadyForQuery with `status` ended a unit that saw an error (`failed`) or not.
+    /// Outside a transaction, what is still staged belonged to the implicit transaction
+    /// that just ended: committed unless it failed.
+    pub fn on_ready(&mut self, status: TxStatus, failed: bool) -> Vec<SettingChange> {
+        if status != TxStatus::Idle {
+            return Vec::new();
+        }
+        if failed {
+            self.staged.clear();
+            return Vec::new();
+        }
+        self.take()
+    }
+
+    fn take(&mut self) -> Vec<SettingChange> {
+        self.staged
+            .drain(..)
+            .filter_map(|s| match s {
+                Staged::Change(c) => Some(c),
+                Staged::Savepoint(_) => None,
+            })
+            .collect()
+    }
+
+    fn savepoint(&self, name: &str) -> Option<usize> {
+        self.staged
+            .iter()
+            .rposition(|s| matches!(s, Staged::Savepoint(n) if n == name))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.staged.is_empty()
+    }
+}
+
+/// Apply committed changes to the session state.
+pub fn apply(state: &mut SessionState, changes: Vec<SettingChange>) {
+    for c in changes {
+        match c {
+            SettingChange::Set { name, value, stmt } => state.set(&name, value.as_deref(), stmt),
+            SettingChange::ResetAll => state.reset_all(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(sql: &str) -> StmtEvent {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        event_of(&a.statements[0], Some(sql))
+    }
+
+    fn names(c: &[SettingChange]) -> Vec<String> {
+        c.iter()
+            .map(|c| match c {
+                SettingChange::Set { name, .. } => name.clone(),
+                SettingChange::ResetAll => "ALL".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn set_local_and_plain_statements_change_nothing() {
+        assert_eq!(ev("SET LOCAL work_mem = '1MB'"), StmtEvent::Other);
+        assert_eq!(ev("SELECT 1"), StmtEvent::Other);
+        assert_eq!(
+            ev("SELECT set_config('work_mem', '2MB', true)"),
+            StmtEvent::Other
+        );
+    }
+
+    #[test]
+    fn autocommit_set_commits_at_ready_unless_it_failed() {
+        let mut p = Pending::default();
+        assert!(p.on_complete(ev("SET work_mem = '1MB'"), b"SET").is_empty());
+        assert_eq!(names(&p.on_ready(TxStatus::Idle, false)), ["work_mem"]);
+        p.on_complete(ev("SET work_mem = '1MB'"), b"SET");
+        assert!(p.on_ready(TxStatus::Idle, true).is_empty());
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn explicit_transactions_and_savepoints() {
+        let mut p = Pending::default();
+        p.on_complete(ev("SET work_mem = '1MB'"), b"SET");
+        assert!(p.on_ready(TxStatus::InTransaction, false).is_empty());
+        p.on_complete(ev("SAVEPOINT a"), b"SAVEPOINT");
+        p.on_complete(ev("SET search_path = x"), b"SET");
+        p.on_complete(ev("ROLLBACK TO SAVEPOINT a"), b"ROLLBACK");
+        p.on_complete(ev("SET statement_timeout = 5"), b"SET");
+        p.on_complete(ev("SAVEPOINT b"), b"SAVEPOINT");
+        p.on_complete(ev("SET lock_timeout = 5"), b"SET");
+        p.on_complete(ev("RELEASE b"), b"RELEASE");
+        let done = p.on_complete(ev("COMMIT"), b"COMMIT");
+        assert_eq!(
+            names(&done),
+            ["work_mem", "statement_timeout", "lock_timeout"]
+        );
+        // A failed transaction's COMMIT is answered ROLLBACK.
+        p.on_complete(ev("SET work_mem = '1MB'"), b"SET");
+        assert!(p.on_complete(ev("COMMIT"), b"ROLLBACK").is_empty());
+        assert!(p.is_empty());
+        p.on_complete(ev("SET work_mem = '1MB'"), b"SET");
+        assert!(p.on_complete(ev("ROLLBACK"), b"ROLLBACK").is_empty());
+        assert!(p.on_ready(TxStatus::Idle, false).is_empty());
+    }
+
+    #[test]
+    fn session_characteristics_and_set_config_are_settings() {
+        let StmtEvent::Change(c) = ev("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        else {
+            panic!("not a change");
+        };
+        assert_eq!(names(&c), ["default_transaction_read_only"]);
+        let StmtEvent::Change(c) = ev("SELECT set_config('work_mem', '2MB', false)") else {
+            panic!("not a change");
+        };
+        assert_eq!(names(&c), ["work_mem"]);
+        let StmtEvent::Change(c) = ev("SET ROLE \"Admin\"") else {
+            panic!("not a change");
+        };
+        assert!(
+            matches!(&c[0], SettingChange::Set { stmt: Some(s), .. } if s == "SET ROLE \"Admin\"")
+        );
+    }
+}
