@@ -1,0 +1,743 @@
+//! The stale holes: writes whose effects reach relations the statement does not name, and
+//! read-only transactions that read what another session just wrote (DESIGN §1 rules 2, 3
+//! and 6). With both standbys replaying 400 ms behind, a read issued at once after the write
+//! must see it, through the same connection and through another one, over the simple and
+//! the extended protocol.
+//!
+//! Each test creates its own objects, starts a proxy that learns them from the catalog
+//! (`learn_dependencies`, on by default), waits until `GET /v1/dependencies` shows the edges
+//! the test relies on, then runs 30 write-then-read iterations per protocol and requires
+//! zero stale reads. A control loop against a proxy that does not learn dependencies must
+//! then see at least one stale read, proving the test can fail.
+//!
+//! Tests here change replication delays, so they run one at a time.
+
+use std::time::{Duration, Instant};
+
+use pgfresh_tests::*;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Write-then-read iterations per protocol and loop.
+const ITERATIONS: usize = 30;
+/// Replay delay of both standbys while the loops run.
+const DELAY_MS: u64 = 400;
+/// The control proxy: the same config without learned dependencies.
+const CONTROL: &str = "learn_dependencies = false";
+
+/// Both standbys replay `DELAY_MS` behind while this lives; back to 0 when dropped, also
+/// when the test panics.
+struct ApplyDelay;
+
+impl ApplyDelay {
+    fn set(ms: u64) -> ApplyDelay {
+        let guard = ApplyDelay;
+        for i in 1..cluster().nodes().len() {
+            cluster().set_apply_delay(i, ms).expect("set apply delay");
+        }
+        guard
+    }
+}
+
+impl Drop for ApplyDelay {
+    fn drop(&mut self) {
+        for i in 1..cluster().nodes().len() {
+            let _ = cluster().set_apply_delay(i, 0);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Proto {
+    /// `batch_execute` / `simple_query`, `$1` spliced in as a literal.
+    Simple,
+    /// `execute` / `query_one` with `$1` bound as an int4 parameter.
+    Extended,
+}
+
+fn splice(sql: &str, arg: i32) -> String {
+    sql.replace("$1", &format!("({arg})"))
+}
+
+/// Run `sql` (no rows wanted); `$1`, if present, is `arg`.
+async fn exec(c: &tokio_postgres::Client, proto: Proto, sql: &str, arg: i32) {
+    let r = match proto {
+        Proto::Simple => c.batch_execute(&splice(sql, arg)).await,
+        Proto::Extended if sql.contains("$1") => c.execute(sql, &[&arg]).await.map(drop),
+        Proto::Extended => c.execute(sql, &[]).await.map(drop),
+    };
+    r.unwrap_or_else(|e| panic!("{proto:?} {sql} ({arg}): {e}"));
+}
+
+/// The bigint in the first column of the one row `sql` returns; `$1` is `arg`.
+async fn read_i64(c: &tokio_postgres::Client, proto: Proto, sql: &str, arg: i32) -> i64 {
+    match proto {
+        Proto::Simple => {
+            let msgs = c
+                .simple_query(&splice(sql, arg))
+                .await
+                .unwrap_or_else(|e| panic!("{sql} ({arg}): {e}"));
+            msgs.iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{sql}: no row"))
+                .parse()
+                .unwrap_or_else(|e| panic!("{sql}: not a bigint: {e}"))
+        }
+        Proto::Extended => {
+            let row = if sql.contains("$1") {
+                c.query_one(sql, &[&arg]).await
+            } else {
+                c.query_one(sql, &[]).await
+            };
+            row.unwrap_or_else(|e| panic!("{sql} ({arg}): {e}")).get(0)
+        }
+    }
+}
+
+/// Which connection a read runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Via {
+    /// The connection that wrote.
+    Writer,
+    /// Another connection of the same proxy.
+    Other,
+    /// Another connection with `SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY`.
+    ReadOnlySession,
+    /// Another connection with `SET default_transaction_read_only = on`.
+    ReadOnlyDefault,
+}
+
+/// One read of a hole, checked after every write.
+struct Read {
+    via: Via,
+    /// Opens a transaction around the read (`BEGIN READ ONLY` ...), committed after it.
+    begin: Option<&'static str>,
+    /// A statement run first inside that transaction (a cold read choosing the node).
+    first: Option<String>,
+    /// Returns one bigint that moves by the hole's `delta` with every write; `$1` is `arg`.
+    sql: String,
+    arg: i32,
+}
+
+impl Read {
+    fn label(&self) -> String {
+        match self.begin {
+            Some(b) => format!("{:?}: {b}; {}", self.via, self.sql),
+            None => format!("{:?}: {}", self.via, self.sql),
+        }
+    }
+}
+
+/// `sql` read at once after the write, on the writer's connection and on another one.
+fn plain(sql: &str, arg: i32) -> Vec<Read> {
+    [Via::Writer, Via::Other]
+        .into_iter()
+        .map(|via| Read {
+            via,
+            begin: None,
+            first: None,
+            sql: sql.to_owned(),
+            arg,
+        })
+        .collect()
+}
+
+/// An edge `/v1/dependencies` must list before the test may rely on it: `kind`, and the
+/// unqualified names of `from` and `to` (functions with their `()`).
+struct Edge {
+    kind: &'static str,
+    from: String,
+    to: String,
+}
+
+fn edge(kind: &'static str, from: &str, to: &str) -> Edge {
+    Edge {
+        kind,
+        from: from.to_owned(),
+        to: to.to_owned(),
+    }
+}
+
+/// `public.orders_1_2` or `"public"."orders_1_2"` names `orders_1_2`.
+fn label_names(label: &str, name: &str) -> bool {
+    let last = label.rsplit('.').next().unwrap_or(label);
+    last.trim_matches('"') == name || last.replace('"', "") == name
+}
+
+/// A write whose effect a statement-level reading of its text misses.
+struct Hole {
+    name: &'static str,
+    /// The write; `$1` is a number unique to the iteration (1, 2, ...).
+    write: String,
+    /// How every read's value moves with one write.
+    delta: i64,
+    reads: Vec<Read>,
+    /// Edges that must be learned first.
+    edges: Vec<Edge>,
+    /// Functions `/v1/dependencies` must list as unanalysable first (name with `()`).
+    unanalysable: Vec<String>,
+    /// A query returning `inet_server_port()` that must reach a replica before the loops
+    /// start (e.g. proof that the proxy knows a function is STABLE).
+    warmup: Option<String>,
+    /// An extra statement run directly on the primary (not through pgfresh) before each
+    /// write, and a read through pgfresh after it that must see it: `(write, read)`, the
+    /// read's value growing by 1 per iteration.
+    out_of_band: Option<(String, String)>,
+}
+
+/// DDL and seed data, through the shared proxy; returns once both standbys have it.
+async fn setup(sql: &str) {
+    let c = proxy().connect().await;
+    c.batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("setup failed: {e}\n{sql}"));
+    wait_replicated_on(cluster(), &c).await;
+}
+
+/// A connection straight to the primary, bypassing pgfresh: the truth.
+async fn primary_direct() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname=app connect_timeout=10",
+            node_port(0)
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("connect to the primary");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+async fn dependencies(p: &ProxyHandle) -> (u16, Value) {
+    let r = admin::http(p.admin, "GET", "/v1/dependencies", None, None).await;
+    let body = if r.status == 200 {
+        r.json()
+    } else {
+        Value::String(r.body)
+    };
+    (r.status, body)
+}
+
+fn graph_has(deps: &Value, hole: &Hole) -> bool {
+    let db = &deps["databases"]["app"];
+    let edges = db["edges"].as_array().cloned().unwrap_or_default();
+    let unanalysable = db["unanalysable"].as_array().cloned().unwrap_or_default();
+    hole.edges.iter().all(|want| {
+        edges.iter().any(|e| {
+            e["kind"] == want.kind
+                && e["from"]
+                    .as_str()
+                    .is_some_and(|s| label_names(s, &want.from))
+                && e["to"].as_str().is_some_and(|s| label_names(s, &want.to))
+        })
+    }) && hole.unanalysable.iter().all(|f| {
+        unanalysable
+            .iter()
+            .any(|u| u["function"].as_str().is_some_and(|s| label_names(s, f)))
+    })
+}
+
+/// Polls `/v1/dependencies` until the hole's edges and unanalysable functions are listed
+/// for database `app` (the graph loads in the background once a client uses the database).
+async fn wait_graph(p: &ProxyHandle, hole: &Hole) {
+    let c = p.connect().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        c.simple_query("SELECT 1")
+            .await
+            .expect("a statement in app");
+        let (status, deps) = dependencies(p).await;
+        if status == 200 && graph_has(&deps, hole) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: the dependency graph never showed the test's objects: HTTP {status} {deps}",
+            hole.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls until `sql` (returning `inet_server_port()` first) runs on a replica.
+async fn wait_replica_read(p: &ProxyHandle, sql: &str) {
+    let c = p.connect().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let port: i32 = c
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0);
+        if port as u16 != node_port(0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{sql} never ran on a replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stale reads seen by one loop, per read (label, stale count, first mismatches).
+struct Tally {
+    per_read: Vec<(String, usize, Vec<String>)>,
+    out_of_band: usize,
+}
+
+impl Tally {
+    fn total(&self) -> usize {
+        self.per_read.iter().map(|r| r.1).sum::<usize>() + self.out_of_band
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (label, n, first) in &self.per_read {
+            writeln!(f, "    {n}/{ITERATIONS} stale  {label}  {first:?}")?;
+        }
+        if self.out_of_band > 0 {
+            writeln!(
+                f,
+                "    {}/{ITERATIONS} stale  out-of-band read",
+                self.out_of_band
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `ITERATIONS` times: the write through pgfresh, then every read at once through pgfresh;
+/// counts the reads that do not see the write. `next` numbers the writes across loops.
+async fn run_loop(p: &ProxyHandle, hole: &Hole, proto: Proto, next: &mut i32) -> Tally {
+    let writer = p.connect().await;
+    let other = p.connect().await;
+    let ro_session = p.connect().await;
+    ro_session
+        .batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+        .await
+        .expect("read-only session");
+    let ro_default = p.connect().await;
+    ro_default
+        .batch_execute("SET default_transaction_read_only = on")
+        .await
+        .expect("read-only by default");
+    let truth = primary_direct().await;
+    let mut expected = Vec::new();
+    for r in &hole.reads {
+        expected.push(read_i64(&truth, Proto::Extended, &r.sql, r.arg).await);
+    }
+    let mut oob_expected = match &hole.out_of_band {
+        Some((_, read)) => read_i64(&truth, Proto::Extended, read, 0).await,
+        None => 0,
+    };
+    let mut tally = Tally {
+        per_read: hole
+            .reads
+            .iter()
+            .map(|r| (r.label(), 0, Vec::new()))
+            .collect(),
+        out_of_band: 0,
+    };
+    for _ in 0..ITERATIONS {
+        let n = *next;
+        *next += 1;
+        if let Some((write, _)) = &hole.out_of_band {
+            truth
+                .batch_execute(write)
+                .await
+                .unwrap_or_else(|e| panic!("{write}: {e}"));
+            oob_expected += 1;
+        }
+        exec(&writer, proto, &hole.write, n).await;
+        for (i, r) in hole.reads.iter().enumerate() {
+            expected[i] += hole.delta;
+            let c = match r.via {
+                Via::Writer => &writer,
+                Via::Other => &other,
+                Via::ReadOnlySession => &ro_session,
+                Via::ReadOnlyDefault => &ro_default,
+            };
+            if let Some(begin) = r.begin {
+                exec(c, proto, begin, 0).await;
+            }
+            if let Some(first) = &r.first {
+                read_i64(c, proto, first, 0).await;
+            }
+            let got = read_i64(c, proto, &r.sql, r.arg).await;
+            if r.begin.is_some() {
+                exec(c, proto, "COMMIT", 0).await;
+            }
+            if got != expected[i] {
+                let t = &mut tally.per_read[i];
+                t.1 += 1;
+                if t.2.len() < 3 {
+                    t.2.push(format!("write {n}: saw {got}, expected {}", expected[i]));
+                }
+            }
+        }
+        if let Some((_, read)) = &hole.out_of_band {
+            let got = read_i64(&writer, proto, read, 0).await;
+            tally.out_of_band += usize::from(got != oob_expected);
+        }
+    }
+    // The test's own arithmetic agrees with the primary.
+    for (i, r) in hole.reads.iter().enumerate() {
+        let now = read_i64(&truth, Proto::Extended, &r.sql, r.arg).await;
+        assert_eq!(
+            now, expected[i],
+            "{}: expected values drifted: {}",
+            hole.name, r.sql
+        );
+    }
+    tally
+}
+
+/// The whole check of one hole: a learning proxy sees no stale read over either protocol;
+/// a proxy with `control` config sees at least one.
+async fn check_hole(hole: Hole, control: &str) {
+    let mut next = 1;
+    let learning = start_proxy(&config_text(""));
+    wait_graph(&learning, &hole).await;
+    if let Some(w) = &hole.warmup {
+        wait_replica_read(&learning, w).await;
+    }
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut report = String::new();
+    let mut main_stale = 0;
+    for proto in [Proto::Simple, Proto::Extended] {
+        let t = run_loop(&learning, &hole, proto, &mut next).await;
+        report.push_str(&format!("  learning, {proto:?}: {} stale\n{t}", t.total()));
+        main_stale += t.total();
+    }
+    drop(learning);
+    eprintln!("{}:\n{report}", hole.name);
+    assert_eq!(main_stale, 0, "{}: stale reads:\n{report}", hole.name);
+
+    // Control: the same loops must catch staleness without the learned graph.
+    let blind = start_proxy(&config_text(control));
+    if let Some(w) = &hole.warmup {
+        wait_replica_read(&blind, w).await;
+    }
+    let mut control_report = String::new();
+    let mut control_stale = 0;
+    for proto in [Proto::Simple, Proto::Extended] {
+        let t = run_loop(&blind, &hole, proto, &mut next).await;
+        control_report.push_str(&format!("  control, {proto:?}: {} stale\n{t}", t.total()));
+        control_stale += t.total();
+    }
+    eprintln!("{} (control `{control}`):\n{control_report}", hole.name);
+    assert!(
+        control_stale > 0,
+        "{}: the control (`{control}`) saw no stale read, so the test proves nothing:\n{control_report}",
+        hole.name
+    );
+}
+
+#[tokio::test]
+async fn trigger_writes_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (orders, totals, f) = (
+        unique("orders"),
+        unique("order_totals"),
+        unique("bump_total"),
+    );
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {totals} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           UPDATE {totals} SET n = n + 1 WHERE id = 1;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER {f}_trg AFTER INSERT ON {orders} FOR EACH ROW EXECUTE FUNCTION {f}();"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "trigger",
+            write: format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+            delta: 1,
+            reads: plain(&format!("SELECT n FROM {totals} WHERE id = $1::int"), 1),
+            edges: vec![
+                edge("trigger", &orders, &format!("{f}()")),
+                edge("function", &format!("{f}()"), &totals),
+            ],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn reads_through_a_view_see_writes_to_its_base_table() {
+    let _g = SERIAL.lock().await;
+    let (orders, view) = (unique("orders"), unique("orders_view"));
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE VIEW {view} AS SELECT id, amount FROM {orders};"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "view",
+            write: format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+            delta: 1,
+            reads: plain(
+                &format!("SELECT count(*) FROM {view} WHERE amount >= $1::int"),
+                0,
+            ),
+            edges: vec![edge("view", &view, &orders)],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn reads_of_a_partition_see_writes_routed_through_its_parent() {
+    let _g = SERIAL.lock().await;
+    let events = unique("events");
+    let part = format!("{events}_2026");
+    setup(&format!(
+        "CREATE TABLE {events}(created date NOT NULL, n int NOT NULL) PARTITION BY RANGE (created);
+         CREATE TABLE {part} PARTITION OF {events} FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+         CREATE TABLE {events}_other PARTITION OF {events} DEFAULT;"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "partition",
+            write: format!("INSERT INTO {events}(created, n) VALUES ('2026-03-01', $1::int)"),
+            delta: 1,
+            reads: plain(
+                &format!("SELECT count(*) FROM {part} WHERE n >= $1::int"),
+                0,
+            ),
+            edges: vec![edge("partition", &events, &part)],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn writes_in_a_called_function_body_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (ledger, f) = (unique("ledger"), unique("place_order"));
+    setup(&format!(
+        "CREATE TABLE {ledger}(id serial PRIMARY KEY, n int NOT NULL);
+         CREATE FUNCTION {f}(x int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO {ledger}(n) VALUES (x);
+           RETURN x;
+         END $$;"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "function body",
+            write: format!("SELECT {f}($1::int)"),
+            delta: 1,
+            reads: plain(
+                &format!("SELECT count(*) FROM {ledger} WHERE n >= $1::int"),
+                0,
+            ),
+            edges: vec![edge("function", &format!("{f}()"), &ledger)],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn foreign_key_cascades_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (customers, addresses) = (unique("customers"), unique("addresses"));
+    // Enough customers for every delete of both loops (4 × ITERATIONS).
+    setup(&format!(
+        "CREATE TABLE {customers}(id int PRIMARY KEY);
+         CREATE TABLE {addresses}(id serial PRIMARY KEY,
+           customer_id int NOT NULL REFERENCES {customers}(id) ON DELETE CASCADE);
+         INSERT INTO {customers} SELECT g FROM generate_series(1, 200) g;
+         INSERT INTO {addresses}(customer_id) SELECT g FROM generate_series(1, 200) g;"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "foreign key cascade",
+            write: format!("DELETE FROM {customers} WHERE id = $1::int"),
+            delta: -1,
+            reads: plain(
+                &format!("SELECT count(*) FROM {addresses} WHERE customer_id >= $1::int"),
+                0,
+            ),
+            edges: vec![edge("foreign_key", &customers, &addresses)],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn stable_functions_reading_a_written_table_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (orders, sql_f, pl_f) = (
+        unique("orders"),
+        unique("has_order_sql"),
+        unique("has_order_pl"),
+    );
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE FUNCTION {sql_f}(min_amount int) RETURNS bigint LANGUAGE sql STABLE AS
+           $$ SELECT count(*) FROM {orders} WHERE amount >= min_amount $$;
+         CREATE FUNCTION {pl_f}(min_amount int) RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+         BEGIN
+           RETURN (SELECT count(*) FROM {orders} WHERE amount >= min_amount);
+         END $$;"
+    ))
+    .await;
+    let mut reads = plain(&format!("SELECT {sql_f}($1::int)"), 0);
+    reads.extend(plain(&format!("SELECT {pl_f}($1::int)"), 0));
+    check_hole(
+        Hole {
+            name: "stable functions",
+            write: format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+            delta: 1,
+            reads,
+            edges: vec![
+                edge("function", &format!("{sql_f}()"), &orders),
+                edge("function", &format!("{pl_f}()"), &orders),
+            ],
+            unanalysable: vec![],
+            // The calls are reads only once the proxy knows both functions are STABLE.
+            warmup: Some(format!(
+                "SELECT (inet_server_port() + 0 * ({sql_f}(0) + {pl_f}(0)))::int"
+            )),
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn read_only_transactions_see_what_was_acknowledged_before_them() {
+    let _g = SERIAL.lock().await;
+    let (t, cold) = (unique("ro_hot"), unique("ro_cold"));
+    setup(&format!(
+        "CREATE TABLE {t}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {t} VALUES (1, 0);
+         CREATE TABLE {cold}(id int);
+         INSERT INTO {cold} VALUES (1);"
+    ))
+    .await;
+    let read = format!("SELECT n FROM {t} WHERE id = $1::int");
+    let first = format!("SELECT count(*) FROM {cold}");
+    let mut reads = Vec::new();
+    for begin in ["BEGIN READ ONLY", "START TRANSACTION READ ONLY"] {
+        for via in [Via::Writer, Via::Other] {
+            reads.push(Read {
+                via,
+                begin: Some(begin),
+                first: Some(first.clone()),
+                sql: read.clone(),
+                arg: 1,
+            });
+        }
+    }
+    // default_transaction_read_only on in the session: a plain BEGIN is read-only.
+    for via in [Via::ReadOnlySession, Via::ReadOnlyDefault] {
+        reads.push(Read {
+            via,
+            begin: Some("BEGIN"),
+            first: Some(first.clone()),
+            sql: read.clone(),
+            arg: 1,
+        });
+    }
+    // No dependency switch governs this rule, so the control turns recency routing off
+    // altogether: a read-only transaction then runs on any replica inside the lag budget.
+    check_hole(
+        Hole {
+            name: "read-only transactions",
+            write: format!("UPDATE {t} SET n = n + 1 WHERE id = 1 AND $1::int > 0"),
+            delta: 1,
+            reads,
+            edges: vec![],
+            unanalysable: vec![],
+            // The cold table is served by replicas before the loops start.
+            warmup: Some(format!("SELECT inet_server_port() FROM {cold} LIMIT 1")),
+            out_of_band: None,
+        },
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dynamic_sql_in_a_trigger_is_handled_conservatively() {
+    let _g = SERIAL.lock().await;
+    let (src, target, unrelated, f) = (
+        unique("dyn_src"),
+        unique("dyn_target"),
+        unique("dyn_unrelated"),
+        unique("dyn_bump"),
+    );
+    setup(&format!(
+        "CREATE TABLE {src}(id serial PRIMARY KEY, n int NOT NULL);
+         CREATE TABLE {target}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {target} VALUES (1, 0);
+         CREATE TABLE {unrelated}(id serial PRIMARY KEY);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           EXECUTE format('UPDATE %I SET n = n + 1 WHERE id = 1', '{target}');
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER {f}_trg AFTER INSERT ON {src} FOR EACH ROW EXECUTE FUNCTION {f}();"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "dynamic SQL",
+            write: format!("INSERT INTO {src}(n) VALUES ($1::int)"),
+            delta: 1,
+            reads: plain(&format!("SELECT n FROM {target} WHERE id = $1::int"), 1),
+            edges: vec![edge("trigger", &src, &format!("{f}()"))],
+            unanalysable: vec![format!("{f}()")],
+            warmup: None,
+            // A table nobody names: written straight on the primary just before each write
+            // through pgfresh. What the trigger may write is unknown, so a read of any
+            // relation right after it goes to the primary (or a replica that has replayed
+            // the trigger's write, hence this one too).
+            out_of_band: Some((
+                format!("INSERT INTO {unrelated} DEFAULT VALUES"),
+                format!("SELECT count(*) FROM {unrelated}"),
+            )),
+        },
+        CONTROL,
+    )
+    .await;
+}
