@@ -98,6 +98,7 @@ fn route(config: &Config, analysis: &pgfresh_sql::Analysis) -> pgfresh_proxy::ro
         oracle: None,
         recency: &recency,
         database: "postgres",
+        deps: None,
     };
     decide(&[analysis], &SessionView::default(), &ctx)
 }

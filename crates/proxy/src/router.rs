@@ -123,6 +123,8 @@ pub struct RouteCtx<'a> {
     pub oracle: Option<&'a dyn VolatilityOracle>,
     pub recency: &'a RecencyMap,
     pub database: &'a str,
+    /// What the database's catalog says statements touch behind their text.
+    pub deps: Option<&'a pgfresh_deps::DepGraph>,
 }
 
 /// The decision for one unit.
@@ -221,37 +223,22 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
     if parts.iter().any(|a| a.touches_catalog) {
         return decision(Target::Primary, Reason::Catalog);
     }
-    let mut required: Option<Lsn> = None;
     let replica_hint = parts.iter().any(|a| a.hint == Some(RouteHint::Replica));
     if replica_hint && kind == Kind::Read {
         return decision(Target::Replica { required: None }, Reason::ReplicaHint);
     }
+    let mut required: Option<Lsn> = None;
     if r.enable_recent_access_routing {
-        for a in parts {
-            let keys: Vec<RelKey<'_>> = a
-                .reads
-                .iter()
-                .map(|n| RelKey {
-                    schema: n.schema.as_deref(),
-                    name: &n.name,
-                })
-                .collect();
-            if keys.is_empty() {
-                continue;
+        // A read-only transaction may read anything later: its node must have
+        // replayed every write acknowledged before its first statement.
+        if kind == Kind::Transaction {
+            if let Some(d) = need(ctx.recency.lookup_database(ctx.database), &mut required) {
+                return d;
             }
-            match ctx.recency.lookup(ctx.database, &keys) {
-                Hotness::Cold => {}
-                Hotness::Hot {
-                    required_lsn: None, ..
-                } => {
-                    return decision(Target::Primary, Reason::HotRelation);
-                }
-                Hotness::Hot {
-                    required_lsn: Some(l),
-                    ..
-                } => {
-                    required = Some(required.map_or(l, |x| x.max(l)));
-                }
+        }
+        for a in parts {
+            if let Some(d) = read_requirement(a, ctx, &mut required) {
+                return d;
             }
         }
     }
@@ -263,4 +250,58 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         Reason::Replica
     };
     decision(Target::Replica { required }, reason)
+}
+
+/// Fold one recency answer into the unit's required position; a hot answer without a
+/// position means the primary.
+fn need(h: Hotness, required: &mut Option<Lsn>) -> Option<Decision> {
+    match h {
+        Hotness::Cold => None,
+        Hotness::Hot {
+            required_lsn: None, ..
+        } => Some(decision(Target::Primary, Reason::HotRelation)),
+        Hotness::Hot {
+            required_lsn: Some(l),
+            ..
+        } => {
+            *required = Some(required.map_or(l, |x| x.max(l)));
+            None
+        }
+    }
+}
+
+/// What a replica must have replayed to serve the reads of `a`: the relations it
+/// names, plus what they read behind the text (the base relations of views, what
+/// called functions read), learned from the catalog.
+fn read_requirement(
+    a: &Analysis,
+    ctx: &RouteCtx<'_>,
+    required: &mut Option<Lsn>,
+) -> Option<Decision> {
+    let mut behind: Vec<&pgfresh_sql::RelName> = Vec::new();
+    let mut whole = false;
+    if let Some(g) = ctx.deps.filter(|g| !g.is_empty()) {
+        whole = g
+            .expand_reads_borrowed(&a.reads, &a.functions, &mut behind)
+            .is_whole_database();
+    }
+    if whole {
+        // An unanalysable function body may read anything.
+        if let Some(d) = need(ctx.recency.lookup_database(ctx.database), required) {
+            return Some(d);
+        }
+    }
+    if a.reads.is_empty() && behind.is_empty() {
+        return None;
+    }
+    let keys: Vec<RelKey<'_>> = a
+        .reads
+        .iter()
+        .chain(behind)
+        .map(|n| RelKey {
+            schema: n.schema.as_deref(),
+            name: &n.name,
+        })
+        .collect();
+    need(ctx.recency.lookup(ctx.database, &keys), required)
 }

@@ -51,6 +51,7 @@ pub(crate) struct Counters {
     pub(crate) stale_releases: Striped,
     pub(crate) expirations: Striped,
     pub(crate) overflows: Striped,
+    pub(crate) whole_database_marks: Striped,
 }
 
 #[cfg(test)]

@@ -56,6 +56,9 @@ pub enum HotReason {
     ColdStart,
     /// Writes to this database were dropped because the map was full.
     Overflow,
+    /// A committed write whose relations are not known (a function body pgfresh
+    /// cannot analyse) made the whole database hot.
+    WholeDatabase,
 }
 
 impl HotReason {
@@ -66,6 +69,7 @@ impl HotReason {
             HotReason::AlwaysHot => "always_hot",
             HotReason::ColdStart => "cold_start",
             HotReason::Overflow => "overflow",
+            HotReason::WholeDatabase => "whole_database",
         }
     }
 }

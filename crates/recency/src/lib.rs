@@ -55,6 +55,7 @@
 mod clock;
 mod config;
 mod counters;
+mod database;
 mod hotness;
 mod key;
 mod lookup;

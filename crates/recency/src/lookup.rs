@@ -38,8 +38,12 @@ impl Verdict {
             None => lsn,
             Some(_) => combine_lsn(self.lsn, lsn),
         };
-        // Overflow covers the whole database, so it is the reason reported.
-        if self.reason != Some(HotReason::Overflow) {
+        // Overflow and whole-database marks cover the whole database, so they are
+        // the reason reported.
+        if !matches!(
+            self.reason,
+            Some(HotReason::Overflow | HotReason::WholeDatabase)
+        ) {
             self.reason = Some(reason);
         }
     }
@@ -112,7 +116,7 @@ impl RecencyMap {
         if self.overflow_dbs.load(Ordering::Acquire) > 0 {
             if let Some(st) = self.overflow.get(db) {
                 if now.get().saturating_sub(st.last_drop_ms) < ttl {
-                    verdict.add(HotReason::Overflow, st.lsn);
+                    verdict.add(st.reason, st.lsn);
                 }
             }
         }

@@ -134,6 +134,8 @@ pub(crate) struct Slot {
 pub(crate) struct OverflowState {
     pub(crate) last_drop_ms: u64,
     pub(crate) lsn: u64,
+    /// Overflow, or a whole-database mark ([`RecencyMap::mark_database`]).
+    pub(crate) reason: crate::hotness::HotReason,
 }
 
 /// A reminder to look at a slot once `since_ms + ttl` has passed.
@@ -177,6 +179,8 @@ pub struct RecencyMap {
     pub(crate) slots: DashMap<SlotKey, Slot>,
     pub(crate) overflow: DashMap<Box<str>, OverflowState>,
     pub(crate) overflow_dbs: AtomicUsize,
+    /// Per-database summaries of recent writes (see `database.rs`).
+    pub(crate) db_writes: DashMap<Box<str>, crate::database::DbWrites>,
     pub(crate) queue: Box<[Mutex<VecDeque<QueueItem>>]>,
     pub(crate) sweep_cursor: AtomicUsize,
     next_generation: AtomicU64,
@@ -210,6 +214,7 @@ impl RecencyMap {
             slots: DashMap::new(),
             overflow: DashMap::new(),
             overflow_dbs: AtomicUsize::new(0),
+            db_writes: DashMap::new(),
             queue: (0..QUEUE_STRIPES).map(|_| Mutex::default()).collect(),
             sweep_cursor: AtomicUsize::new(0),
             next_generation: AtomicU64::new(1),
@@ -360,6 +365,7 @@ impl RecencyMap {
         if lsn.0 == 0 || lsn.0 == PENDING {
             return;
         }
+        self.summarise_resolve(db, token, lsn.0);
         for rel in rels {
             let probe = BorrowedKey { db, name: rel.name };
             if let Some(mut slot) = self.slots.get_mut(&probe as &dyn KeyView) {
@@ -392,6 +398,7 @@ impl RecencyMap {
         }
         if stored > 0 {
             self.counters.marks.add(stored);
+            self.summarise_mark(db, now, lsn, seq);
         }
         if skipped > 0 {
             self.counters.never_tracked.add(skipped);
@@ -476,6 +483,17 @@ impl RecencyMap {
 
     fn record_overflow(&self, db: &str, now: u64, lsn: u64) {
         self.counters.overflows.add(1);
+        self.record_database_hot(db, now, lsn, crate::hotness::HotReason::Overflow);
+    }
+
+    /// Every read of `db` is hot for one TTL from `now` (overflow, whole-database mark).
+    pub(crate) fn record_database_hot(
+        &self,
+        db: &str,
+        now: u64,
+        lsn: u64,
+        reason: crate::hotness::HotReason,
+    ) {
         let ttl = self.ttl_ms.load(Ordering::Acquire);
         let update = |st: &mut OverflowState| {
             if now.saturating_sub(st.last_drop_ms) >= ttl {
@@ -484,6 +502,7 @@ impl RecencyMap {
                 st.lsn = combine_lsn(st.lsn, lsn);
             }
             st.last_drop_ms = st.last_drop_ms.max(now);
+            st.reason = reason;
         };
         if let Some(mut st) = self.overflow.get_mut(db) {
             update(&mut st);
@@ -495,6 +514,7 @@ impl RecencyMap {
                 vacant.insert(OverflowState {
                     last_drop_ms: now,
                     lsn,
+                    reason,
                 });
                 self.overflow_dbs.fetch_add(1, Ordering::AcqRel);
             }

@@ -85,6 +85,7 @@ impl RecencyMap {
     }
 
     fn forget_overflows(&self, now: u64, ttl: u64) {
+        self.forget_database_summaries(now, ttl);
         if self.overflow_dbs.load(Ordering::Acquire) == 0 {
             return;
         }

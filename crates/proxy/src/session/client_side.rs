@@ -382,6 +382,7 @@ impl Session {
         }
         let config = self.shared.config.snapshot();
         let policy = self.shared.policy.load();
+        let deps = self.dep_graph();
         // Only units that call functions need the catalog.
         let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
             self.shared
@@ -398,6 +399,7 @@ impl Session {
                 .map(|f| f as &dyn pgfresh_sql::VolatilityOracle),
             recency: &self.shared.recency,
             database: &self.login.database,
+            deps: deps.as_deref(),
         };
         let mut parts: Vec<&Analysis> = Vec::with_capacity(unit.parts.len() + 1);
         if let Some(d) = &self.deferred_begin {
@@ -412,6 +414,14 @@ impl Session {
         };
         decide(&parts, &view, &ctx)
     }
+
+    /// The dependency graph of the session's database, when learned (or configured).
+    pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
+        None
+    }
+
+    /// DDL committed: the database's dependencies may have changed.
+    pub(super) fn ddl_done(&self) {}
 
     /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
     /// to, so the read can still leave the primary. The wait is recorded in
@@ -688,7 +698,8 @@ impl Session {
             self.send_frames(node, &pre).await?;
         }
         self.send_frames(node, &unit.frames).await?;
-        let writes = unit.writes();
+        let (writes, whole_db) = self.unit_writes(&unit);
+        let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
         // LSN routing: a committing unit on the primary is followed by a probe of the
         // primary's WAL position, which resolves the unit's recency marks. Not after a
         // COPY FROM (the server would read the probe as COPY data): those writes stay
@@ -701,7 +712,7 @@ impl Session {
             && !copy_from
             && self.shared.config.snapshot().routing.lsn_routing
             && Some(node) == self.shared.balancer.primary()
-            && ((autocommit && !writes.is_empty()) || commit_sent);
+            && ((autocommit && (!writes.is_empty() || whole_db)) || commit_sent);
         let owed = if self.copy_in {
             0
         } else {
@@ -715,6 +726,8 @@ impl Session {
             if let Some(last) = self.inflight.back_mut() {
                 last.events.extend(events);
                 last.writes.extend(writes);
+                last.whole_db |= whole_db;
+                last.ddl |= ddl;
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
@@ -722,6 +735,8 @@ impl Session {
         } else {
             let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
             f.events = events.into();
+            f.whole_db = whole_db;
+            f.ddl = ddl;
             f.swallow_parse = swallow_parse;
             f.swallow_close = swallow_close;
             f.commit_sent = commit_sent;
@@ -747,6 +762,33 @@ impl Session {
         }
         self.open_unit_node = if synced { None } else { Some(node) };
         Ok(())
+    }
+
+    /// The relations a unit writes: those its statements name, and what the catalog
+    /// says those writes and the functions it calls write behind them (triggers,
+    /// cascades, partitions, function bodies). `true` when something unanalysable may
+    /// write anything in the database.
+    fn unit_writes(&self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
+        let mut writes = unit.writes();
+        let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
+            return (writes, false);
+        };
+        let functions: Vec<pgfresh_sql::FuncName> = unit
+            .parts
+            .iter()
+            .flat_map(|a| a.functions.iter().cloned())
+            .collect();
+        if writes.is_empty() && functions.is_empty() {
+            return (writes, false);
+        }
+        let mut behind = Vec::new();
+        let whole = graph
+            .expand_writes(&writes, &functions, &mut behind)
+            .is_whole_database();
+        writes.extend(behind);
+        writes.sort();
+        writes.dedup();
+        (writes, whole)
     }
 
     fn apply_session_effects(&mut self, unit: &ClientUnit) {

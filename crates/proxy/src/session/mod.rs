@@ -32,6 +32,16 @@ use unit::{ClientUnit, InFlight};
 /// takes them.
 const MAX_PENDING: usize = 1 << 20;
 
+/// What an open explicit transaction has written so far.
+#[derive(Default)]
+struct TxWrites {
+    writes: Vec<pgfresh_sql::RelName>,
+    /// An unanalysable function body ran: the whole database is marked at COMMIT.
+    whole_db: bool,
+    /// DDL ran: the dependency graph is reloaded once the transaction ends.
+    ddl: bool,
+}
+
 /// A transaction BEGIN that pgfresh answered itself and will send to the node the
 /// transaction's first real statement is routed to.
 pub struct DeferredBegin {
@@ -59,8 +69,8 @@ pub struct Session {
     /// Transaction status as the client last saw it.
     tx: TxStatus,
     deferred_begin: Option<DeferredBegin>,
-    /// Relations written by the open explicit transaction.
-    tx_writes: Vec<pgfresh_sql::RelName>,
+    /// What the open explicit transaction wrote, marked when it commits.
+    tx_writes: TxWrites,
     /// The extended-protocol batch being collected (up to Sync or Flush).
     batch: ClientUnit,
     /// Units read from the client, in order, not yet sent. The front one may be
@@ -129,7 +139,7 @@ impl Session {
             portal_events: std::collections::HashMap::new(),
             tx: TxStatus::Idle,
             deferred_begin: None,
-            tx_writes: Vec::new(),
+            tx_writes: TxWrites::default(),
             batch: ClientUnit::new(),
             ready: VecDeque::new(),
             open_unit_node: None,
@@ -435,7 +445,7 @@ impl Session {
             if self.tx != TxStatus::Idle && self.deferred_begin.is_none() {
                 // The transaction was on a node that changed role: fail it, never replay it.
                 self.tx = TxStatus::Idle;
-                self.tx_writes.clear();
+                self.tx_writes = TxWrites::default();
                 return Err(ProxyError::RoleChanged);
             }
         }

@@ -118,9 +118,16 @@ impl Session {
                         let settled = self.pending_settings.on_ready(status, u.error);
                         self.apply_settings(node, settled);
                         if status == TxStatus::Idle {
-                            self.tx_writes.clear();
+                            if u.ddl || self.tx_writes.ddl {
+                                self.ddl_done();
+                            }
+                            self.tx_writes = super::TxWrites::default();
                         } else if !u.autocommit && !u.error {
-                            self.tx_writes.extend(u.writes);
+                            self.tx_writes.writes.extend(u.writes);
+                            self.tx_writes.whole_db |= u.whole_db;
+                            self.tx_writes.ddl |= u.ddl;
+                        } else {
+                            self.tx_writes.ddl |= u.ddl;
                         }
                         self.tx = status;
                         Action::Forward
@@ -150,14 +157,15 @@ impl Session {
                 let Some(u) = self.inflight.front_mut() else {
                     return Action::Forward;
                 };
-                if u.autocommit && !u.writes.is_empty() {
-                    let w = u.writes.clone();
-                    self.mark(w);
+                if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
+                    let (w, whole) = (u.writes.clone(), u.whole_db);
+                    self.mark(w, whole);
                 } else if is_commit {
                     u.committed = true;
-                    let mut w = std::mem::take(&mut self.tx_writes);
+                    let whole = u.whole_db || self.tx_writes.whole_db;
+                    let mut w = std::mem::take(&mut self.tx_writes.writes);
                     w.extend(u.writes.iter().cloned());
-                    self.mark(w);
+                    self.mark(w, whole);
                 }
                 Action::Forward
             }
@@ -344,7 +352,12 @@ impl Session {
     /// Mark relations as written, before the reply that confirms the write is
     /// forwarded to the client. When a position probe follows this unit (LSN routing),
     /// the mark is pending until the probe's answer resolves it.
-    fn mark(&mut self, writes: Vec<pgfresh_sql::RelName>) {
+    fn mark(&mut self, writes: Vec<pgfresh_sql::RelName>, whole_db: bool) {
+        if whole_db {
+            // Something unanalysable ran: every read of the database is hot, primary
+            // only, for one TTL.
+            self.shared.recency.mark_database(&self.login.database);
+        }
         if writes.is_empty() {
             return;
         }

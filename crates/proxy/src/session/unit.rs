@@ -128,6 +128,11 @@ pub struct InFlight {
     pub probe: Option<Probe>,
     /// Settings events still to be matched with the server's CommandCompletes.
     pub events: std::collections::VecDeque<StmtEvent>,
+    /// Something the unit runs may write anything in the database (an unanalysable
+    /// function body): the whole database is marked when it commits.
+    pub whole_db: bool,
+    /// The unit runs DDL: the database's dependency graph is reloaded once it commits.
+    pub ddl: bool,
     /// An injected replay of the session's settings: if it fails, the connection is
     /// not up to date.
     pub replay: bool,
@@ -162,6 +167,8 @@ impl InFlight {
             skip_acks: 0,
             probe: None,
             events: std::collections::VecDeque::new(),
+            whole_db: false,
+            ddl: false,
             replay: false,
         }
     }
