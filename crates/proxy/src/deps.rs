@@ -16,7 +16,8 @@
 //! - When `relation_dependencies` changes, every loaded graph is rebuilt from the catalog
 //!   rows already fetched, without querying the catalog.
 //! - A failed load is logged (the server's own message and SQLSTATE) and counted; the
-//!   previous graph stays in force and the load is retried after [`RETRY_AFTER_ERROR`].
+//!   previous graph stays in force and the load is retried after [`RETRY_AFTER_ERROR`]
+//!   (doubling while failures go on, up to [`REFRESH`]).
 //! - With `learn_dependencies = false` nothing is loaded and [`Dependencies::graph`]
 //!   returns the graph of the manual rules alone (None when there are none).
 
@@ -43,7 +44,8 @@ use crate::context::Shared;
 pub const REFRESH: Duration = Duration::from_secs(30);
 
 /// After a failed load, the next one starts this much later (sooner than [`REFRESH`], so a
-/// graph missing at start-up, before the primary is known, does not stay missing long).
+/// graph missing at start-up, before the primary is known, does not stay missing long);
+/// the delay doubles with each further failure in a row, up to [`REFRESH`].
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
@@ -104,6 +106,8 @@ struct Entry {
     built_with: AtomicU64,
     /// When the next periodic load is due, in ms since `Dependencies::epoch`.
     due_ms: AtomicU64,
+    /// Failed loads in a row (for the retry delay).
+    failures: std::sync::atomic::AtomicU32,
     /// The rows of the last successful load, for rebuilds when the rules change.
     rows: Mutex<Option<Arc<CatalogRows>>>,
     work: Mutex<Work>,
@@ -192,6 +196,7 @@ impl Dependencies {
             graph: ArcSwapOption::empty(),
             built_with: AtomicU64::new(0),
             due_ms: AtomicU64::new(0),
+            failures: Default::default(),
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
         });
@@ -344,13 +349,15 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
             match fetched {
                 Ok(rows) => {
                     *lock(&entry.rows) = Some(Arc::new(rows));
+                    entry.failures.store(0, Ordering::Relaxed);
                     rebuild = true;
                 }
                 Err(e) => {
-                    entry.due_ms.store(
-                        deps.now_ms() + RETRY_AFTER_ERROR.as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
+                    let failures = entry.failures.fetch_add(1, Ordering::Relaxed).min(8);
+                    let delay = (RETRY_AFTER_ERROR * 2u32.pow(failures)).min(REFRESH);
+                    entry
+                        .due_ms
+                        .store(deps.now_ms() + delay.as_millis() as u64, Ordering::Relaxed);
                     outcome = Err(e);
                 }
             }
