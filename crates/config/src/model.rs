@@ -165,6 +165,15 @@ pub struct RoutingSection {
     pub write_function_list: Vec<String>,
     /// User functions known not to write: calls stay reads.
     pub read_only_function_list: Vec<String>,
+    /// Learn each database's dependency graph (triggers, foreign-key cascades, views,
+    /// partitions and inheritance, function bodies) from the primary's catalog, so a
+    /// statement's side effects are marked with its own writes. Off: only
+    /// `relation_dependencies` apply.
+    pub learn_dependencies: bool,
+    /// Manual dependency rules: `"orders -> order_totals, audit_log"` (a write to `orders`
+    /// also writes both) and `"place_order() -> orders, ledger"` (a call of `place_order`
+    /// writes and reads both). Checked with `pgfresh_deps::parse_rules`.
+    pub relation_dependencies: Vec<String>,
     /// With `lsn_routing`: how long a read of a recently written relation may wait for a
     /// replica to replay the write before it goes to the primary (0: go at once).
     pub replica_wait_ms: u64,
@@ -196,6 +205,8 @@ impl Default for RoutingSection {
             prefer_lower_delay_standby: false,
             write_function_list: Vec::new(),
             read_only_function_list: Vec::new(),
+            learn_dependencies: true,
+            relation_dependencies: Vec::new(),
             replica_wait_ms: 0,
             max_primary_fallbacks: 1_000,
             read_retry_budget: 1,

@@ -34,6 +34,9 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("monitor.", ReloadClass::Live),
     ("routing.parse_cache_entries", ReloadClass::Restart),
     ("routing.parse_cache_bytes", ReloadClass::Restart),
+    // Dependency graphs are rebuilt (from cached catalog rows) when the rules change.
+    ("routing.learn_dependencies", ReloadClass::Live),
+    ("routing.relation_dependencies", ReloadClass::Live),
     ("routing.", ReloadClass::Live),
     // Nodes can be added, removed, moved and re-weighted live.
     ("nodes", ReloadClass::Live),

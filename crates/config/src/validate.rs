@@ -135,6 +135,10 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             }
         }
     }
+    for (i, rule) in r.relation_dependencies.iter().enumerate() {
+        pgfresh_deps::ManualRule::parse(rule)
+            .map_err(|e| ConfigError::invalid(format!("routing.relation_dependencies[{i}]"), e))?;
+    }
     if c.nodes.is_empty() {
         return Err(ConfigError::invalid(
             "nodes",

@@ -222,3 +222,88 @@ fn nodes_reload_live() {
     assert_eq!(h.snapshot().nodes.len(), 3);
     assert!(out.applied.iter().any(|k| k.key == "nodes"), "{out:?}");
 }
+
+#[test]
+fn dependency_keys_default_and_validate() {
+    let c = parse_str(MINIMAL).unwrap();
+    assert!(c.routing.learn_dependencies);
+    assert!(c.routing.relation_dependencies.is_empty());
+
+    let c = parse_str(&with(
+        "[routing]\nlearn_dependencies = false\nrelation_dependencies = [\n  \"orders -> order_totals, audit_log\",\n  \"place_order() -> orders, ledger\",\n  'app.\"Weird\" -> \"x,y\"',\n]\n",
+    ))
+    .unwrap();
+    assert!(!c.routing.learn_dependencies);
+    assert_eq!(c.routing.relation_dependencies.len(), 3);
+
+    // A bad rule rejects the file, naming the key and the rule.
+    for (rules, rule) in [
+        ("[\"orders -> a\", \"orders\"]", "\"orders\""),
+        ("[\"f(int) -> a\"]", "f(int)"),
+        ("[\"a -> b,\"]", "a -> b,"),
+        ("[\"a -> a\"]", "a -> a"),
+        ("[\"a -> b -> c\"]", "a -> b -> c"),
+    ] {
+        let err = parse_str(&with(&format!(
+            "[routing]\nrelation_dependencies = {rules}\n"
+        )))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("routing.relation_dependencies"),
+            "{rules}: {err}"
+        );
+        assert!(err.contains(rule), "{rules}: {err}");
+    }
+}
+
+#[test]
+fn dependency_keys_reload_live_and_bad_rules_change_nothing() {
+    assert_eq!(
+        reload_class("routing.learn_dependencies"),
+        ReloadClass::Live
+    );
+    assert_eq!(
+        reload_class("routing.relation_dependencies"),
+        ReloadClass::Live
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgfresh.toml");
+    write(&path, MINIMAL);
+    let h = ConfigHandle::open(&path).unwrap();
+
+    write(
+        &path,
+        &with("[routing]\nlearn_dependencies = false\nrelation_dependencies = [\"orders -> audit_log\"]\n"),
+    );
+    let out = h.reload().unwrap();
+    let keys: Vec<_> = out.applied.iter().map(|k| k.key.as_str()).collect();
+    assert!(keys.contains(&"routing.learn_dependencies"), "{keys:?}");
+    assert!(keys.contains(&"routing.relation_dependencies"), "{keys:?}");
+    assert!(out.pending_restart.is_empty(), "{out:?}");
+    assert!(!h.snapshot().routing.learn_dependencies);
+
+    // One bad rule among good ones: the whole file is rejected, the old rules stay.
+    write(
+        &path,
+        &with("[routing]\nrelation_dependencies = [\"orders -> audit_log, ledger\", \"nonsense\"]\nrecent_access_ttl_ms = 5\n"),
+    );
+    let err = h.reload().unwrap_err().to_string();
+    assert!(
+        err.contains("routing.relation_dependencies[1]") && err.contains("nonsense"),
+        "{err}"
+    );
+    let s = h.snapshot();
+    assert_eq!(s.routing.relation_dependencies, vec!["orders -> audit_log"]);
+    assert_eq!(s.routing.recent_access_ttl_ms, 1000);
+
+    // `pgfresh check` and SHOW CONFIG list both keys.
+    let described = describe(&s);
+    for key in [
+        "routing.learn_dependencies",
+        "routing.relation_dependencies",
+    ] {
+        let (_, _, class) = described.iter().find(|(k, _, _)| k == key).expect(key);
+        assert_eq!(*class, ReloadClass::Live);
+    }
+}

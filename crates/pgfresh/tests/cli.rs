@@ -29,6 +29,31 @@ fn check_prints_effective_config_with_reload_classes() {
         !text.contains("\"secret\""),
         "passwords must be redacted: {text}"
     );
+    assert!(
+        text.contains("routing.learn_dependencies = true    # live"),
+        "{text}"
+    );
+    assert!(
+        text.contains("routing.relation_dependencies = []    # live"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_rejects_a_bad_dependency_rule_naming_key_and_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[routing]\nrelation_dependencies = [\"orders -> totals\", \"place_order(int) -> x\"]\n[[nodes]]\nname='a'\nhost='h'\nport=1\n",
+    )
+    .unwrap();
+    let (ok, text) = pgfresh(&["check", "-c", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        text.contains("routing.relation_dependencies[1]") && text.contains("place_order(int) -> x"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -8,11 +8,12 @@
 //! | GET | `/metrics` | Prometheus text exposition |
 //! | GET | `/v1/status` | nodes, TTL and its source, hot relations, routing counters |
 //! | GET | `/v1/config` | the effective config, secrets redacted |
+//! | GET | `/v1/dependencies` | the dependency graph of every database loaded so far |
 //! | PUT | `/v1/config/recent_access_ttl_ms` | `{"value": N}`: set the recency TTL (clamped) |
 //! | PUT | `/v1/lag` | `{"lag_ms": N, "node": "name"?, "source": "text"?}`: push an external lag |
 //!
-//! With `proxy.admin_token` set, every PUT and both `/v1/status` and `/v1/config`
-//! need `Authorization: Bearer <token>`; without it they answer 401.
+//! With `proxy.admin_token` set, every PUT and `/v1/status`, `/v1/config` and
+//! `/v1/dependencies` need `Authorization: Bearer <token>`; without it they answer 401.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -157,6 +158,7 @@ const ENDPOINTS: &[(&str, &[Method])] = &[
     ("/metrics", &[Method::GET]),
     ("/v1/status", &[Method::GET]),
     ("/v1/config", &[Method::GET]),
+    ("/v1/dependencies", &[Method::GET]),
     ("/v1/config/recent_access_ttl_ms", &[Method::PUT]),
     ("/v1/lag", &[Method::PUT]),
 ];
@@ -173,7 +175,10 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
     if !allowed {
         return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here");
     }
-    let needs_auth = method == Method::PUT || path == "/v1/status" || path == "/v1/config";
+    let needs_auth = method == Method::PUT
+        || path == "/v1/status"
+        || path == "/v1/config"
+        || path == "/v1/dependencies";
     if needs_auth && !authorized(&req, config.proxy.admin_token.as_deref()) {
         return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
     }
@@ -184,6 +189,9 @@ async fn handle(req: Request<Incoming>, proxy: &Proxy) -> Response<Full<Bytes>> 
             reply(StatusCode::OK, "text/plain; version=0.0.4", text)
         }
         (_, "/v1/status") => json_reply(StatusCode::OK, status_json(proxy)),
+        (_, "/v1/dependencies") => {
+            json_reply(StatusCode::OK, crate::deps::report_json(&proxy.shared.deps))
+        }
         (_, "/v1/config") => json_reply(
             StatusCode::OK,
             serde_json::to_value(pgfresh_config::redacted(&config)).unwrap_or(Value::Null),

@@ -1,7 +1,7 @@
 //! The admin console: the virtual database `pgfresh`, for users with `admin = true`,
 //! in the manner of pgbouncer's console (`psql -d pgfresh -U admin`).
 //! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW CLIENTS,
-//! SHOW HOT, SHOW CONFIG, SHOW STATS, SHOW HELP, RELOAD and
+//! SHOW HOT, SHOW CONFIG, SHOW STATS, SHOW DEPENDENCIES, SHOW HELP, RELOAD and
 //! SET recent_access_ttl_ms = N. Several `;`-separated commands may be sent at once;
 //! the first error ends the string.
 
@@ -150,6 +150,10 @@ const HELP: &[(&str, &str)] = &[
         "routing counters, offload ratio, fallbacks, caches, reloads",
     ),
     (
+        "SHOW DEPENDENCIES [database]",
+        "learned and manual dependency edges, and bodies that cannot be analysed",
+    ),
+    (
         "RELOAD",
         "re-read the config file; an invalid file changes nothing",
     ),
@@ -253,6 +257,17 @@ fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
             table(out, &["key", "value", "reload"], rows);
         }
         ["show", "stats"] => show_stats(shared, out),
+        ["show", "dependencies"] => show_dependencies(shared, None, out),
+        ["show", "dependencies", _] => {
+            // The name as written (database names keep their case), quotes removed.
+            let name = sql.split_whitespace().nth(2).unwrap_or_default();
+            let name = name
+                .strip_prefix('"')
+                .and_then(|n| n.strip_suffix('"'))
+                .map(|n| n.replace("\"\"", "\""))
+                .unwrap_or_else(|| name.to_string());
+            show_dependencies(shared, Some(&name), out)
+        }
         ["show", "help"] | ["help"] => {
             let rows = HELP.iter().map(|(c, d)| vec![c.to_string(), d.to_string()]).collect();
             table(out, &["command", "description"], rows);
@@ -338,6 +353,50 @@ fn show_nodes(shared: &Shared, out: &mut BytesMut) {
             "read_pool",
             "last_error",
         ],
+        rows,
+    );
+}
+
+/// `SHOW DEPENDENCIES [database]`: one row per edge of every loaded graph, then one per
+/// body that cannot be analysed (kind `unanalysable`, the function in `from`, the reason in
+/// `action`).
+fn show_dependencies(shared: &Shared, only: Option<&str>, out: &mut BytesMut) {
+    let mut rows = Vec::new();
+    for (db, graph) in shared.deps.loaded() {
+        if only.is_some_and(|o| o != db) {
+            continue;
+        }
+        let report = graph.report();
+        for e in &report.edges {
+            rows.push(vec![
+                db.clone(),
+                crate::deps::edge_kind_name(e.kind),
+                e.from.clone(),
+                e.to.clone(),
+                e.via.clone().unwrap_or_default(),
+                e.action.clone(),
+            ]);
+        }
+        for u in &report.unanalysable {
+            let mut reason = format!("{} ({})", u.reason, u.language);
+            if u.overridden_by_rule {
+                reason.push_str("; described by a relation_dependencies rule");
+            } else {
+                reason.push_str("; marks the whole database");
+            }
+            rows.push(vec![
+                db.clone(),
+                "unanalysable".to_string(),
+                u.function.clone(),
+                String::new(),
+                String::new(),
+                reason,
+            ]);
+        }
+    }
+    table(
+        out,
+        &["database", "kind", "from", "to", "via", "action"],
         rows,
     );
 }

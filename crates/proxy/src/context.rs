@@ -32,6 +32,8 @@ pub struct Shared {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// User-function volatility per database, from `pg_proc`.
     pub catalog: crate::catalog::Catalog,
+    /// Dependency graphs per database (triggers, cascades, views, partitions, bodies).
+    pub deps: crate::deps::Dependencies,
     /// Relations that have their own label on `pgfresh_recency_forced_total` (capped).
     pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.

@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod client;
 pub mod console;
 pub mod context;
+pub mod deps;
 pub mod error;
 pub mod io;
 pub mod listener;
@@ -175,7 +176,9 @@ impl Proxy {
             ttl_source: ArcSwap::from_pointee(admin::TtlSource::file()),
             forced_labels: Default::default(),
             catalog: Default::default(),
+            deps: deps::Dependencies::new(&c),
         });
+        shared.deps.attach(&shared);
         let proxy = Proxy {
             shared,
             shutdown_tx,
@@ -235,6 +238,7 @@ impl Proxy {
             .set_lists(patterns(&r.never_track), patterns(&r.always_hot));
         shared.balancer.update_settings(monitor_settings(&c));
         shared.policy.store(Arc::new(function_policy(&c)));
+        shared.deps.apply_config(&c);
     }
 
     /// Apply the config's node list: new nodes are monitored (and join the read pool

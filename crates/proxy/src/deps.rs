@@ -1,0 +1,617 @@
+//! Dependency graphs learned from the primary's catalog, per database (DESIGN §1 rule 6).
+//!
+//! A statement's side effects (triggers, foreign-key cascades, partition routing, the bodies
+//! of called functions) are marked with its own writes, and a read of a view is a read of its
+//! base relations. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
+//! from six catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
+//! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
+//! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
+//!
+//! - [`Dependencies::graph`] is the hot path: a map load, a few atomics, an `Arc` clone. It
+//!   returns what is loaded (None before the first load) and starts a load in the background
+//!   when the database is new or its [`REFRESH`] interval passed.
+//! - [`Dependencies::invalidate`], called after DDL passes through pgfresh, schedules a
+//!   reload now. At most one load runs per database; requests during a load cause exactly
+//!   one more load after it.
+//! - When `relation_dependencies` changes, every loaded graph is rebuilt from the catalog
+//!   rows already fetched, without querying the catalog.
+//! - A failed load is logged (the server's own message and SQLSTATE) and counted; the
+//!   previous graph stays in force and the load is retried after [`RETRY_AFTER_ERROR`]
+//!   (doubling while failures go on, up to [`REFRESH`]).
+//! - With `learn_dependencies = false` nothing is loaded and [`Dependencies::graph`]
+//!   returns the graph of the manual rules alone (None when there are none).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use pgfresh_config::Config;
+use pgfresh_deps::catalog::{
+    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, RELATIONS_SQL, TRIGGERS_SQL,
+    VIEW_DEPS_SQL,
+};
+use pgfresh_deps::{
+    CatalogRows, DepGraph, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule, Oid, RelationRow,
+    TriggerRow, ViewDepRow,
+};
+use tokio::sync::oneshot;
+
+use crate::context::Shared;
+
+/// How often a database's graph is loaded again without any DDL seen.
+pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// After a failed load, the next one starts this much later (sooner than [`REFRESH`], so a
+/// graph missing at start-up, before the primary is known, does not stay missing long);
+/// the delay doubles with each further failure in a row, up to [`REFRESH`].
+pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+
+/// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
+pub const MAX_DATABASES: usize = 1000;
+
+/// A load (connect, six queries) that takes longer is abandoned and counted as an error.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The manual rules in force, and the graph they make on their own.
+struct Rules {
+    /// Starts at 1 and grows with every change; a graph records the generation it was
+    /// built with (0: no graph yet).
+    generation: u64,
+    texts: Vec<String>,
+    parsed: Vec<ManualRule>,
+    /// What `graph()` returns with `learn_dependencies = false`; None without rules.
+    rules_only: Option<Arc<DepGraph>>,
+}
+
+impl Rules {
+    fn new(generation: u64, texts: &[String]) -> Rules {
+        // The config was validated with the same parser; a failure here cannot happen, but
+        // if it did no rule is better than a wrong one.
+        let parsed = pgfresh_deps::parse_rules(texts).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "relation_dependencies do not parse; ignoring them");
+            Vec::new()
+        });
+        let rules_only = (!parsed.is_empty())
+            .then(|| Arc::new(DepGraph::build(&CatalogRows::default(), &parsed)));
+        Rules {
+            generation,
+            texts: texts.to_vec(),
+            parsed,
+            rules_only,
+        }
+    }
+}
+
+type Waiter = oneshot::Sender<Result<Arc<DepGraph>, String>>;
+
+/// What the worker of one database has been asked to do.
+#[derive(Default)]
+struct Work {
+    /// A worker task runs (it takes the flags below until none is left).
+    running: bool,
+    /// Query the catalog again (then rebuild).
+    load: bool,
+    /// Rebuild from the cached rows (the rules changed).
+    rebuild: bool,
+    /// Callers of `load_now`, answered after the next load.
+    waiters: Vec<Waiter>,
+}
+
+struct Entry {
+    db: String,
+    graph: ArcSwapOption<DepGraph>,
+    /// Rules generation the graph in `graph` was built with; 0 before the first.
+    built_with: AtomicU64,
+    /// When the next periodic load is due, in ms since `Dependencies::epoch`.
+    due_ms: AtomicU64,
+    /// Failed loads in a row (for the retry delay).
+    failures: std::sync::atomic::AtomicU32,
+    /// The rows of the last successful load, for rebuilds when the rules change.
+    rows: Mutex<Option<Arc<CatalogRows>>>,
+    work: Mutex<Work>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The dependency graphs of the databases clients use (held in [`Shared`] as `deps`).
+pub struct Dependencies {
+    dbs: ArcSwap<HashMap<String, Arc<Entry>>>,
+    /// Serializes insertions into `dbs` (copy on write; readers never wait).
+    insert: Mutex<()>,
+    rules: ArcSwap<Rules>,
+    learn: AtomicBool,
+    epoch: Instant,
+    /// The shared state loads run with; set once by [`Dependencies::attach`].
+    shared: OnceLock<Weak<Shared>>,
+}
+
+impl Dependencies {
+    /// Empty, with the dependency keys of `config`.
+    pub fn new(config: &Config) -> Dependencies {
+        Dependencies {
+            dbs: ArcSwap::from_pointee(HashMap::new()),
+            insert: Mutex::new(()),
+            rules: ArcSwap::from_pointee(Rules::new(1, &config.routing.relation_dependencies)),
+            learn: AtomicBool::new(config.routing.learn_dependencies),
+            epoch: Instant::now(),
+            shared: OnceLock::new(),
+        }
+    }
+
+    /// Gives the loader the state it loads with (the config, the primary). Called once the
+    /// `Shared` holding this is built; later calls change nothing.
+    pub fn attach(&self, shared: &Arc<Shared>) {
+        let _ = self.shared.set(Arc::downgrade(shared));
+    }
+
+    /// Applies `learn_dependencies` and `relation_dependencies` from a new config: when the
+    /// rules changed, every loaded graph is rebuilt from its cached catalog rows.
+    pub fn apply_config(&self, config: &Config) {
+        let r = &config.routing;
+        self.learn.store(r.learn_dependencies, Ordering::Relaxed);
+        let current = self.rules.load();
+        if current.texts == r.relation_dependencies {
+            return;
+        }
+        let rules = Rules::new(current.generation + 1, &r.relation_dependencies);
+        tracing::info!(
+            rules = rules.parsed.len(),
+            "relation_dependencies changed; rebuilding dependency graphs"
+        );
+        self.rules.store(Arc::new(rules));
+        for entry in self.dbs.load().values() {
+            if entry.built_with.load(Ordering::Relaxed) != 0 {
+                self.schedule(entry, false, None);
+            }
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn learning(&self) -> bool {
+        self.learn.load(Ordering::Relaxed)
+    }
+
+    /// The entry of `db`, created when new (None past [`MAX_DATABASES`]).
+    fn entry(&self, db: &str) -> Option<Arc<Entry>> {
+        if let Some(e) = self.dbs.load().get(db) {
+            return Some(e.clone());
+        }
+        let _guard = lock(&self.insert);
+        let dbs = self.dbs.load_full();
+        if let Some(e) = dbs.get(db) {
+            return Some(e.clone());
+        }
+        if dbs.len() >= MAX_DATABASES {
+            return None;
+        }
+        let entry = Arc::new(Entry {
+            db: db.to_string(),
+            graph: ArcSwapOption::empty(),
+            built_with: AtomicU64::new(0),
+            due_ms: AtomicU64::new(0),
+            failures: Default::default(),
+            rows: Mutex::new(None),
+            work: Mutex::new(Work::default()),
+        });
+        let mut next = HashMap::clone(&dbs);
+        next.insert(db.to_string(), entry.clone());
+        self.dbs.store(Arc::new(next));
+        Some(entry)
+    }
+
+    /// The dependency graph of `db` as loaded so far: None until the first load finished
+    /// (or past [`MAX_DATABASES`]). Starts a background load when `db` is new or its
+    /// [`REFRESH`] interval passed. With `learn_dependencies = false`, the graph of the
+    /// manual rules alone (None without rules). Cheap: no lock is held across an await, no
+    /// I/O is waited for.
+    pub fn graph(&self, shared: &Arc<Shared>, db: &str) -> Option<Arc<DepGraph>> {
+        if !self.learning() {
+            return self.rules.load().rules_only.clone();
+        }
+        self.attach(shared);
+        let entry = self.entry(db)?;
+        let now = self.now_ms();
+        let due = entry.due_ms.load(Ordering::Relaxed);
+        if now >= due {
+            // One caller per period starts the load; the worker moves the date on again.
+            if entry
+                .due_ms
+                .compare_exchange(
+                    due,
+                    now + REFRESH.as_millis() as u64,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            {
+                self.schedule(&entry, true, None);
+            }
+        } else {
+            let built = entry.built_with.load(Ordering::Relaxed);
+            if built != 0 && built != self.rules.load().generation {
+                // The rules changed and the eager rebuild has not finished (or could not
+                // start): ask again; requests coalesce.
+                self.schedule(&entry, false, None);
+            }
+        }
+        entry.graph.load_full()
+    }
+
+    /// Schedules a reload of `db` now (after DDL passed through pgfresh). Coalesces: with a
+    /// load in flight, one more load runs after it, however many requests came.
+    pub fn invalidate(&self, db: &str) {
+        if !self.learning() {
+            return;
+        }
+        if let Some(entry) = self.entry(db) {
+            self.schedule(&entry, true, None);
+        }
+    }
+
+    /// Loads `db` now and returns the graph built (for tests and admin tools). Waits for a
+    /// load in flight and then one more, so the answer reflects the catalog as of this call.
+    pub async fn load_now(&self, shared: &Arc<Shared>, db: &str) -> Result<Arc<DepGraph>, String> {
+        if !self.learning() {
+            return Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+        }
+        self.attach(shared);
+        let entry = self
+            .entry(db)
+            .ok_or_else(|| format!("more than {MAX_DATABASES} databases are tracked"))?;
+        let (tx, rx) = oneshot::channel();
+        self.schedule(&entry, true, Some(tx));
+        rx.await
+            .map_err(|_| "the dependency loader stopped".to_string())?
+    }
+
+    /// The graphs of every database loaded so far, sorted by name (what `graph()` would
+    /// return for each: the manual rules alone when `learn_dependencies` is off).
+    pub fn loaded(&self) -> Vec<(String, Arc<DepGraph>)> {
+        let dbs = self.dbs.load();
+        let rules_only = (!self.learning()).then(|| self.rules.load().rules_only.clone());
+        let mut out: Vec<(String, Arc<DepGraph>)> = dbs
+            .values()
+            .filter_map(|e| {
+                let g = match &rules_only {
+                    Some(r) => r.clone(),
+                    None => e.graph.load_full(),
+                }?;
+                Some((e.db.clone(), g))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Asks the worker of `entry` for a load (`load`) or a rebuild, starting it if idle.
+    fn schedule(&self, entry: &Arc<Entry>, load: bool, waiter: Option<Waiter>) {
+        let mut work = lock(&entry.work);
+        if load {
+            work.load = true;
+        } else {
+            work.rebuild = true;
+        }
+        work.waiters.extend(waiter);
+        if work.running {
+            return;
+        }
+        let Some(shared) = self.shared.get().cloned() else {
+            // Not attached yet: the first `graph()` call attaches and loads.
+            entry.due_ms.store(0, Ordering::Relaxed);
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            entry.due_ms.store(0, Ordering::Relaxed);
+            return;
+        };
+        work.running = true;
+        drop(work);
+        rt.spawn(run(shared, entry.clone()));
+    }
+}
+
+/// The worker of one database: takes requests until none is left.
+async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return; // the proxy is gone
+        };
+        let deps = &shared.deps;
+        let (load, mut rebuild, waiters) = {
+            let mut work = lock(&entry.work);
+            if !work.load && !work.rebuild {
+                work.running = false;
+                return;
+            }
+            let taken = (work.load, work.rebuild, std::mem::take(&mut work.waiters));
+            work.load = false;
+            work.rebuild = false;
+            taken
+        };
+        let started = Instant::now();
+        let mut outcome: Result<(), String> = Ok(());
+        let load = load && deps.learning();
+        if load {
+            entry.due_ms.store(
+                deps.now_ms() + REFRESH.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+            let fetched = tokio::time::timeout(LOAD_TIMEOUT, fetch(&shared, &entry.db))
+                .await
+                .unwrap_or_else(|_| Err(format!("timed out after {LOAD_TIMEOUT:?}")));
+            match fetched {
+                Ok(rows) => {
+                    *lock(&entry.rows) = Some(Arc::new(rows));
+                    entry.failures.store(0, Ordering::Relaxed);
+                    rebuild = true;
+                }
+                Err(e) => {
+                    let failures = entry.failures.fetch_add(1, Ordering::Relaxed).min(8);
+                    let delay = (RETRY_AFTER_ERROR * 2u32.pow(failures)).min(REFRESH);
+                    entry
+                        .due_ms
+                        .store(deps.now_ms() + delay.as_millis() as u64, Ordering::Relaxed);
+                    outcome = Err(e);
+                }
+            }
+        } else if !waiters.is_empty() {
+            outcome = Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+        }
+        if rebuild {
+            let rows = lock(&entry.rows).clone();
+            if let Some(rows) = rows {
+                let rules = deps.rules.load_full();
+                let generation = rules.generation;
+                // Parsing function bodies costs tens of milliseconds on big schemas.
+                match tokio::task::spawn_blocking(move || DepGraph::build(&rows, &rules.parsed))
+                    .await
+                {
+                    Ok(graph) => {
+                        metrics::gauge!("pgfresh_dependency_edges", "database" => entry.db.clone())
+                            .set(graph.report().edges.len() as f64);
+                        tracing::debug!(
+                            database = %entry.db,
+                            edges = graph.report().edges.len(),
+                            unanalysable = graph.report().unanalysable.len(),
+                            "dependency graph built"
+                        );
+                        entry.graph.store(Some(Arc::new(graph)));
+                        entry.built_with.store(generation, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        outcome = Err(format!("building the dependency graph failed: {e}"));
+                    }
+                }
+            }
+        }
+        if load {
+            match &outcome {
+                Ok(()) => {
+                    metrics::counter!("pgfresh_dependency_loads_total", "result" => "ok")
+                        .increment(1);
+                    metrics::histogram!("pgfresh_dependency_load_seconds")
+                        .record(started.elapsed().as_secs_f64());
+                }
+                Err(e) => {
+                    metrics::counter!("pgfresh_dependency_loads_total", "result" => "error")
+                        .increment(1);
+                    tracing::warn!(
+                        database = %entry.db,
+                        error = %e,
+                        "cannot load the dependency graph; the previous one stays in force"
+                    );
+                }
+            }
+        }
+        for w in waiters {
+            let answer = outcome.clone().and_then(|()| {
+                entry
+                    .graph
+                    .load_full()
+                    .ok_or_else(|| "no graph was built".to_string())
+            });
+            let _ = w.send(answer);
+        }
+    }
+}
+
+/// The name of an edge kind as the admin API writes it (`trigger`, `foreign_key` ...).
+pub fn edge_kind_name(kind: pgfresh_deps::EdgeKind) -> String {
+    match serde_json::to_value(kind) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{kind:?}").to_ascii_lowercase(),
+    }
+}
+
+/// The `GET /v1/dependencies` document: `{"databases": {"<db>": <DependencyReport>}}` for
+/// every database loaded so far.
+pub fn report_json(deps: &Dependencies) -> serde_json::Value {
+    let databases: serde_json::Map<String, serde_json::Value> = deps
+        .loaded()
+        .into_iter()
+        .map(|(db, g)| {
+            (
+                db,
+                serde_json::to_value(g.report()).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect();
+    serde_json::json!({ "databases": databases })
+}
+
+/// An error in the server's own words (message and SQLSTATE), not tokio-postgres's
+/// generic "db error".
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+fn oid(row: &tokio_postgres::Row, col: &str) -> Result<Oid, String> {
+    let v: i64 = row.try_get(col).map_err(|e| format!("column {col}: {e}"))?;
+    Oid::try_from(v).map_err(|_| format!("column {col}: {v} is not an oid"))
+}
+
+fn text(row: &tokio_postgres::Row, col: &str) -> Result<String, String> {
+    row.try_get(col).map_err(|e| format!("column {col}: {e}"))
+}
+
+fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
+    Ok(char_column(&text(row, col)?))
+}
+
+/// Runs the six catalog queries on the primary in `db`, in one read-only snapshot.
+async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
+    let config = shared.config.snapshot();
+    let primary = shared.balancer.primary().ok_or("no primary is known")?;
+    let view = shared.balancer.view();
+    let node = view.node(primary).ok_or("primary not configured")?;
+    let address = format!("{}:{}", node.spec.host, node.spec.port);
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&node.spec.host)
+        .port(node.spec.port)
+        .user(&config.monitor.user)
+        .password(&config.monitor.password)
+        .dbname(db)
+        .application_name("pgfresh dependencies")
+        .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
+    drop(view);
+    let (mut client, conn) = pg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("connect to {address}: {}", pg_error(&e)))?;
+    let task = tokio::spawn(conn);
+    let rows = query_all(&mut client).await;
+    drop(client);
+    let _ = task.await;
+    rows
+}
+
+async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, String> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(|e| pg_error(&e))?;
+    let run = |what: &'static str, sql: &'static str| {
+        let tx = &tx;
+        async move {
+            tx.query(sql, &[])
+                .await
+                .map_err(|e| format!("{what} query: {}", pg_error(&e)))
+        }
+    };
+    let mut rows = CatalogRows::default();
+    for r in run("relations", RELATIONS_SQL).await? {
+        rows.relations.push(RelationRow {
+            oid: oid(&r, "oid")?,
+            schema: text(&r, "schema")?,
+            name: text(&r, "name")?,
+            relkind: letter(&r, "relkind")?,
+        });
+    }
+    for r in run("triggers", TRIGGERS_SQL).await? {
+        rows.triggers.push(TriggerRow {
+            table_oid: oid(&r, "table_oid")?,
+            function_oid: oid(&r, "function_oid")?,
+            name: text(&r, "name")?,
+        });
+    }
+    for r in run("foreign_keys", FOREIGN_KEYS_SQL).await? {
+        rows.foreign_keys.push(ForeignKeyRow {
+            name: text(&r, "name")?,
+            referencing_oid: oid(&r, "referencing_oid")?,
+            referenced_oid: oid(&r, "referenced_oid")?,
+            on_delete: letter(&r, "on_delete")?,
+            on_update: letter(&r, "on_update")?,
+        });
+    }
+    for r in run("view_deps", VIEW_DEPS_SQL).await? {
+        rows.view_deps.push(ViewDepRow {
+            view_oid: oid(&r, "view_oid")?,
+            base_oid: oid(&r, "base_oid")?,
+        });
+    }
+    for r in run("inherits", INHERITS_SQL).await? {
+        rows.inherits.push(InheritsRow {
+            child_oid: oid(&r, "child_oid")?,
+            parent_oid: oid(&r, "parent_oid")?,
+        });
+    }
+    for r in run("functions", FUNCTIONS_SQL).await? {
+        rows.functions.push(FunctionRow {
+            oid: oid(&r, "oid")?,
+            schema: text(&r, "schema")?,
+            name: text(&r, "name")?,
+            language: text(&r, "language")?,
+            definition: r
+                .try_get::<_, Option<String>>("definition")
+                .map_err(|e| format!("column definition: {e}"))?,
+            volatility: letter(&r, "volatility")?,
+        });
+    }
+    tx.commit().await.map_err(|e| pg_error(&e))?;
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(learn: bool, rules: &[&str]) -> Config {
+        let mut c = pgfresh_config::parse_str(
+            "[[nodes]]\nname = \"pg0\"\nhost = \"127.0.0.1\"\nport = 5432\n",
+        )
+        .unwrap();
+        c.routing.learn_dependencies = learn;
+        c.routing.relation_dependencies = rules.iter().map(|s| s.to_string()).collect();
+        c
+    }
+
+    #[test]
+    fn rules_only_graph_follows_the_config() {
+        let d = Dependencies::new(&config(false, &[]));
+        assert!(d.rules.load().rules_only.is_none());
+        d.apply_config(&config(false, &["orders -> audit_log"]));
+        let rules = d.rules.load();
+        assert_eq!(rules.generation, 2);
+        let g = rules.rules_only.clone().expect("a graph of the rules");
+        let mut marks = Vec::new();
+        let e = g.expand_writes(
+            &[pgfresh_sql::RelName::new(None, "orders")],
+            &[],
+            &mut marks,
+        );
+        assert!(!e.is_whole_database());
+        assert_eq!(marks, vec![pgfresh_sql::RelName::new(None, "audit_log")]);
+        // The same rules again change nothing.
+        d.apply_config(&config(false, &["orders -> audit_log"]));
+        assert_eq!(d.rules.load().generation, 2);
+        d.apply_config(&config(true, &[]));
+        assert!(d.learning());
+        assert!(d.rules.load().rules_only.is_none());
+    }
+
+    #[test]
+    fn databases_are_bounded() {
+        let d = Dependencies::new(&config(true, &[]));
+        for i in 0..MAX_DATABASES {
+            assert!(d.entry(&format!("db{i}")).is_some());
+        }
+        assert!(d.entry("one_too_many").is_none());
+        assert!(d.entry("db7").is_some(), "known databases stay reachable");
+        // Unattached and outside a runtime: nothing starts, and nothing is loaded.
+        d.invalidate("db7");
+        assert!(d.loaded().is_empty());
+    }
+}
