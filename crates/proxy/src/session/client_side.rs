@@ -417,11 +417,13 @@ impl Session {
 
     /// The dependency graph of the session's database, when learned (or configured).
     pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
-        None
+        self.shared.deps.graph(&self.shared, &self.login.database)
     }
 
     /// DDL committed: the database's dependencies may have changed.
-    pub(super) fn ddl_done(&self) {}
+    pub(super) fn ddl_done(&self) {
+        self.shared.deps.invalidate(&self.login.database);
+    }
 
     /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
     /// to, so the read can still leave the primary. The wait is recorded in
