@@ -2,6 +2,7 @@
 # Installs what building and testing pgfresh needs, when it is missing:
 #   - libclang-dev: pg_query builds libpg_query with bindgen
 #   - PostgreSQL server and client binaries (initdb, pg_ctl, pg_basebackup, psql, pgbench)
+#   - python3-psycopg: the token tests drive pgfresh with psycopg (Debian's python3)
 #   - chromium (only with --browser): the status page test renders the page headless
 # Safe to run repeatedly; does nothing when everything is present.
 set -euo pipefail
@@ -23,6 +24,9 @@ if ! command -v pg_config >/dev/null 2>&1 || [ ! -x "$(pg_config --bindir 2>/dev
 fi
 if ! command -v psql >/dev/null 2>&1 || ! command -v pgbench >/dev/null 2>&1; then
   missing+=(postgresql-client)
+fi
+if ! dpkg -s python3-psycopg >/dev/null 2>&1; then
+  missing+=(python3-psycopg)
 fi
 if [ "$want_browser" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   missing+=(chromium)

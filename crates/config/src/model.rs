@@ -121,6 +121,18 @@ impl Default for MonitorSection {
     }
 }
 
+/// What a read that must observe a position token does when no replica has replayed it
+/// (after `replica_wait_ms`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStale {
+    /// Run on the primary, which has every position.
+    #[default]
+    Primary,
+    /// Fail with SQLSTATE PF001 naming the required and the best available position.
+    Error,
+}
+
 /// How reads are spread over eligible replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -177,6 +189,9 @@ pub struct RoutingSection {
     /// With `lsn_routing`: how long a read of a recently written relation may wait for a
     /// replica to replay the write before it goes to the primary (0: go at once).
     pub replica_wait_ms: u64,
+    /// A read carrying a position token (`pgfresh.min_lsn`) that no replica has replayed:
+    /// `primary` (default) or `error` (SQLSTATE PF001).
+    pub on_stale: OnStale,
     /// Cap on concurrent reads that fell back to the primary.
     pub max_primary_fallbacks: usize,
     /// Retries of an idempotent autocommit read on another node after a replica failed.
@@ -208,6 +223,7 @@ impl Default for RoutingSection {
             learn_dependencies: true,
             relation_dependencies: Vec::new(),
             replica_wait_ms: 0,
+            on_stale: OnStale::Primary,
             max_primary_fallbacks: 1_000,
             read_retry_budget: 1,
             parse_cache_entries: 100_000,

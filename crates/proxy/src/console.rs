@@ -20,7 +20,7 @@ use crate::client::Login;
 use crate::context::Shared;
 use crate::io::{read_frame, Side};
 
-fn row_description(out: &mut BytesMut, cols: &[&str]) {
+pub(crate) fn row_description(out: &mut BytesMut, cols: &[&str]) {
     let mut body = BytesMut::new();
     body.put_u16(cols.len() as u16);
     for c in cols {
@@ -38,7 +38,7 @@ fn row_description(out: &mut BytesMut, cols: &[&str]) {
     out.put_slice(&body);
 }
 
-fn data_row(out: &mut BytesMut, values: &[String]) {
+pub(crate) fn data_row(out: &mut BytesMut, values: &[String]) {
     let mut body = BytesMut::new();
     body.put_u16(values.len() as u16);
     for v in values {

@@ -47,6 +47,12 @@ pub enum ProxyError {
         "no replica can serve this read consistently and the primary fallback limit is reached"
     )]
     FallbackLimit,
+    /// A malformed position token or pgfresh setting value.
+    #[error("{0}")]
+    InvalidToken(String),
+    /// `on_stale = "error"`: no replica has replayed the position a token requires.
+    #[error("no replica has replayed position {required} yet (the most advanced has replayed {best}); on_stale = \"error\" forbids reading it on the primary")]
+    StaleReplica { required: String, best: String },
 }
 
 fn reason_suffix(reason: &Option<String>) -> String {
@@ -87,7 +93,8 @@ impl ProxyError {
             ServerProtocol { .. } => sqlstate::PROTOCOL_VIOLATION,
             LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             Shutdown => sqlstate::ADMIN_SHUTDOWN,
-            FallbackLimit => sqlstate::REPLICA_NOT_CAUGHT_UP,
+            FallbackLimit | StaleReplica { .. } => sqlstate::REPLICA_NOT_CAUGHT_UP,
+            InvalidToken(_) => sqlstate::INVALID_PARAMETER_VALUE,
         }
     }
 
@@ -99,6 +106,8 @@ impl ProxyError {
             | NoPrimary(_)
             | ServerConnect { .. }
             | FallbackLimit
+            | StaleReplica { .. }
+            | InvalidToken(_)
             | RoleChanged => Disposition::Recoverable,
             _ => Disposition::Fatal,
         }

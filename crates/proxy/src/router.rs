@@ -66,6 +66,11 @@ pub enum Reason {
     NoEligibleReplica,
     /// Reading the system catalogs: primary, where DDL is current.
     Catalog,
+    /// A position token (`pgfresh.min_lsn`): a node that has replayed it.
+    Token,
+    /// A position token no replica can be checked against (a diverged or unknown
+    /// timeline): primary.
+    TokenPrimary(&'static str),
 }
 
 impl Reason {
@@ -91,13 +96,15 @@ impl Reason {
             Reason::SessionState => "session_state",
             Reason::NoEligibleReplica => "no_eligible_replica",
             Reason::Catalog => "catalog",
+            Reason::Token => "token",
+            Reason::TokenPrimary(_) => "token_primary",
         }
     }
 
     /// Detail for logs and `explain` (the must-primary cause, the pin reason).
     pub fn detail(&self) -> Option<&'static str> {
         match self {
-            Reason::MustPrimary(d) | Reason::SessionPinned(d) => Some(d),
+            Reason::MustPrimary(d) | Reason::SessionPinned(d) | Reason::TokenPrimary(d) => Some(d),
             _ => None,
         }
     }
@@ -114,6 +121,20 @@ pub struct SessionView {
     pub pinned: Option<&'static str>,
     /// The session asked for the primary (`SET pgfresh.route = 'primary'`).
     pub route_primary: bool,
+    /// What the unit's position token requires.
+    pub token: TokenNeed,
+}
+
+/// What a position token (`pgfresh.min_lsn`, `/* pgfresh:min_lsn=… */`) requires of the
+/// node serving a read, once translated to the primary's timeline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TokenNeed {
+    #[default]
+    None,
+    /// A node whose replay position has reached this.
+    Position(Lsn),
+    /// Only the primary can be known to have it (why).
+    Primary(&'static str),
 }
 
 /// Everything else the decision reads.
@@ -223,11 +244,23 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
     if parts.iter().any(|a| a.touches_catalog) {
         return decision(Target::Primary, Reason::Catalog);
     }
+    let mut required: Option<Lsn> = None;
+    match session.token {
+        TokenNeed::None => {}
+        TokenNeed::Primary(why) => return decision(Target::Primary, Reason::TokenPrimary(why)),
+        TokenNeed::Position(l) => required = Some(l),
+    }
     let replica_hint = parts.iter().any(|a| a.hint == Some(RouteHint::Replica));
     if replica_hint && kind == Kind::Read {
-        return decision(Target::Replica { required: None }, Reason::ReplicaHint);
+        // The application accepts a replica even right after a write, but not one
+        // behind the position it carries.
+        let reason = if required.is_some() {
+            Reason::Token
+        } else {
+            Reason::ReplicaHint
+        };
+        return decision(Target::Replica { required }, reason);
     }
-    let mut required: Option<Lsn> = None;
     if r.enable_recent_access_routing {
         // A read-only transaction may read anything later: its node must have
         // replayed every write acknowledged before its first statement.
@@ -244,6 +277,8 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
     }
     let reason = if kind == Kind::Transaction {
         Reason::ReadOnlyTxn
+    } else if matches!(session.token, TokenNeed::Position(_)) {
+        Reason::Token
     } else if required.is_some() {
         Reason::HotRelationLsn
     } else {

@@ -26,6 +26,7 @@ pub fn analyze_uncached(sql: &str) -> Analysis {
             a.comments = comments;
             a.hint = hints.route;
             a.min_lsn_hint = hints.min_lsn;
+            a.min_lsn_malformed = hints.bad_min_lsn;
             return a;
         }
     };
@@ -48,6 +49,7 @@ pub fn analyze_uncached(sql: &str) -> Analysis {
     analysis.comments = comments;
     analysis.hint = hints.route;
     analysis.min_lsn_hint = hints.min_lsn;
+    analysis.min_lsn_malformed = hints.bad_min_lsn;
     analysis
 }
 

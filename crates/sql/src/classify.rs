@@ -46,6 +46,7 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
             ) {
                 w.reasons.push(MustPrimary::ServerState(v.name.clone()));
             }
+            w.session = Some(SessionEffect::Show(v.name.clone()));
             Kind::Read
         }
         NodeEnum::DiscardStmt(d) => {

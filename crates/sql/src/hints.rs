@@ -24,11 +24,14 @@ use crate::model::{HintLsn, RouteHint};
 pub(crate) struct Hints {
     pub route: Option<RouteHint>,
     pub min_lsn: Option<HintLsn>,
+    /// A `min_lsn=` hint whose position does not parse (the statement must fail).
+    pub bad_min_lsn: bool,
 }
 
 enum Hint {
     Route(RouteHint),
     MinLsn(HintLsn),
+    BadMinLsn,
 }
 
 impl Hints {
@@ -43,6 +46,7 @@ impl Hints {
                     self.min_lsn = Some(m);
                 }
             }
+            Hint::BadMinLsn => self.bad_min_lsn = true,
         }
     }
 }
@@ -87,12 +91,12 @@ fn value_hint(v: &str) -> Option<Hint> {
         Some(Hint::Route(RouteHint::Replica))
     } else {
         let pos = strip_prefix_ci(v, "min_lsn=")?;
-        parse_hint_lsn(pos).map(Hint::MinLsn)
+        Some(parse_hint_lsn(pos).map_or(Hint::BadMinLsn, Hint::MinLsn))
     }
 }
 
 /// `TLI/X/Y` (timeline in decimal, as PostgreSQL prints timeline ids) or `X/Y`.
-pub(crate) fn parse_hint_lsn(s: &str) -> Option<HintLsn> {
+pub fn parse_hint_lsn(s: &str) -> Option<HintLsn> {
     let (timeline, pos) = match s.split('/').count() {
         2 => (None, s),
         3 => {
@@ -188,7 +192,9 @@ mod tests {
             "/* pgfresh:min_lsn=x/0/1 */",
             "/* pgfresh:min_lsn=G/1 */",
         ] {
-            assert_eq!(hints_in([bad]).min_lsn, None, "{bad}");
+            let h = hints_in([bad]);
+            assert_eq!(h.min_lsn, None, "{bad}");
+            assert!(h.bad_min_lsn, "{bad} must be reported, not ignored");
         }
     }
 }

@@ -172,6 +172,8 @@ pub enum SessionEffect {
     },
     /// `DEALLOCATE name`, or `DEALLOCATE ALL` (`None`).
     Deallocate(Option<String>),
+    /// `SHOW name` (pgfresh answers its own `pgfresh.*` parameters).
+    Show(String),
     /// `LISTEN channel`: pins the session to the primary.
     Listen(String),
     /// `UNLISTEN channel`, or `UNLISTEN *` (`None`).
@@ -342,6 +344,9 @@ pub struct Analysis {
     pub hint: Option<RouteHint>,
     /// The highest `pgfresh:min_lsn=` position named in any comment of the text.
     pub min_lsn_hint: Option<HintLsn>,
+    /// A `pgfresh:min_lsn=` hint named a position that does not parse: the statement is
+    /// refused rather than run without the guarantee it asked for.
+    pub min_lsn_malformed: bool,
     /// Every comment in the text, verbatim (with `/* */` or `--`).
     pub comments: Vec<String>,
     /// The parser's message when `kind` is [`Kind::Unclassified`].
@@ -367,6 +372,7 @@ impl Analysis {
             touches_catalog: false,
             hint: None,
             min_lsn_hint: None,
+            min_lsn_malformed: false,
             comments: Vec::new(),
             error: Some(message.into()),
         }

@@ -13,7 +13,7 @@ use super::{DeferredBegin, Session};
 use crate::context::FallbackSlot;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
-use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target};
+use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target, TokenNeed};
 
 /// An extended batch larger than this is sent before its Sync arrives.
 const MAX_BATCH_BYTES: usize = 1 << 20;
@@ -57,6 +57,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         touches_catalog: stmt.touches_catalog,
         hint: None,
         min_lsn_hint: None,
+        min_lsn_malformed: false,
         comments: Vec::new(),
         error: None,
     }
@@ -257,7 +258,18 @@ impl Session {
                 }
                 Local::No => {}
             }
-            let decision = self.route(&unit);
+            let token = self.token_need(&unit);
+            let decision = match self.check_tokens(&unit) {
+                Ok(()) => self.route(&unit, token),
+                Err(e) => {
+                    if self.client_busy() {
+                        self.ready.push_front(unit);
+                        return Ok(());
+                    }
+                    self.fail_unit(&unit, &e);
+                    continue;
+                }
+            };
             if decision.reason == Reason::HotRelation {
                 self.count_forced(&unit);
             }
@@ -267,8 +279,13 @@ impl Session {
             {
                 self.wait_for_replica(lsn).await;
             }
-            let node = match self.resolve(decision, unit.avoid) {
+            let node = match self.resolve(decision, unit.avoid, token) {
                 Ok(n) => n,
+                Err(_) if self.client_busy() => {
+                    // The error must follow the replies to the units ahead of it.
+                    self.ready.push_front(unit);
+                    return Ok(());
+                }
                 Err(e) => {
                     // Nothing was sent: answer this unit with the error and go on.
                     self.fail_unit(&unit, &e);
@@ -313,7 +330,16 @@ impl Session {
         let [stmt] = analysis.statements.as_slice() else {
             return Local::No;
         };
-        let busy = self.inflight.iter().any(|u| !u.injected);
+        let busy = self.client_busy();
+        if let Some(SessionEffect::Show(name)) = &stmt.session {
+            if name == super::tokens::COMMIT_LSN {
+                if busy {
+                    return Local::Wait;
+                }
+                self.show_commit_lsn();
+                return Local::Answered;
+            }
+        }
         if let Some(SessionEffect::Set { name, value, .. }) = &stmt.session {
             if name == "pgfresh.route" {
                 if busy {
@@ -373,7 +399,12 @@ impl Session {
         }
     }
 
-    fn route(&self, unit: &ClientUnit) -> Decision {
+    /// Units of the client's are running: anything pgfresh answers itself must wait.
+    fn client_busy(&self) -> bool {
+        self.inflight.iter().any(|u| !u.injected)
+    }
+
+    fn route(&self, unit: &ClientUnit, token: TokenNeed) -> Decision {
         if unit.force_primary {
             return Decision {
                 target: Target::Primary,
@@ -411,8 +442,34 @@ impl Session {
             read_only_txn: self.state.default_read_only,
             pinned: self.state.pinned().map(PinReason::as_str),
             route_primary: self.state.route_primary,
+            token,
         };
         decide(&parts, &view, &ctx)
+    }
+
+    /// The PF001 error of `on_stale = "error"`, naming the position a read required and the
+    /// most advanced replay position among the replicas in the pool.
+    fn stale_error(&self, required: Option<pgfresh_lsn::Lsn>) -> ProxyError {
+        let view = self.shared.balancer.view();
+        let best = view
+            .eligible()
+            .filter_map(|id| view.node(id).and_then(|n| n.replay_lsn.map(|l| (n, l))))
+            .max_by_key(|(_, l)| *l)
+            .map(|(n, l)| {
+                let tli = n.timeline.map(|t| format!("{t}/")).unwrap_or_default();
+                format!("{tli}{l} on {}", n.spec.name)
+            })
+            .unwrap_or_else(|| "nothing (no replica in the read pool)".into());
+        let tli = view
+            .primary
+            .and_then(|p| view.node(p))
+            .and_then(|n| n.timeline)
+            .map(|t| format!("{t}/"))
+            .unwrap_or_default();
+        ProxyError::StaleReplica {
+            required: required.map_or_else(String::new, |l| format!("{tli}{l}")),
+            best,
+        }
     }
 
     /// The dependency graph of the session's database, when learned (or configured).
@@ -463,7 +520,12 @@ impl Session {
     }
 
     /// Turn a decision into a node.
-    fn resolve(&mut self, d: Decision, avoid: Option<usize>) -> Result<usize, ProxyError> {
+    fn resolve(
+        &mut self,
+        d: Decision,
+        avoid: Option<usize>,
+        token: TokenNeed,
+    ) -> Result<usize, ProxyError> {
         let primary = || {
             self.shared
                 .balancer
@@ -486,6 +548,13 @@ impl Session {
                 // hot read; after a replica wait that timed out it is a counted fallback.
                 None if required.is_some() => {
                     let cfg = self.shared.config.snapshot();
+                    if let (TokenNeed::Position(_), pgfresh_config::OnStale::Error) =
+                        (token, cfg.routing.on_stale)
+                    {
+                        metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "on_stale")
+                            .increment(1);
+                        return Err(self.stale_error(required));
+                    }
                     if cfg.routing.replica_wait_ms > 0 {
                         let Some(slot) =
                             FallbackSlot::try_take(&self.shared, cfg.routing.max_primary_fallbacks)
@@ -712,7 +781,7 @@ impl Session {
             .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
         let probe = synced
             && !copy_from
-            && self.shared.config.snapshot().routing.lsn_routing
+            && (self.shared.config.snapshot().routing.lsn_routing || self.tokens.track)
             && Some(node) == self.shared.balancer.primary()
             && ((autocommit && (!writes.is_empty() || whole_db)) || commit_sent);
         let owed = if self.copy_in {

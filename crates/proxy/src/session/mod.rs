@@ -9,6 +9,7 @@ mod client_side;
 mod relay;
 pub mod settings;
 pub mod state;
+pub mod tokens;
 pub mod unit;
 
 use std::collections::VecDeque;
@@ -64,6 +65,10 @@ pub struct Session {
     state: SessionState,
     /// Setting changes waiting for their transaction to commit.
     pending_settings: settings::Pending,
+    /// Position tokens: the session's `pgfresh.min_lsn`, commit positions reported.
+    tokens: tokens::Tokens,
+    /// A startup option pgfresh refuses (reported when the session starts).
+    startup_error: Option<ProxyError>,
     /// What each portal's Execute will mean for the settings (extended protocol).
     portal_events: std::collections::HashMap<String, settings::StmtEvent>,
     /// Transaction status as the client last saw it.
@@ -103,6 +108,8 @@ impl Session {
         let config = shared.config.snapshot();
         let nodes = shared.balancer.view().nodes.len();
         let mut state = SessionState::default();
+        let mut tokens = tokens::Tokens::default();
+        let mut startup_error = None;
         for (k, v) in &login.params {
             match k.as_str() {
                 "options" => {
@@ -110,6 +117,9 @@ impl Session {
                         if name == "pgfresh.route" {
                             state.route_primary = value.eq_ignore_ascii_case("primary");
                         } else {
+                            if let Err(e) = tokens.set(&name, Some(&value)) {
+                                startup_error.get_or_insert(e);
+                            }
                             state.set_param(&name, &value);
                         }
                     }
@@ -136,6 +146,8 @@ impl Session {
             inflight: VecDeque::new(),
             state,
             pending_settings: settings::Pending::default(),
+            tokens,
+            startup_error,
             portal_events: std::collections::HashMap::new(),
             tx: TxStatus::Idle,
             deferred_begin: None,
@@ -155,6 +167,9 @@ impl Session {
     /// Finish login: connect to the primary, replay the startup parameters, and send
     /// the client its ParameterStatus set, BackendKeyData and ReadyForQuery.
     pub async fn start(&mut self, key: CancelKey) -> Result<(), ProxyError> {
+        if let Some(e) = self.startup_error.take() {
+            return Err(e);
+        }
         // Right after start-up (or during a failover) the monitor may not have named a
         // primary yet: wait for it, within the login timeout that bounds this call.
         let balancer = &self.shared.balancer;
@@ -325,6 +340,8 @@ impl Session {
         };
         let budget = self.shared.config.snapshot().routing.read_retry_budget;
         let err = self.backend_lost(node, reason);
+        // A commit whose ReadyForQuery waited for its position report: it committed.
+        self.release_held_ready();
         if self.inflight.iter().all(|u| u.injected) && !in_tx {
             // Idle (at most pgfresh's own probe was running; its marks simply stay
             // primary-only until they expire): nothing of the client's was lost. The next statement connects to whatever node

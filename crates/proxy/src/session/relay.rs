@@ -110,7 +110,9 @@ impl Session {
                             }
                         }
                         if let Some(probe) = u.probe {
+                            let (lsn, report) = (probe.lsn, probe.report);
                             self.resolve_probe(probe);
+                            self.report_commit_position(node, lsn, report);
                         }
                         Action::Swallow
                     }
@@ -130,6 +132,17 @@ impl Session {
                             self.tx_writes.ddl |= u.ddl;
                         }
                         self.tx = status;
+                        let reporting = self
+                            .inflight
+                            .front()
+                            .and_then(|f| f.probe.as_ref())
+                            .is_some_and(|p| p.report);
+                        if reporting {
+                            // The position report comes first: the client has its token
+                            // when its COMMIT returns.
+                            self.tokens.held_ready = Some(status);
+                            return Action::Swallow;
+                        }
                         Action::Forward
                     }
                     None => {
@@ -299,6 +312,7 @@ impl Session {
             return;
         }
         let before = self.state.version;
+        self.tokens.follow(&changes);
         settings::apply(&mut self.state, changes);
         if let Some(l) = self.backends[node].as_mut() {
             if l.conn.state_version == before {
@@ -353,6 +367,12 @@ impl Session {
     /// forwarded to the client. When a position probe follows this unit (LSN routing),
     /// the mark is pending until the probe's answer resolves it.
     fn mark(&mut self, writes: Vec<pgfresh_sql::RelName>, whole_db: bool) {
+        let track = self.tokens.track;
+        let probe = self.inflight.get_mut(1).and_then(|u| u.probe.as_mut());
+        if let Some(p) = probe {
+            // A commit that wrote: a tracking session gets its position.
+            p.report |= track;
+        }
         if whole_db {
             // Something unanalysable ran: every read of the database is hot, primary
             // only, for one TTL.
@@ -364,7 +384,13 @@ impl Session {
         let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
         let recency = &self.shared.recency;
         let db = &self.login.database;
-        match self.inflight.get_mut(1).and_then(|u| u.probe.as_mut()) {
+        let lsn_routing = self.shared.config.snapshot().routing.lsn_routing;
+        match self
+            .inflight
+            .get_mut(1)
+            .and_then(|u| u.probe.as_mut())
+            .filter(|_| lsn_routing)
+        {
             Some(probe) => {
                 let token = recency.mark_pending(db, &keys);
                 drop(keys);

@@ -144,6 +144,8 @@ pub struct Probe {
     /// (written relations, recency token) per mark.
     pub marks: Vec<(Vec<RelName>, u64)>,
     pub lsn: Option<pgfresh_lsn::Lsn>,
+    /// Report the position to the client (`pgfresh.track_commit_lsn`).
+    pub report: bool,
 }
 
 impl InFlight {
