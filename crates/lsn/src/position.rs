@@ -140,6 +140,18 @@ pub enum TokenOrLsn {
     Lsn(Lsn),
 }
 
+impl From<Position> for TokenOrLsn {
+    fn from(p: Position) -> Self {
+        TokenOrLsn::Token(p)
+    }
+}
+
+impl From<Lsn> for TokenOrLsn {
+    fn from(l: Lsn) -> Self {
+        TokenOrLsn::Lsn(l)
+    }
+}
+
 /// Reads a client-carried position: `TLI/X/Y` ([`Position`], by the same strict rules as
 /// its `FromStr`) or a bare `X/Y` ([`Lsn`], 1 to 8 hexadecimal digits per half), told
 /// apart by the number of `/`. Surrounding whitespace is ignored.
