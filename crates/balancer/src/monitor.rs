@@ -16,8 +16,10 @@ use crate::state::Sample;
 use crate::timeline::TimelineHistory;
 use crate::Inner;
 
-/// Reads a timeline's history file on the primary (needs superuser, `pg_read_server_files`
-/// or an explicit grant on `pg_read_file(text)`).
+/// Reads a timeline's history file on the primary. `pg_read_file` is revoked from PUBLIC:
+/// the monitor role needs superuser or `GRANT EXECUTE ON FUNCTION pg_read_file(text)`
+/// (membership in `pg_read_server_files` alone is not enough: it widens which files the
+/// function may read, not who may call it).
 const HISTORY_SQL: &str = "SELECT pg_read_file($1)";
 
 /// How long after a failed history read the next one is tried.
@@ -166,8 +168,8 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
                             timeline = tl,
                             error = %e,
                             "cannot read the primary's timeline history (the monitor role needs \
-                             pg_read_server_files or superuser); position tokens of earlier \
-                             timelines are unknown until it can be read"
+                             superuser or EXECUTE on pg_read_file(text)); position tokens of \
+                             earlier timelines are unknown until it can be read"
                         );
                     }
                     history.last_error = Some(e);

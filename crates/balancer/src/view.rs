@@ -87,8 +87,9 @@ pub struct ClusterView {
     pub primary_timeline: Option<u32>,
     /// The ancestry of [`ClusterView::primary_timeline`], once known: always for timeline
     /// 1; for a later timeline once the monitor has read the primary's history file (which
-    /// needs a monitor role allowed to run `pg_read_file`). [`ClusterView::translate`]
-    /// uses it.
+    /// needs a monitor role allowed to run `pg_read_file(text)`: superuser, or an explicit
+    /// `GRANT EXECUTE`; until then it stays `None`, retried every 5 s). Used by
+    /// [`ClusterView::translate`].
     pub timeline_history: Option<Arc<TimelineHistory>>,
     /// Largest byte lag among healthy standbys (eligible or not).
     pub max_lag_bytes: Option<u64>,
