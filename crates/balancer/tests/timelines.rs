@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{settings, start, until, DEADLINE};
+use common::{current_lsn, settings, start, until, DEADLINE};
 use pgfresh_balancer::{Role, Translation};
 use pgfresh_localcluster::{ClusterOptions, LocalCluster};
 use pgfresh_lsn::{Lsn, Position};
@@ -72,6 +72,7 @@ async fn promotion_with_a_diverged_write() {
     .unwrap();
     let kept = token(&c, 0);
     assert_eq!(kept.tli(), 1);
+    assert!(kept.lsn() <= current_lsn(&c, 0));
     c.wait_caught_up(1, DEADLINE).unwrap();
     assert_eq!(b.view().translate(&kept), Translation::Current(kept.lsn()));
     let v = until(&b, "the standby replayed the kept write", |v| {
