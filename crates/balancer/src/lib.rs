@@ -30,6 +30,12 @@
 //!   requests, optionally only among the least-lagged replicas, optionally only among
 //!   replicas that replayed a required position. [`Balancer::wait_for`] waits, poll by
 //!   poll, for such a replica.
+//! * **Timelines** ([`timeline`]): the view carries the primary's timeline and, once read
+//!   from the primary's `pg_wal/0000000N.history` (superuser or `EXECUTE` on
+//!   `pg_read_file(text)`), its [`TimelineHistory`]. [`ClusterView::translate`] says what a
+//!   client's `TLI/X/Y` position means now ([`Translation`]);
+//!   [`Balancer::select_replica_for`] and [`Balancer::wait_for_position`] choose only
+//!   replicas on the primary's timeline.
 //! * **Node set** ([`Balancer::update_nodes`]): nodes can be added and removed live.
 //!   Every node keeps its [`NodeId`] for the life of the balancer; a removed node is
 //!   retired ([`Ineligible::Removed`]) and stays in the view, never selected.
