@@ -30,6 +30,12 @@
 //!   requests, optionally only among the least-lagged replicas, optionally only among
 //!   replicas that replayed a required position. [`Balancer::wait_for`] waits, poll by
 //!   poll, for such a replica.
+//! * **Timelines** ([`timeline`]): the view carries the primary's timeline and, once read
+//!   from the primary's `pg_wal/0000000N.history` (superuser or `EXECUTE` on
+//!   `pg_read_file(text)`), its [`TimelineHistory`]. [`ClusterView::translate`] says what a
+//!   client's `TLI/X/Y` position means now ([`Translation`]);
+//!   [`Balancer::select_replica_for`] and [`Balancer::wait_for_position`] choose only
+//!   replicas on the primary's timeline.
 //! * **Node set** ([`Balancer::update_nodes`]): nodes can be added and removed live.
 //!   Every node keeps its [`NodeId`] for the life of the balancer; a removed node is
 //!   retired ([`Ineligible::Removed`]) and stays in the view, never selected.
@@ -49,6 +55,7 @@ pub mod patroni;
 pub mod select;
 mod settings;
 mod state;
+pub mod timeline;
 mod view;
 
 use std::ops::Deref;
@@ -57,7 +64,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use pgfresh_lsn::Lsn;
+use pgfresh_lsn::{Lsn, TokenOrLsn};
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -65,6 +72,7 @@ pub use eligibility::{Ineligible, Role};
 pub use monitor::{check_login, describe_pg_error, LoginCheck};
 pub use select::Candidate;
 pub use settings::{LagTarget, LoadBalance, MonitorSettings, NodeId, NodeSpec};
+pub use timeline::{HistoryError, Switch, TimelineHistory, Translation};
 pub use view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
 
 use state::{Sample, State};
@@ -112,6 +120,18 @@ impl Inner {
         if state.all_polled() {
             self.ready.send_if_modified(|r| !std::mem::replace(r, true));
         }
+        self.publish(&mut state);
+    }
+
+    /// The history of `timeline` is known.
+    pub(crate) fn has_history(&self, timeline: u32) -> bool {
+        self.lock().has_history(timeline)
+    }
+
+    /// Keeps a timeline history read from a primary and publishes the view.
+    pub(crate) fn record_history(&self, history: timeline::TimelineHistory) {
+        let mut state = self.lock();
+        state.set_history(history);
         self.publish(&mut state);
     }
 
@@ -204,10 +224,23 @@ impl Balancer {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn start(nodes: Vec<NodeSpec>, settings: MonitorSettings) -> Balancer {
+        let b = Balancer::unmonitored(&nodes, settings);
+        {
+            // Held so that a first poll cannot publish before every monitor is registered.
+            let _state = b.inner.lock();
+            for (id, spec) in nodes.into_iter().enumerate() {
+                b.inner.spawn_monitor(id, spec);
+            }
+        }
+        b
+    }
+
+    /// A balancer over `nodes` whose monitors are not started.
+    fn unmonitored(nodes: &[NodeSpec], settings: MonitorSettings) -> Balancer {
         let cancel = CancellationToken::new();
         let inner = Arc::new(Inner {
-            view: ArcSwap::from_pointee(state::initial_view(&nodes)),
-            state: Mutex::new(State::new(nodes.clone())),
+            view: ArcSwap::from_pointee(state::initial_view(nodes)),
+            state: Mutex::new(State::new(nodes.to_vec())),
             outstanding: ArcSwap::from_pointee(
                 nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
             ),
@@ -221,13 +254,6 @@ impl Balancer {
         });
         if nodes.is_empty() {
             inner.ready.send_replace(true);
-        }
-        {
-            // Held so that a first poll cannot publish before every monitor is registered.
-            let _state = inner.lock();
-            for (id, spec) in nodes.into_iter().enumerate() {
-                inner.spawn_monitor(id, spec);
-            }
         }
         Balancer {
             inner,
@@ -254,7 +280,17 @@ impl Balancer {
     }
 
     fn pick(&self, required: Option<Lsn>) -> Option<(NodeId, Arc<AtomicU64>)> {
-        let view = self.inner.view.load();
+        self.pick_in(&self.inner.view.load(), required, None)
+    }
+
+    /// Picks among the eligible replicas of `view` that replayed `required` and, with
+    /// `timeline`, report exactly that timeline.
+    fn pick_in(
+        &self,
+        view: &ClusterView,
+        required: Option<Lsn>,
+        timeline: Option<u32>,
+    ) -> Option<(NodeId, Arc<AtomicU64>)> {
         // Loaded after the view: it has a counter for every node the view names.
         let counters = self.inner.outstanding.load();
         let settings = self.inner.settings.load();
@@ -264,6 +300,7 @@ impl Balancer {
             .enumerate()
             .filter(|(_, n)| n.eligible)
             .filter(|(_, n)| required.is_none_or(|r| n.replay_lsn.is_some_and(|l| l >= r)))
+            .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
             .filter_map(|(i, n)| {
                 Some(Candidate {
                     node: i,
@@ -281,6 +318,67 @@ impl Balancer {
             &mut rand::rng(),
         )?;
         Some((node, counters.get(node)?.clone()))
+    }
+
+    /// Picks a replica for a client-carried position, deciding on one snapshot of the view
+    /// (so a failover between translating and choosing cannot mix two timelines).
+    ///
+    /// The position is translated ([`ClusterView::translate_token`]; a bare LSN counts as
+    /// the current timeline). When it is [`Translation::Current`]`(lsn)`, the choice is
+    /// among the eligible replicas that replayed `lsn` **and report the primary's
+    /// timeline** ([`NodeStatus::timeline`]; a replica whose timeline is unknown is not
+    /// chosen). For a bare LSN while the primary's timeline is unknown, the timeline is
+    /// not checked (as [`Balancer::select_replica`]).
+    ///
+    /// `Err` says why no replica: `Current(lsn)` — no such replica has replayed it yet
+    /// (wait with [`Balancer::wait_for_position`] or read from the primary);
+    /// `Diverged`/`Unknown` — no replica can serve it; the read goes to the primary.
+    pub fn select_replica_for(
+        &self,
+        required: impl Into<TokenOrLsn>,
+    ) -> Result<Selection, Translation> {
+        let view = self.inner.view.load();
+        let (node, counter) = self.pick_for(&view, &required.into())?;
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(Selection { node, counter })
+    }
+
+    fn pick_for(
+        &self,
+        view: &ClusterView,
+        required: &TokenOrLsn,
+    ) -> Result<(NodeId, Arc<AtomicU64>), Translation> {
+        let translation = view.translate_token(required);
+        let Translation::Current(lsn) = translation else {
+            return Err(translation);
+        };
+        self.pick_in(view, Some(lsn), view.primary_timeline)
+            .ok_or(translation)
+    }
+
+    /// [`Balancer::select_replica_for`] that waits, view by view, until a replica
+    /// qualifies or `deadline` passes. Returns at once with `Err` when a view translates
+    /// the position as [`Translation::Diverged`] or [`Translation::Unknown`] (the read
+    /// belongs on the primary); `Err(Translation::Current(lsn))` is a timeout.
+    pub async fn wait_for_position(
+        &self,
+        required: impl Into<TokenOrLsn>,
+        deadline: tokio::time::Instant,
+    ) -> Result<NodeId, Translation> {
+        let required = required.into();
+        let mut views = self.inner.generation.subscribe();
+        loop {
+            let view = self.inner.view.load();
+            let err = match self.pick_for(&view, &required) {
+                Ok((node, _)) => return Ok(node),
+                Err(e @ Translation::Current(_)) => e,
+                Err(e) => return Err(e),
+            };
+            match tokio::time::timeout_at(deadline, views.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Err(err),
+            }
+        }
     }
 
     /// Resolves with an eligible replica that has replayed `required`, as soon as a poll
@@ -491,5 +589,94 @@ fn log_event(view: &ClusterView, e: &ClusterEvent) {
                 "read pool membership changed"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::{primary, specs, standby};
+    use pgfresh_lsn::Position;
+
+    fn pos(tli: u32, lsn: u64) -> Position {
+        Position::new(tli, Lsn(lsn)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn positions_select_only_replicas_on_the_primarys_timeline() {
+        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default());
+        // Node 0 was promoted to timeline 2 at 0/5000000; node 1 follows it, node 2 (still
+        // on timeline 1, further along) is out of the pool.
+        b.inner.record(0, Ok(primary(0x600_0000, 2)));
+        b.inner.record(1, Ok(standby(0x550_0000, 2, 0)));
+        b.inner.record(2, Ok(standby(0x580_0000, 1, 0)));
+        let v = b.view();
+        assert_eq!(
+            v.nodes[2].ineligible_reason,
+            Some(Ineligible::WrongTimeline)
+        );
+
+        // Current timeline: the follower once it replayed the position.
+        assert_eq!(*b.select_replica_for(pos(2, 0x550_0000)).unwrap(), 1);
+        assert_eq!(
+            b.select_replica_for(pos(2, 0x550_0001)).unwrap_err(),
+            Translation::Current(Lsn(0x550_0001))
+        );
+        // Earlier timeline while its history is unknown: the primary.
+        assert_eq!(
+            b.select_replica_for(pos(1, 0x100)).unwrap_err(),
+            Translation::Unknown
+        );
+        b.inner.record_history(
+            TimelineHistory::parse(2, "1\t0/5000000\tno recovery target specified\n").unwrap(),
+        );
+        assert_eq!(*b.select_replica_for(pos(1, 0x100)).unwrap(), 1);
+        assert_eq!(
+            b.select_replica_for(pos(1, 0x500_0001)).unwrap_err(),
+            Translation::Diverged {
+                switch: Lsn(0x500_0000)
+            }
+        );
+        // A bare LSN counts as the current timeline.
+        assert_eq!(*b.select_replica_for(Lsn(0x100)).unwrap(), 1);
+
+        // A replica whose timeline is unknown is not chosen for positions, only for plain
+        // required LSNs.
+        let mut unknown_tl = standby(0x550_0000, 2, 0);
+        unknown_tl.timeline = None;
+        b.inner.record(1, Ok(unknown_tl));
+        assert!(b.view().nodes[1].eligible);
+        assert_eq!(*b.select_replica(Some(Lsn(0x100))).unwrap(), 1);
+        assert_eq!(
+            b.select_replica_for(pos(2, 0x100)).unwrap_err(),
+            Translation::Current(Lsn(0x100))
+        );
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_position() {
+        let b = Balancer::unmonitored(&specs(2), MonitorSettings::default());
+        b.inner.record(0, Ok(primary(0x600_0000, 2)));
+        b.inner.record(1, Ok(standby(0x500_0000, 2, 0)));
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(20);
+        // Not replayed yet: times out with the position it waited for.
+        assert_eq!(
+            b.wait_for_position(pos(2, 0x600_0000), soon).await,
+            Err(Translation::Current(Lsn(0x600_0000)))
+        );
+        // Unknown history: answered at once, however long the deadline.
+        let later = tokio::time::Instant::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(
+            b.wait_for_position(pos(1, 0x100), later).await,
+            Err(Translation::Unknown)
+        );
+        // Replayed while waiting.
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.wait_for_position(pos(2, 0x600_0000), later).await })
+        };
+        tokio::task::yield_now().await;
+        b.inner.record(1, Ok(standby(0x600_0000, 2, 0)));
+        assert_eq!(waiter.await.unwrap(), Ok(1));
     }
 }

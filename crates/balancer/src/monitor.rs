@@ -13,9 +13,32 @@ use tokio_util::sync::CancellationToken;
 use crate::patroni::PatroniPoller;
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::state::Sample;
+use crate::timeline::TimelineHistory;
 use crate::Inner;
 
+/// Reads a timeline's history file on the primary. `pg_read_file` is revoked from PUBLIC:
+/// the monitor role needs superuser or `GRANT EXECUTE ON FUNCTION pg_read_file(text)`
+/// (membership in `pg_read_server_files` alone is not enough: it widens which files the
+/// function may read, not who may call it).
+const HISTORY_SQL: &str = "SELECT pg_read_file($1)";
+
+/// How long after a failed history read the next one is tried.
+const HISTORY_RETRY: Duration = Duration::from_secs(5);
+
 /// One round trip that reports everything the view needs, on a primary or a standby.
+///
+/// The timeline (column 8): on a primary, the insert timeline, the first 8 hexadecimal
+/// digits of the name of the WAL file being written (right after a promotion this is
+/// already the new timeline; `pg_control_checkpoint()` would say the old one until the
+/// next checkpoint). On a standby, the timeline its WAL receiver receives. A standby
+/// without a running WAL receiver (no row in `pg_stat_wal_receiver`) has no direct
+/// answer: PostgreSQL does not expose the replay timeline. Column 9 then gives the newer
+/// of the timelines of its last restartpoint (`pg_control_checkpoint().timeline_id`) and
+/// of its minimum recovery point (`pg_control_recovery().min_recovery_end_timeline`): a
+/// lower bound that may trail the replay timeline until the next restartpoint. It is
+/// shown, and keeps such a standby away from tokens of a newer timeline, but it never
+/// decides [`crate::Ineligible::WrongTimeline`] (a standby without a receiver is out of
+/// the pool as not streaming anyway, unless a pushed lag stands in for the receiver).
 const POLL_SQL: &str = "\
 SELECT r.rec,
        CASE WHEN r.rec THEN NULL ELSE pg_current_wal_lsn()::text END,
@@ -24,8 +47,11 @@ SELECT r.rec,
        CASE WHEN r.rec THEN pg_is_wal_replay_paused() ELSE false END,
        (extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) * 1000)::float8,
        w.status::text,
-       CASE WHEN r.rec THEN w.received_tli::int8
-            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END
+       CASE WHEN r.rec THEN NULLIF(w.received_tli, 0)::int8
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END,
+       CASE WHEN r.rec AND coalesce(w.received_tli, 0) = 0 THEN
+            (SELECT greatest(c.timeline_id, NULLIF(rc.min_recovery_end_timeline, 0))::int8
+             FROM pg_control_checkpoint() c, pg_control_recovery() rc) END
 FROM (SELECT pg_is_in_recovery() AS rec) r
 LEFT JOIN pg_stat_wal_receiver w ON true";
 
@@ -67,6 +93,19 @@ impl Source {
         }
     }
 
+    /// Reads the history file of `timeline` over the monitor connection; `None` where
+    /// there is no SQL connection (a Patroni node, or the connection is gone).
+    async fn read_history(
+        &self,
+        timeline: u32,
+        s: &MonitorSettings,
+    ) -> Option<Result<TimelineHistory, String>> {
+        match self {
+            Source::Sql(Some(conn)) => Some(read_history(conn, timeline, s).await),
+            Source::Sql(None) | Source::Patroni(_) => None,
+        }
+    }
+
     /// After a failed poll: the next one starts from a new connection.
     fn reset(&mut self) {
         match self {
@@ -82,6 +121,7 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     let mut source = Source::for_node(&spec, &inner.settings.load());
     let mut next = Instant::now();
     let mut failures = FailureLog::default();
+    let mut history = HistoryFetch::default();
     loop {
         let settings = inner.settings.load_full();
         let outcome = tokio::select! {
@@ -104,13 +144,80 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
                 }
             }
         }
+        let primary_timeline = outcome
+            .as_ref()
+            .ok()
+            .filter(|s| !s.in_recovery)
+            .and_then(|s| s.timeline);
         inner.record(id, outcome);
+        if let Some(tl) = primary_timeline.filter(|&t| history.due(t, &inner)) {
+            let read = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = source.read_history(tl, &settings) => r,
+            };
+            match read {
+                Some(Ok(h)) => {
+                    tracing::info!(node = %spec.name, timeline = tl, history = %h.to_string().trim_end(), "timeline history read");
+                    history.last_error = None;
+                    inner.record_history(h);
+                }
+                Some(Err(e)) => {
+                    if history.last_error.as_deref() != Some(e.as_str()) {
+                        tracing::warn!(
+                            node = %spec.name,
+                            timeline = tl,
+                            error = %e,
+                            "cannot read the primary's timeline history (the monitor role needs \
+                             superuser or EXECUTE on pg_read_file(text)); position tokens of \
+                             earlier timelines are unknown until it can be read"
+                        );
+                    }
+                    history.last_error = Some(e);
+                    history.retry_at = Some(Instant::now() + HISTORY_RETRY);
+                }
+                None => {}
+            }
+        }
         next = (next + settings.period()).max(Instant::now());
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = sleep_until(next) => {}
         }
     }
+}
+
+/// Reading the history of a primary's timeline: when to try again after a failure, and
+/// the last error (logged once per change).
+#[derive(Debug, Default)]
+struct HistoryFetch {
+    retry_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+impl HistoryFetch {
+    /// The history of `timeline` is missing and no failed read holds the next one back.
+    fn due(&self, timeline: u32, inner: &Inner) -> bool {
+        self.retry_at.is_none_or(|t| Instant::now() >= t) && !inner.has_history(timeline)
+    }
+}
+
+async fn read_history(
+    c: &Conn,
+    timeline: u32,
+    s: &MonitorSettings,
+) -> Result<TimelineHistory, String> {
+    let path = format!("pg_wal/{timeline:08X}.history");
+    let row = timeout(
+        s.health_timeout.max(Duration::from_millis(1)),
+        c.client.query_one(HISTORY_SQL, &[&path]),
+    )
+    .await
+    .map_err(|_| format!("reading {path} timed out after {:?}", s.health_timeout))?
+    .map_err(|e| format!("reading {path} failed: {}", describe_pg_error(&e)))?;
+    let text: String = row
+        .try_get(0)
+        .map_err(|e| format!("reading {path}: unexpected result: {e}"))?;
+    TimelineHistory::parse(timeline, &text).map_err(|e| e.to_string())
 }
 
 /// A node's last poll error, so that a failure is logged once per change rather than once
@@ -284,6 +391,7 @@ fn parse_row(row: &Row) -> Result<Sample, String> {
     };
     let age: Option<f64> = row.try_get(5).map_err(err)?;
     let timeline: Option<i64> = row.try_get(7).map_err(err)?;
+    let control_timeline: Option<i64> = row.try_get(8).map_err(err)?;
     Ok(Sample {
         in_recovery: row.try_get(0).map_err(err)?,
         current_lsn: lsn(1)?,
@@ -293,6 +401,7 @@ fn parse_row(row: &Row) -> Result<Sample, String> {
         replay_age_ms: age.filter(|a| a.is_finite()).map(|a| a.round() as i64),
         receiver_status: row.try_get(6).map_err(err)?,
         timeline: timeline.and_then(|t| u32::try_from(t).ok()),
+        control_timeline: control_timeline.and_then(|t| u32::try_from(t).ok()),
     })
 }
 

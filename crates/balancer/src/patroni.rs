@@ -228,6 +228,7 @@ pub(crate) fn parse_status(body: &[u8], now: SystemTime) -> Result<Sample, Strin
             replay_age_ms: None,
             receiver_status: None,
             timeline,
+            control_timeline: None,
         });
     }
     let streaming = match status.replication_state.as_deref() {
@@ -256,6 +257,7 @@ pub(crate) fn parse_status(body: &[u8], now: SystemTime) -> Result<Sample, Strin
         replay_age_ms,
         receiver_status,
         timeline,
+        control_timeline: None,
     })
 }
 
@@ -375,6 +377,7 @@ mod tests {
                 replay_age_ms: None,
                 receiver_status: None,
                 timeline: Some(3),
+                control_timeline: None,
             }
         );
         // Older releases call the primary "master".
@@ -404,6 +407,7 @@ mod tests {
                 replay_age_ms: Some(500),
                 receiver_status: Some("streaming".into()),
                 timeline: Some(12),
+                control_timeline: None,
             }
         );
     }

@@ -1,5 +1,7 @@
 //! The monitor's memory of each node and the computation of a new [`ClusterView`] from it.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use pgfresh_lsn::Lsn;
@@ -9,6 +11,7 @@ use crate::eligibility::{
 };
 use crate::lag::{self, PositionHistory, TimeBehind};
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
+use crate::timeline::TimelineHistory;
 use crate::view::{ClusterEvent, ClusterView, ExternalLag, NodeStatus};
 use crate::Ineligible;
 
@@ -30,6 +33,9 @@ pub(crate) struct Sample {
     pub(crate) receiver_status: Option<String>,
     /// Current timeline (primary) or received timeline (standby).
     pub(crate) timeline: Option<u32>,
+    /// Standbys without a WAL receiver timeline only: the newer of the last restartpoint's
+    /// and the minimum recovery point's timelines (a lower bound of the replay timeline).
+    pub(crate) control_timeline: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -64,8 +70,13 @@ pub(crate) struct State {
     nodes: Vec<NodeState>,
     primary: Option<NodeId>,
     pool_external: Option<ExternalLag>,
+    /// Timeline histories read from primaries, by timeline (the newest few).
+    histories: BTreeMap<u32, Arc<TimelineHistory>>,
     generation: u64,
 }
+
+/// How many timeline histories are kept (the newest ones).
+const HISTORIES_KEPT: usize = 8;
 
 impl State {
     pub(crate) fn new(specs: Vec<NodeSpec>) -> State {
@@ -75,7 +86,21 @@ impl State {
             nodes,
             primary: None,
             pool_external: None,
+            histories: BTreeMap::from([(1, Arc::new(TimelineHistory::initial()))]),
             generation: 0,
+        }
+    }
+
+    /// The history of `timeline` is known (timeline 1's always is).
+    pub(crate) fn has_history(&self, timeline: u32) -> bool {
+        self.histories.contains_key(&timeline)
+    }
+
+    /// Keeps a history read from a primary; only the newest few are kept.
+    pub(crate) fn set_history(&mut self, history: TimelineHistory) {
+        self.histories.insert(history.timeline(), Arc::new(history));
+        while self.histories.len() > HISTORIES_KEPT {
+            self.histories.pop_first();
         }
     }
 
@@ -254,6 +279,8 @@ impl State {
             let streaming = standby
                 && (receiver == Some("streaming") || (receiver.is_none() && !pushed.is_empty()));
             let timeline = sample.and_then(|s| s.timeline);
+            let shown_timeline =
+                timeline.or_else(|| sample.filter(|_| standby).and_then(|s| s.control_timeline));
             let wrong_timeline =
                 standby && primary_tl.is_some() && timeline.is_some() && primary_tl != timeline;
             if n.demoted
@@ -318,7 +345,7 @@ impl State {
                 lag_ms,
                 paused,
                 streaming,
-                timeline,
+                timeline: shown_timeline,
                 eligible,
                 ineligible_reason: reason,
                 last_poll_ok: n.last_ok,
@@ -333,6 +360,8 @@ impl State {
             nodes: statuses,
             primary,
             primary_lsn,
+            primary_timeline: primary_tl,
+            timeline_history: primary_tl.and_then(|t| self.histories.get(&t).cloned()),
             max_lag_bytes: max_bytes,
             max_lag_ms: max_ms,
             pool_external_lag: pool_external,
@@ -370,6 +399,8 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
             .collect(),
         primary: None,
         primary_lsn: None,
+        primary_timeline: None,
+        timeline_history: None,
         max_lag_bytes: None,
         max_lag_ms: None,
         pool_external_lag: None,
@@ -378,11 +409,11 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::time::Duration;
 
-    pub(super) fn specs(n: usize) -> Vec<NodeSpec> {
+    pub(crate) fn specs(n: usize) -> Vec<NodeSpec> {
         (0..n)
             .map(|i| NodeSpec {
                 name: format!("n{i}"),
@@ -394,7 +425,7 @@ mod tests {
             .collect()
     }
 
-    pub(super) fn primary(lsn: u64, tl: u32) -> Sample {
+    pub(crate) fn primary(lsn: u64, tl: u32) -> Sample {
         Sample {
             in_recovery: false,
             current_lsn: Some(Lsn(lsn)),
@@ -404,10 +435,11 @@ mod tests {
             replay_age_ms: None,
             receiver_status: None,
             timeline: Some(tl),
+            control_timeline: None,
         }
     }
 
-    pub(super) fn standby(replay: u64, tl: u32, age: i64) -> Sample {
+    pub(crate) fn standby(replay: u64, tl: u32, age: i64) -> Sample {
         Sample {
             in_recovery: true,
             current_lsn: None,
@@ -417,6 +449,7 @@ mod tests {
             replay_age_ms: Some(age),
             receiver_status: Some("streaming".into()),
             timeline: Some(tl),
+            control_timeline: None,
         }
     }
 
@@ -771,5 +804,139 @@ mod tests {
         // The new primary's history starts at its first poll: only a lower bound (1 s) for
         // a replica behind it, raised by the replica's replay age (0 here).
         assert_eq!(v.nodes[0].lag_ms, Some(1000));
+    }
+
+    fn pos(tli: u32, lsn: u64) -> pgfresh_lsn::Position {
+        pgfresh_lsn::Position::new(tli, Lsn(lsn)).unwrap()
+    }
+
+    #[test]
+    fn timeline_history_follows_the_primary() {
+        use crate::timeline::Translation;
+        let s = MonitorSettings::default();
+        let mut st = State::new(specs(3));
+        let t = Instant::now();
+        let (v, _) = st.compute(&s, &[0, 0, 0], t);
+        assert_eq!(
+            v.translate(&pos(1, 5)),
+            Translation::Unknown,
+            "no primary yet"
+        );
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(primary(0x500_0000, 1)),
+                Ok(standby(0x500_0000, 1, 0)),
+                Ok(standby(0x500_0000, 1, 0)),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.primary_timeline, Some(1));
+        assert_eq!(v.timeline_history.as_ref().unwrap().timeline(), 1);
+        assert_eq!(
+            v.translate(&pos(1, 0x600_0000)),
+            Translation::Current(Lsn(0x600_0000))
+        );
+        assert_eq!(v.translate(&pos(2, 5)), Translation::Unknown);
+
+        // Node 1 is promoted at 0/5000000 (timeline 2); node 0 is gone.
+        let promoted = vec![
+            Err("down".into()),
+            Ok(primary(0x500_1000, 2)),
+            Ok(standby(0x500_0000, 1, 0)),
+        ];
+        round(&mut st, promoted.clone(), &s, t);
+        let (v, _) = round(&mut st, promoted.clone(), &s, t);
+        assert_eq!((v.primary, v.primary_timeline), (Some(1), Some(2)));
+        assert_eq!(v.timeline_history, None);
+        assert!(!st.has_history(2));
+        // History unknown: the current timeline still translates, earlier ones do not.
+        assert_eq!(
+            v.translate(&pos(2, 0x500_1000)),
+            Translation::Current(Lsn(0x500_1000))
+        );
+        assert_eq!(v.translate(&pos(1, 0x100)), Translation::Unknown);
+        // Node 2 still receives timeline 1: out of the pool.
+        assert_eq!(
+            v.nodes[2].ineligible_reason,
+            Some(Ineligible::WrongTimeline)
+        );
+
+        st.set_history(
+            TimelineHistory::parse(2, "1\t0/5000000\tno recovery target specified\n").unwrap(),
+        );
+        let (v, _) = round(&mut st, promoted, &s, t);
+        assert_eq!(
+            v.timeline_history.as_ref().unwrap().switch_point(1),
+            Some(Lsn(0x500_0000))
+        );
+        assert_eq!(
+            v.translate(&pos(1, 0x400_0000)),
+            Translation::Current(Lsn(0x400_0000))
+        );
+        assert_eq!(
+            v.translate(&pos(1, 0x500_0000)),
+            Translation::Current(Lsn(0x500_0000))
+        );
+        assert_eq!(
+            v.translate(&pos(1, 0x500_0001)),
+            Translation::Diverged {
+                switch: Lsn(0x500_0000)
+            }
+        );
+        assert_eq!(v.translate(&pos(3, 0)), Translation::Unknown);
+        assert_eq!(
+            v.translate_token(&pgfresh_lsn::TokenOrLsn::Lsn(Lsn(7))),
+            Translation::Current(Lsn(7))
+        );
+    }
+
+    #[test]
+    fn only_the_newest_histories_are_kept() {
+        let mut st = State::new(specs(1));
+        for tl in 2..20u32 {
+            st.set_history(TimelineHistory::parse(tl, &format!("1\t0/{tl:X}\n")).unwrap());
+        }
+        assert_eq!(st.histories.len(), HISTORIES_KEPT);
+        assert!(st.has_history(19) && !st.has_history(2) && !st.has_history(1));
+    }
+
+    #[test]
+    fn control_timeline_is_shown_but_does_not_decide_eligibility() {
+        let s = MonitorSettings::default();
+        let mut st = State::new(specs(3));
+        let t = Instant::now();
+        // Node 2's WAL receiver is gone (its timeline from pg_control), but a pushed lag
+        // stands in for streaming.
+        let mut no_receiver = standby(0x500_0000, 2, 0);
+        no_receiver.receiver_status = None;
+        no_receiver.timeline = None;
+        no_receiver.control_timeline = Some(1);
+        st.set_external(
+            Some(2),
+            ExternalLag {
+                lag_ms: 0,
+                source: "probe".into(),
+                received: t,
+            },
+        );
+        let (v, _) = round(
+            &mut st,
+            vec![
+                Ok(primary(0x500_0000, 2)),
+                Ok(standby(0x500_0000, 2, 0)),
+                Ok(no_receiver),
+            ],
+            &s,
+            t,
+        );
+        assert_eq!(v.nodes[2].timeline, Some(1));
+        assert!(v.nodes[2].eligible, "{:?}", v.nodes[2].ineligible_reason);
+        // The primary's own control timeline is never used.
+        let mut p = primary(0x500_0000, 2);
+        p.control_timeline = Some(1);
+        let (v, _) = round(&mut st, vec![Ok(p)], &s, t);
+        assert_eq!(v.nodes[0].timeline, Some(2));
     }
 }

@@ -1,11 +1,13 @@
 //! The published snapshot of the cluster and the events that announce its changes.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use pgfresh_lsn::Lsn;
+use pgfresh_lsn::{Lsn, Position, TokenOrLsn};
 
 use crate::eligibility::{Ineligible, Role};
 use crate::settings::{NodeId, NodeSpec};
+use crate::timeline::{TimelineHistory, Translation};
 
 /// A lag value pushed from outside the database, with where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +46,13 @@ pub struct NodeStatus {
     pub paused: bool,
     /// On a standby: the WAL receiver reports `streaming`.
     pub streaming: bool,
-    /// On the primary: its timeline; on a standby: the timeline it receives.
+    /// On the primary: its insert timeline (from `pg_walfile_name(pg_current_wal_lsn())`,
+    /// right from the moment of a promotion). On a standby: the timeline its WAL receiver
+    /// receives (`pg_stat_wal_receiver.received_tli`); without a WAL receiver to ask, the
+    /// newer of the timelines of its last restartpoint and of its minimum recovery point
+    /// (`pg_control_checkpoint()`, `pg_control_recovery()`) — a lower bound of the
+    /// timeline it replays, which can trail it until the next restartpoint. Only the WAL
+    /// receiver's timeline decides [`Ineligible::WrongTimeline`].
     pub timeline: Option<u32>,
     /// In the read pool.
     pub eligible: bool,
@@ -75,6 +83,14 @@ pub struct ClusterView {
     pub primary: Option<NodeId>,
     /// The primary's current WAL position at its last poll.
     pub primary_lsn: Option<Lsn>,
+    /// The primary's timeline at its last poll.
+    pub primary_timeline: Option<u32>,
+    /// The ancestry of [`ClusterView::primary_timeline`], once known: always for timeline
+    /// 1; for a later timeline once the monitor has read the primary's history file (which
+    /// needs a monitor role allowed to run `pg_read_file(text)`: superuser, or an explicit
+    /// `GRANT EXECUTE`; until then it stays `None`, retried every 5 s). Used by
+    /// [`ClusterView::translate`].
+    pub timeline_history: Option<Arc<TimelineHistory>>,
     /// Largest byte lag among healthy standbys (eligible or not).
     pub max_lag_bytes: Option<u64>,
     /// Largest time lag among healthy standbys (eligible or not).
@@ -135,6 +151,37 @@ impl ClusterView {
                 n.last_error.as_deref().unwrap_or_default()
             ),
             None => "no node is out of recovery".to_string(),
+        }
+    }
+
+    /// What a client's position token means for a read now (pure; see [`Translation`]):
+    ///
+    /// * the primary's timeline → [`Translation::Current`], also while its history is
+    ///   unknown;
+    /// * an ancestor of it (from [`ClusterView::timeline_history`]) →
+    ///   [`Translation::Current`] at or before where that ancestor ended,
+    ///   [`Translation::Diverged`] past it;
+    /// * anything else — no primary or no primary timeline, history not read yet, a newer
+    ///   timeline, an abandoned branch → [`Translation::Unknown`].
+    pub fn translate(&self, pos: &Position) -> Translation {
+        let Some(current) = self.primary_timeline else {
+            return Translation::Unknown;
+        };
+        if pos.tli() == current {
+            return Translation::Current(pos.lsn());
+        }
+        match &self.timeline_history {
+            Some(h) if h.timeline() == current => h.translate(pos),
+            _ => Translation::Unknown,
+        }
+    }
+
+    /// [`ClusterView::translate`] for a token that may lack its timeline: a bare LSN is
+    /// taken to be on the current timeline, so it is always [`Translation::Current`].
+    pub fn translate_token(&self, token: &TokenOrLsn) -> Translation {
+        match token {
+            TokenOrLsn::Token(p) => self.translate(p),
+            TokenOrLsn::Lsn(l) => Translation::Current(*l),
         }
     }
 

@@ -4,9 +4,19 @@
 //! hexadecimal halves, `X/Y` (`16/B374D848`). Comparing the text form is wrong
 //! (`9/0` > `10/0` as strings), so every comparison and difference in pgfresh goes
 //! through [`Lsn`], which orders as the integer it is.
+//!
+//! A [`Position`] adds the timeline: the position tokens applications carry are
+//! `TLI/X/Y` (`1/16B3748`: timeline 1 in decimal, then the LSN). After a promotion
+//! the new primary writes on a new timeline that shares the old one's WAL only up to
+//! the switch point, so an LSN alone no longer says which write it names.
+//! [`parse_token_or_lsn`] accepts either form.
 
 use std::fmt;
 use std::str::FromStr;
+
+mod position;
+
+pub use position::{parse_token_or_lsn, ParsePositionError, Position, TokenOrLsn};
 
 /// A WAL position. `Lsn(0)` is PostgreSQL's `InvalidXLogRecPtr` (`0/0`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -40,17 +50,20 @@ impl FromStr for Lsn {
     type Err = ParseLsnError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseLsnError(s.to_string());
-        let (hi, lo) = s.trim().split_once('/').ok_or_else(err)?;
-        let valid =
-            |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
-        if !valid(hi) || !valid(lo) {
-            return Err(err());
-        }
-        let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
-        let lo = u32::from_str_radix(lo, 16).map_err(|_| err())?;
-        Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+        parse_exact(s.trim()).ok_or_else(|| ParseLsnError(s.to_string()))
     }
+}
+
+/// `X/Y` with nothing around it: two halves of 1 to 8 hexadecimal digits.
+pub(crate) fn parse_exact(s: &str) -> Option<Lsn> {
+    let (hi, lo) = s.split_once('/')?;
+    let valid = |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
+    if !valid(hi) || !valid(lo) {
+        return None;
+    }
+    let hi = u32::from_str_radix(hi, 16).ok()?;
+    let lo = u32::from_str_radix(lo, 16).ok()?;
+    Some(Lsn((u64::from(hi) << 32) | u64::from(lo)))
 }
 
 impl fmt::Display for Lsn {
