@@ -15,7 +15,6 @@
 //! hint appear, primary wins; of several `min_lsn` hints the highest position counts.
 
 use percent_encoding::percent_decode_str;
-use pgfresh_lsn::Lsn;
 
 use crate::model::{HintLsn, RouteHint};
 
@@ -95,21 +94,19 @@ fn value_hint(v: &str) -> Option<Hint> {
     }
 }
 
-/// `TLI/X/Y` (timeline in decimal, as PostgreSQL prints timeline ids) or `X/Y`.
+/// `TLI/X/Y` (timeline in decimal, as PostgreSQL prints timeline ids) or `X/Y`, parsed
+/// strictly by [`pgfresh_lsn::parse_token_or_lsn`].
 pub fn parse_hint_lsn(s: &str) -> Option<HintLsn> {
-    let (timeline, pos) = match s.split('/').count() {
-        2 => (None, s),
-        3 => {
-            let (tli, rest) = s.split_once('/')?;
-            if tli.is_empty() || !tli.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            (Some(tli.parse::<u32>().ok()?), rest)
-        }
-        _ => return None,
-    };
-    let lsn: Lsn = pos.parse().ok()?;
-    Some(HintLsn { timeline, lsn })
+    match pgfresh_lsn::parse_token_or_lsn(s).ok()? {
+        pgfresh_lsn::TokenOrLsn::Token(p) => Some(HintLsn {
+            timeline: Some(p.tli()),
+            lsn: p.lsn(),
+        }),
+        pgfresh_lsn::TokenOrLsn::Lsn(lsn) => Some(HintLsn {
+            timeline: None,
+            lsn,
+        }),
+    }
 }
 
 fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
@@ -121,6 +118,7 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pgfresh_lsn::Lsn;
 
     fn route(c: &str) -> Option<RouteHint> {
         hints_in([c]).route

@@ -16,6 +16,7 @@
 //! the session's settings rules: recorded once confirmed and committed, replayed, reset
 //! by `RESET ALL` / `DISCARD ALL`. A malformed token is refused before it is sent.
 
+use pgfresh_balancer::Translation;
 use pgfresh_lsn::Lsn;
 use pgfresh_sql::HintLsn;
 use pgfresh_wire::build;
@@ -46,11 +47,17 @@ pub struct Tokens {
 /// Parse a token: `TLI/X/Y`, or `X/Y` (the current timeline).
 pub fn parse_token(value: &str) -> Result<HintLsn, ProxyError> {
     let v = value.trim().trim_matches('\'');
-    pgfresh_sql::parse_position(v).ok_or_else(|| {
-        ProxyError::InvalidToken(format!(
-            "invalid position token \"{value}\": expected TLI/X/Y (timeline, then a WAL position as pg_current_wal_lsn() prints it), such as 1/0/16B3748"
-        ))
-    })
+    match pgfresh_lsn::parse_token_or_lsn(v) {
+        Ok(pgfresh_lsn::TokenOrLsn::Token(p)) => Ok(HintLsn {
+            timeline: Some(p.tli()),
+            lsn: p.lsn(),
+        }),
+        Ok(pgfresh_lsn::TokenOrLsn::Lsn(lsn)) => Ok(HintLsn {
+            timeline: None,
+            lsn,
+        }),
+        Err(e) => Err(ProxyError::InvalidToken(e.to_string())),
+    }
 }
 
 /// `on`/`off` as PostgreSQL reads booleans.
@@ -155,16 +162,26 @@ impl Session {
             .primary
             .and_then(|p| view.node(p))
             .and_then(|n| n.timeline);
-        match (token.timeline, current) {
-            (None, _) => TokenNeed::Position(token.lsn),
-            (Some(t), Some(c)) if t == c => TokenNeed::Position(token.lsn),
-            (Some(_), Some(_)) => {
-                // TIMELINE-TRANSLATION: older timelines until the history is known.
+        let position = match token.timeline {
+            None => return TokenNeed::Position(token.lsn),
+            Some(t) if Some(t) == current => return TokenNeed::Position(token.lsn),
+            Some(t) => match pgfresh_lsn::Position::new(t, token.lsn) {
+                Some(p) => p,
+                None => return TokenNeed::Primary("token_timeline_unknown"),
+            },
+        };
+        match view.translate(&position) {
+            Translation::Current(lsn) => TokenNeed::Position(lsn),
+            Translation::Diverged { .. } => {
+                metrics::counter!("pgfresh_token_reads_total", "outcome" => "diverged")
+                    .increment(1);
+                TokenNeed::Primary("token_diverged")
+            }
+            Translation::Unknown => {
                 metrics::counter!("pgfresh_token_reads_total", "outcome" => "unknown_timeline")
                     .increment(1);
                 TokenNeed::Primary("token_timeline_unknown")
             }
-            (Some(_), None) => TokenNeed::Primary("token_timeline_unknown"),
         }
     }
 
