@@ -1,0 +1,186 @@
+//! `[routing] resolve_lost_commits`: the connection to the primary is lost right after a
+//! COMMIT was sent (the test fault `DropAfterCommit`: the proxy closes the server
+//! connection once the COMMIT's bytes are written, without reading its reply; the server
+//! still runs the COMMIT it received). With the option, pgfresh asks the primary what
+//! became of the transaction and answers the real outcome; without it (the control of
+//! every case) the client gets 08007.
+//!
+//! Each test toggles the option by rewriting the config file (it reloads live).
+
+use std::time::Duration;
+
+use pgfresh_proxy::session::lost_commit::Fault;
+use pgfresh_tests::admin::{http, write_config};
+use pgfresh_tests::*;
+
+async fn set_option(p: &ProxyHandle, on: bool) {
+    write_config(
+        &p.config_path,
+        &config_text(&format!("resolve_lost_commits = {on}")),
+    );
+    let shared = p.shared.clone();
+    eventually("the option reloads", Duration::from_secs(30), || {
+        shared.config.snapshot().routing.resolve_lost_commits == on
+    })
+    .await;
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_default()
+}
+
+fn count_on_primary(table: &str, filter: &str) -> String {
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!("SELECT count(*) FROM {table} WHERE {filter}"),
+        )
+        .expect("count on the primary")
+}
+
+fn lost_commits(metrics: &str, outcome: &str) -> u64 {
+    let key = format!("pgfresh_lost_commits_total{{outcome=\"{outcome}\"}}");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// BEGIN; INSERT; COMMIT with the fault armed, on a fresh session.
+async fn commit_with_fault(
+    p: &ProxyHandle,
+    table: &str,
+    id: i32,
+) -> (tokio_postgres::Client, Result<(), tokio_postgres::Error>) {
+    let c = p.connect().await;
+    c.batch_execute(&format!("BEGIN; INSERT INTO {table} VALUES ({id})"))
+        .await
+        .expect("the transaction's write");
+    p.shared.arm_fault(Fault::DropAfterCommit);
+    let r = c.batch_execute("COMMIT").await;
+    p.shared.faults.disarm();
+    (c, r)
+}
+
+#[tokio::test]
+async fn a_lost_commit_that_committed_is_answered_commit() {
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "lost_ok").await;
+
+    // Control: without the option the client is told 08007, although the COMMIT ran.
+    set_option(&p, false).await;
+    let (c, r) = commit_with_fault(&p, &t, 10).await;
+    let e = r.expect_err("without the option the outcome is unknown");
+    assert_eq!(code(&e), "08007", "{e}");
+    assert!(c.is_closed() || c.batch_execute("SELECT 1").await.is_err());
+    eventually("the control's COMMIT ran", Duration::from_secs(10), || {
+        count_on_primary(&t, "id = 10") == "1"
+    })
+    .await;
+
+    // With the option: the client gets COMMIT, the row is there, and a read through
+    // pgfresh right after sees it although no standby has replayed it.
+    set_option(&p, true).await;
+    p.wait_cold(&[&t]).await;
+    let before = http(p.admin, "GET", "/metrics", None, None).await.body;
+    for i in 1..=2 {
+        cluster().pause_replay(i).unwrap();
+    }
+    let (c, r) = commit_with_fault(&p, &t, 11).await;
+    let reader = p.connect().await;
+    let seen: i64 = reader
+        .query_one(&format!("SELECT count(*) FROM {t} WHERE id = 11"), &[])
+        .await
+        .map(|row| row.get(0))
+        .unwrap_or(-1);
+    for i in 1..=2 {
+        cluster().resume_replay(i).unwrap();
+    }
+    r.expect("the lost COMMIT is answered COMMIT");
+    assert_eq!(count_on_primary(&t, "id = 11"), "1");
+    assert_eq!(seen, 1, "a read right after the COMMIT sees its row");
+    // The session goes on (on a new server connection).
+    let n: i64 = c
+        .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+        .await
+        .expect("the session goes on")
+        .get(0);
+    assert_eq!(n, 3);
+    let after = http(p.admin, "GET", "/metrics", None, None).await.body;
+    assert!(lost_commits(&after, "committed") > lost_commits(&before, "committed"));
+}
+
+#[tokio::test]
+async fn a_lost_commit_that_rolled_back_is_answered_40000() {
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let t = unique("lost_abort");
+    // The unique check is deferred to COMMIT: the COMMIT itself fails on the server.
+    setup
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int, CONSTRAINT {t}_u UNIQUE (id) DEFERRABLE INITIALLY DEFERRED); \
+             INSERT INTO {t} VALUES (1)"
+        ))
+        .await
+        .unwrap();
+
+    set_option(&p, false).await;
+    let (_c, r) = commit_with_fault(&p, &t, 1).await;
+    let e = r.expect_err("control");
+    assert_eq!(code(&e), "08007", "{e}");
+
+    set_option(&p, true).await;
+    let (c, r) = commit_with_fault(&p, &t, 1).await;
+    let e = r.expect_err("the transaction rolled back");
+    assert_eq!(code(&e), "40000", "{e}");
+    let message = e.as_db_error().map(|d| d.message()).unwrap_or_default();
+    assert!(message.contains("rolled back"), "{message}");
+    assert_eq!(
+        count_on_primary(&t, "id = 1"),
+        "1",
+        "the duplicate is absent"
+    );
+    // The transaction is over; the session goes on, idle.
+    let n: i64 = c
+        .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+        .await
+        .expect("the session goes on")
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+/// A transaction that only reads (no transaction id is ever assigned), its COMMIT lost.
+async fn read_only_commit(
+    p: &ProxyHandle,
+    t: &str,
+) -> (tokio_postgres::Client, Result<(), tokio_postgres::Error>) {
+    let c = p.connect().await;
+    c.batch_execute(&format!("BEGIN; SELECT count(*) FROM {t}"))
+        .await
+        .unwrap();
+    p.shared.arm_fault(Fault::DropAfterCommit);
+    let r = c.batch_execute("COMMIT").await;
+    p.shared.faults.disarm();
+    (c, r)
+}
+
+#[tokio::test]
+async fn a_lost_commit_of_a_transaction_without_an_id_is_answered_commit() {
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "lost_ro").await;
+    set_option(&p, false).await;
+    let (_c, r) = read_only_commit(&p, &t).await;
+    let e = r.expect_err("control");
+    assert_eq!(code(&e), "08007", "{e}");
+
+    set_option(&p, true).await;
+    let (c, r) = read_only_commit(&p, &t).await;
+    r.expect("nothing was written, nothing can be lost: COMMIT");
+    c.batch_execute("SELECT 1")
+        .await
+        .expect("the session goes on");
+}
