@@ -13,11 +13,16 @@ use pgfresh_proxy::session::lost_commit::Fault;
 use pgfresh_tests::admin::{http, write_config};
 use pgfresh_tests::*;
 
+/// The test config, with the option as given (a long TTL: the marks a resolved COMMIT
+/// makes are checked after the client got its reply).
+fn config(on: bool) -> String {
+    config_text(&format!(
+        "resolve_lost_commits = {on}\nrecent_access_ttl_ms = 5000"
+    ))
+}
+
 async fn set_option(p: &ProxyHandle, on: bool) {
-    write_config(
-        &p.config_path,
-        &config_text(&format!("resolve_lost_commits = {on}")),
-    );
+    write_config(&p.config_path, &config(on));
     let shared = p.shared.clone();
     eventually("the option reloads", Duration::from_secs(30), || {
         shared.config.snapshot().routing.resolve_lost_commits == on
@@ -66,7 +71,7 @@ async fn commit_with_fault(
 
 #[tokio::test]
 async fn a_lost_commit_that_committed_is_answered_commit() {
-    let p = start_proxy(&config_text(""));
+    let p = start_proxy(&config(false));
     let setup = p.connect().await;
     let t = p.cold_table(&setup, "lost_ok").await;
 
@@ -81,26 +86,28 @@ async fn a_lost_commit_that_committed_is_answered_commit() {
     })
     .await;
 
-    // With the option: the client gets COMMIT, the row is there, and a read through
-    // pgfresh right after sees it although no standby has replayed it.
+    // With the option: the client gets COMMIT, the row is there, the table was marked
+    // written before the reply reached the client (a read right after goes where the
+    // write is visible), and that read sees the row.
     set_option(&p, true).await;
     p.wait_cold(&[&t]).await;
     let before = http(p.admin, "GET", "/metrics", None, None).await.body;
-    for i in 1..=2 {
-        cluster().pause_replay(i).unwrap();
-    }
     let (c, r) = commit_with_fault(&p, &t, 11).await;
+    r.expect("the lost COMMIT is answered COMMIT");
+    assert!(
+        p.shared
+            .recency
+            .lookup("app", &[pgfresh_recency::RelKey::unqualified(&t)])
+            .is_hot(),
+        "the transaction's write is marked before the COMMIT is answered"
+    );
+    assert_eq!(count_on_primary(&t, "id = 11"), "1");
     let reader = p.connect().await;
     let seen: i64 = reader
         .query_one(&format!("SELECT count(*) FROM {t} WHERE id = 11"), &[])
         .await
-        .map(|row| row.get(0))
-        .unwrap_or(-1);
-    for i in 1..=2 {
-        cluster().resume_replay(i).unwrap();
-    }
-    r.expect("the lost COMMIT is answered COMMIT");
-    assert_eq!(count_on_primary(&t, "id = 11"), "1");
+        .expect("read")
+        .get(0);
     assert_eq!(seen, 1, "a read right after the COMMIT sees its row");
     // The session goes on (on a new server connection).
     let n: i64 = c
@@ -115,7 +122,7 @@ async fn a_lost_commit_that_committed_is_answered_commit() {
 
 #[tokio::test]
 async fn a_lost_commit_that_rolled_back_is_answered_40000() {
-    let p = start_proxy(&config_text(""));
+    let p = start_proxy(&config(false));
     let setup = p.connect().await;
     let t = unique("lost_abort");
     // The unique check is deferred to COMMIT: the COMMIT itself fails on the server.
@@ -169,7 +176,7 @@ async fn read_only_commit(
 
 #[tokio::test]
 async fn a_lost_commit_of_a_transaction_without_an_id_is_answered_commit() {
-    let p = start_proxy(&config_text(""));
+    let p = start_proxy(&config(false));
     let setup = p.connect().await;
     let t = p.cold_table(&setup, "lost_ro").await;
     set_option(&p, false).await;
@@ -183,4 +190,59 @@ async fn a_lost_commit_of_a_transaction_without_an_id_is_answered_commit() {
     c.batch_execute("SELECT 1")
         .await
         .expect("the session goes on");
+}
+
+#[tokio::test]
+async fn an_extended_protocol_commit_is_resolved_and_an_unwatched_one_stays_08007() {
+    let p = start_proxy(&config(false));
+    let setup = p.connect().await;
+    let t = unique("lost_ext");
+    setup
+        .batch_execute(&format!("CREATE TABLE {t}(id int)"))
+        .await
+        .unwrap();
+    // COMMIT as Bind/Execute/Sync of a prepared statement (the prepare is its own unit).
+    let extended = |id: i32| {
+        let (p, t) = (&p, t.clone());
+        async move {
+            let c = p.connect().await;
+            c.batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ({id})"))
+                .await
+                .unwrap();
+            let commit = c.prepare("COMMIT").await.unwrap();
+            p.shared.arm_fault(Fault::DropAfterCommit);
+            let r = c.execute(&commit, &[]).await.map(drop);
+            p.shared.faults.disarm();
+            (c, r)
+        }
+    };
+
+    let (_c, r) = extended(1).await;
+    assert_eq!(code(&r.expect_err("control")), "08007");
+
+    set_option(&p, true).await;
+    let (c, r) = extended(2).await;
+    r.expect("the lost COMMIT is answered COMMIT");
+    assert_eq!(count_on_primary(&t, "id = 2"), "1");
+    c.batch_execute("SELECT 1")
+        .await
+        .expect("the session goes on");
+
+    // A write and its COMMIT in one query: the transaction's id was not learned before
+    // the COMMIT (pgfresh watches only a unit that is just a COMMIT), so the outcome is
+    // unknown even with the option.
+    let before = http(p.admin, "GET", "/metrics", None, None).await.body;
+    let c = p.connect().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute(&format!("SELECT count(*) FROM {t}"))
+        .await
+        .unwrap();
+    p.shared.arm_fault(Fault::DropAfterCommit);
+    let r = c
+        .batch_execute(&format!("INSERT INTO {t} VALUES (3); COMMIT"))
+        .await;
+    p.shared.faults.disarm();
+    assert_eq!(code(&r.expect_err("unknown")), "08007");
+    let after = http(p.admin, "GET", "/metrics", None, None).await.body;
+    assert!(lost_commits(&after, "unknown") > lost_commits(&before, "unknown"));
 }

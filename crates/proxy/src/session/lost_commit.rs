@@ -267,6 +267,7 @@ impl Session {
             (_, None) => Known::Unknown("the COMMIT was not watched"),
             (None, _) => Known::Unknown("no COMMIT in flight"),
             (Some(_), _) if more => Known::Unknown("more statements were pipelined after it"),
+            (Some(u), _) if u.error => Known::Unknown("the server's error reached the client"),
             (Some(u), _) if u.replied || u.acks > 0 || !u.commit_sent => {
                 Known::Unknown("part of the reply already reached the client")
             }
@@ -479,7 +480,9 @@ async fn ask(
                 }
                 Some(_) => {}
                 None => {
-                    if events.recv().await.is_err() {
+                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) =
+                        events.recv().await
+                    {
                         return Err(last_error);
                     }
                     continue;
