@@ -246,3 +246,68 @@ async fn an_extended_protocol_commit_is_resolved_and_an_unwatched_one_stays_0800
     let after = http(p.admin, "GET", "/metrics", None, None).await.body;
     assert!(lost_commits(&after, "unknown") > lost_commits(&before, "unknown"));
 }
+
+/// This process's CPU time (the in-process proxy, plus the idle test harness), in ticks.
+fn process_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
+    fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// The cost of the transaction-id probe: pgbench `-N` (BEGIN, 3 UPDATEs, SELECT, INSERT,
+/// END) through the proxy with the option off and on, alternating. Prints tps, latency
+/// and the proxy's CPU per transaction (debug build: compare the rows, not absolutes).
+/// `cargo test -p pgfresh-tests --test lost_commits -- --ignored --nocapture`
+#[tokio::test]
+#[ignore]
+async fn measure_xid_probe_cost() {
+    use std::process::Command;
+    let c = cluster();
+    c.psql(0, "postgres", "DROP DATABASE IF EXISTS lostbench")
+        .unwrap();
+    c.psql(0, "postgres", "CREATE DATABASE lostbench OWNER app")
+        .unwrap();
+    let p = start_proxy(&config(false));
+    let env = p.libpq_env();
+    let pgbench = |args: &[&str]| {
+        let out = Command::new(pg_bin("pgbench"))
+            .args(args)
+            .envs(env.iter().cloned())
+            .env("PGDATABASE", "lostbench")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
+        text
+    };
+    pgbench(&["-i", "-s", "1", "-q"]);
+    let secs = std::env::var("LOST_BENCH_SECS").unwrap_or_else(|_| "8".into());
+    let tick_us = 1_000_000.0 / 100.0; // CLK_TCK = 100 on Linux
+    for round in 0..3 {
+        for on in [false, true] {
+            set_option(&p, on).await;
+            let cpu0 = process_cpu_ticks();
+            let text = pgbench(&["-N", "-M", "simple", "-c", "4", "-j", "2", "-T", &secs]);
+            let cpu = (process_cpu_ticks() - cpu0) as f64 * tick_us;
+            let field = |key: &str| -> f64 {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.split('/').next())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
+            };
+            let txs = field("number of transactions actually processed: ");
+            let latency = field("latency average = ");
+            let tps = field("tps = ");
+            println!(
+                "round {round} resolve_lost_commits={on}: {txs} tx, tps {tps:.0}, latency {latency:.3} ms, proxy CPU {:.1} us/tx",
+                cpu / txs.max(1.0)
+            );
+        }
+    }
+}
