@@ -253,8 +253,14 @@ fn process_cpu_ticks() -> u64 {
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
 }
 
 /// The cost of the transaction-id probe: pgbench `-N` (BEGIN, 3 UPDATEs, SELECT, INSERT,

@@ -696,9 +696,9 @@ impl Session {
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.state_version = self.state.version;
         }
-        if commit_sent && !continuing {
+        if commit_sent {
             // resolve_lost_commits: the transaction-id probe goes first.
-            self.watch_commit(node, &unit, &mut pre);
+            self.watch_commit(node, &unit, continuing, &mut pre);
         }
         if pre.is_empty() {
             self.send_frames(node, &unit.frames).await?;

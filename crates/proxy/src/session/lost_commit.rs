@@ -218,10 +218,19 @@ fn end_after_ready(buf: &[u8], n: u32) -> Option<usize> {
 impl Session {
     /// Before a committing unit is sent to `node`: with `resolve_lost_commits`, queue the
     /// transaction-id probe at the front of `pre` (what goes ahead of the unit in the
-    /// same write) and watch the unit.
-    pub(super) fn watch_commit(&mut self, node: usize, unit: &ClientUnit, pre: &mut Vec<Bytes>) {
+    /// same write) and watch the unit. Called for every committing unit, so an earlier
+    /// COMMIT's id is never taken for this one's.
+    pub(super) fn watch_commit(
+        &mut self,
+        node: usize,
+        unit: &ClientUnit,
+        continuing: bool,
+        pre: &mut Vec<Bytes>,
+    ) {
         self.lost.watch = None;
-        if !self.shared.config.snapshot().routing.resolve_lost_commits
+        if continuing
+            || !unit.synced
+            || !self.shared.config.snapshot().routing.resolve_lost_commits
             || self.tx != TxStatus::InTransaction
             || self.copy_in
             || Some(node) != self.shared.balancer.primary()
