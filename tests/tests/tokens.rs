@@ -235,10 +235,12 @@ async fn a_token_carried_to_another_proxy_never_reads_stale() {
         cold_on_replicas > 250,
         "reads without a token left the replicas: {cold_on_replicas}/300"
     );
-    // Control: the same reads without the token are stale (proxy B knows nothing).
+    // Control: the same reads without a token (a session that never set one) are stale:
+    // proxy B knows nothing of the writes.
+    let fresh_reader = b.connect().await;
     let mut control_stale = 0;
     for i in 300..330 {
-        let (seen, _) = write_then_read(&writer, &reader, &t, i, "none").await;
+        let (seen, _) = write_then_read(&writer, &fresh_reader, &t, i, "none").await;
         control_stale += usize::from(!seen);
     }
     assert!(control_stale > 0, "the control never read stale data");

@@ -196,6 +196,11 @@ pub struct RoutingSection {
     pub max_primary_fallbacks: usize,
     /// Retries of an idempotent autocommit read on another node after a replica failed.
     pub read_retry_budget: u32,
+    /// Learn the transaction id of each explicit transaction as it commits (a
+    /// `txid_current_if_assigned()` pipelined before the COMMIT) so that when the
+    /// connection to the primary is lost after COMMIT was sent, the outcome is asked of
+    /// the primary (`txid_status`) instead of answering 08007.
+    pub resolve_lost_commits: bool,
     /// Parsed-statement cache bounds.
     pub parse_cache_entries: u64,
     pub parse_cache_bytes: u64,
@@ -226,6 +231,7 @@ impl Default for RoutingSection {
             on_stale: OnStale::Primary,
             max_primary_fallbacks: 1_000,
             read_retry_budget: 1,
+            resolve_lost_commits: false,
             parse_cache_entries: 100_000,
             parse_cache_bytes: 64 * 1024 * 1024,
         }

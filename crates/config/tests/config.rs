@@ -21,6 +21,7 @@ fn minimal_file_gets_defaults() {
     assert_eq!(c.routing.recent_access_max_ttl_ms, 60000);
     assert_eq!(c.nodes[0].weight, 1);
     assert!(c.routing.enable_query_parser);
+    assert!(!c.routing.resolve_lost_commits, "off unless asked for");
 }
 
 #[test]
@@ -80,6 +81,10 @@ fn reload_classes() {
         ReloadClass::Live
     );
     assert_eq!(reload_class("routing.delay_threshold"), ReloadClass::Live);
+    assert_eq!(
+        reload_class("routing.resolve_lost_commits"),
+        ReloadClass::Live
+    );
     assert_eq!(reload_class("nodes[0].weight"), ReloadClass::Live);
     assert_eq!(reload_class("nodes[0].port"), ReloadClass::Live);
     assert_eq!(reload_class("nodes"), ReloadClass::Live);

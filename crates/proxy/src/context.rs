@@ -38,12 +38,21 @@ pub struct Shared {
     pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.
     pub ttl_source: ArcSwap<crate::admin::TtlSource>,
+    /// Faults integration tests arm ([`Shared::arm_fault`]).
+    #[doc(hidden)]
+    pub faults: crate::session::lost_commit::Faults,
 }
 
 /// Relations labelled individually on `pgfresh_recency_forced_total`; the rest count as "other".
 pub const FORCED_LABEL_CAP: usize = 100;
 
 impl Shared {
+    /// Test hook: arm a fault the next session to reach it triggers (once).
+    #[doc(hidden)]
+    pub fn arm_fault(&self, fault: crate::session::lost_commit::Fault) {
+        self.faults.arm(fault);
+    }
+
     /// Count a read forced to the primary by a recent write to `relation`.
     pub fn count_forced(&self, relation: &str) {
         let label = {

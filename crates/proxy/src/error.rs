@@ -31,6 +31,10 @@ pub enum ProxyError {
     ServerLost { node: String, reason: String },
     #[error("server connection to {node} lost after COMMIT was sent")]
     CommitOutcomeUnknown { node: String },
+    /// The connection to the primary was lost after COMMIT was sent, and the primary
+    /// says the transaction rolled back (`resolve_lost_commits`).
+    #[error("server connection to {node} lost after COMMIT was sent; the primary reports that the transaction (id {xid}) rolled back")]
+    CommitRolledBack { node: String, xid: u64 },
     #[error("server {node} sent an invalid message: {reason}")]
     ServerProtocol { node: String, reason: String },
     /// No node is known as the primary; carries why, when the cluster view can tell
@@ -90,6 +94,7 @@ impl ProxyError {
             ServerLogin { .. } => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
             ServerLost { .. } | RoleChanged => sqlstate::CONNECTION_FAILURE,
             CommitOutcomeUnknown { .. } => sqlstate::TRANSACTION_RESOLUTION_UNKNOWN,
+            CommitRolledBack { .. } => sqlstate::TRANSACTION_ROLLBACK,
             ServerProtocol { .. } => sqlstate::PROTOCOL_VIOLATION,
             LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             Shutdown => sqlstate::ADMIN_SHUTDOWN,
@@ -108,7 +113,8 @@ impl ProxyError {
             | FallbackLimit
             | StaleReplica { .. }
             | InvalidToken(_)
-            | RoleChanged => Disposition::Recoverable,
+            | RoleChanged
+            | CommitRolledBack { .. } => Disposition::Recoverable,
             _ => Disposition::Fatal,
         }
     }

@@ -177,6 +177,7 @@ impl Proxy {
             forced_labels: Default::default(),
             catalog: Default::default(),
             deps: deps::Dependencies::new(&c),
+            faults: Default::default(),
         });
         shared.deps.attach(&shared);
         let proxy = Proxy {

@@ -34,6 +34,8 @@ pub const INVALID_PASSWORD: &str = "28P01";
 pub const INVALID_CURSOR_NAME: &str = "34000";
 /// `3D000` invalid_catalog_name (unknown database).
 pub const INVALID_CATALOG_NAME: &str = "3D000";
+/// `40000` transaction_rollback.
+pub const TRANSACTION_ROLLBACK: &str = "40000";
 /// `40001` serialization_failure.
 pub const SERIALIZATION_FAILURE: &str = "40001";
 /// `42601` syntax_error.

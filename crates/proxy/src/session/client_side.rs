@@ -765,10 +765,17 @@ impl Session {
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.state_version = self.state.version;
         }
-        if !pre.is_empty() {
+        if commit_sent {
+            // resolve_lost_commits: the transaction-id probe goes first.
+            self.watch_commit(node, &unit, continuing, &mut pre);
+        }
+        if pre.is_empty() {
+            self.send_frames(node, &unit.frames).await?;
+        } else {
+            // One write: what must precede the unit, then the unit.
+            pre.extend(unit.frames.iter().cloned());
             self.send_frames(node, &pre).await?;
         }
-        self.send_frames(node, &unit.frames).await?;
         let (writes, whole_db) = self.unit_writes(&unit);
         let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
         // LSN routing: a committing unit on the primary is followed by a probe of the
@@ -832,6 +839,9 @@ impl Session {
             self.inflight.push_back(f);
         }
         self.open_unit_node = if synced { None } else { Some(node) };
+        if commit_sent {
+            self.after_commit_queued(node).await?;
+        }
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! only between units, when the active backend owes nothing (see [`unit::InFlight`]).
 
 mod client_side;
+pub mod lost_commit;
 mod relay;
 pub mod settings;
 pub mod state;
@@ -95,6 +96,8 @@ pub struct Session {
     copy_in: bool,
     /// `enable_query_parser`, read once per batch of client frames.
     parser_enabled: bool,
+    /// The COMMIT in flight pgfresh can resolve if its connection is lost.
+    lost: lost_commit::LostCommits,
 }
 
 impl Session {
@@ -161,6 +164,7 @@ impl Session {
             terminating: false,
             copy_in: false,
             parser_enabled: true,
+            lost: Default::default(),
         }
     }
 
@@ -235,6 +239,7 @@ impl Session {
     async fn main_loop(&mut self) -> Result<(), ProxyError> {
         let mut shutdown = self.shared.shutdown.clone();
         loop {
+            self.resolve_lost_commit().await?;
             // Route and send what the client sent. A batch sent before its Sync (it
             // outgrew the batch limit) can leave more complete frames buffered: take
             // them too before waiting, or the server would wait for them forever.
@@ -294,6 +299,8 @@ impl Session {
                     // Finish the transaction first; checked again at the next turn.
                 }
             }
+            // A COMMIT lost just now is answered before anything else happens.
+            self.resolve_lost_commit().await?;
             if *shutdown.borrow() && self.client_idle() {
                 self.flush_client().await?;
                 return Err(ProxyError::Shutdown);
@@ -361,6 +368,10 @@ impl Session {
                 "replica failed before answering: read sent to another node"
             );
             self.ready.push_front(*unit);
+            return Ok(());
+        }
+        if self.lost_commit(node, &err) {
+            // resolve_lost_commit answers it next.
             return Ok(());
         }
         if was_primary || in_tx || self.inflight.iter().any(|u| u.commit_sent) {

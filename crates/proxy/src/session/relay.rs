@@ -183,6 +183,11 @@ impl Session {
                 Action::Forward
             }
             b'D' if injected => {
+                if self.inflight.front().is_some_and(|u| u.xid_probe) {
+                    let xid = super::lost_commit::parse_xid(self.body(node, start, end));
+                    self.xid_learned(xid);
+                    return Action::Swallow;
+                }
                 // A position probe's answer: one text column, `X/Y`.
                 let body = self.body(node, start, end);
                 let lsn = body

@@ -136,6 +136,9 @@ pub struct InFlight {
     /// An injected replay of the session's settings: if it fails, the connection is
     /// not up to date.
     pub replay: bool,
+    /// An injected `SELECT txid_current_if_assigned()` ahead of a COMMIT
+    /// (`resolve_lost_commits`, see `lost_commit`).
+    pub xid_probe: bool,
 }
 
 /// The marks waiting for a position probe, and the position once read.
@@ -172,6 +175,7 @@ impl InFlight {
             whole_db: false,
             ddl: false,
             replay: false,
+            xid_probe: false,
         }
     }
 
