@@ -8,6 +8,8 @@
 mod client_side;
 pub mod lost_commit;
 mod relay;
+mod routing;
+mod send;
 pub mod settings;
 pub mod state;
 pub mod tokens;

@@ -1,0 +1,316 @@
+//! Where a unit runs: units pgfresh answers itself, the router's decision for the others,
+//! and the concrete node (a replica that has replayed what the unit needs, a counted
+//! fallback to the primary, or an error such as `on_stale = "error"`).
+
+use std::sync::Arc;
+
+use pgfresh_sql::{Analysis, SessionEffect, TxEffect};
+use pgfresh_wire::{build, TxStatus};
+
+use super::state::PinReason;
+use super::unit::ClientUnit;
+use super::{DeferredBegin, Session};
+use crate::context::FallbackSlot;
+use crate::error::ProxyError;
+use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target, TokenNeed};
+
+/// Whether pgfresh answers a unit itself.
+pub(super) enum Local {
+    Answered,
+    /// It will, once the replies to the units ahead of it have been relayed.
+    Wait,
+    No,
+}
+
+impl Session {
+    /// Answer an error for a unit that could not be sent anywhere.
+    pub(super) fn fail_unit(&mut self, unit: &ClientUnit, e: &ProxyError) {
+        tracing::warn!(error = %e, "cannot route statement");
+        if unit.synced {
+            self.send_error(e, true);
+        } else {
+            // The client waits for Sync before ReadyForQuery; skip to it.
+            self.send_error(e, false);
+        }
+    }
+
+    /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
+    /// pgfresh itself. Returns true when the unit was answered.
+    pub(super) fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
+        let Some(sql) = &unit.simple_sql else {
+            return Local::No;
+        };
+        let [analysis] = unit.parts.as_slice() else {
+            return Local::No;
+        };
+        let [stmt] = analysis.statements.as_slice() else {
+            return Local::No;
+        };
+        let busy = self.client_busy();
+        if let Some(SessionEffect::Show(name)) = &stmt.session {
+            if name == super::tokens::COMMIT_LSN {
+                if busy {
+                    return Local::Wait;
+                }
+                self.show_commit_lsn();
+                return Local::Answered;
+            }
+        }
+        if let Some(SessionEffect::Set { name, value, .. }) = &stmt.session {
+            if name == "pgfresh.route" {
+                if busy {
+                    return Local::Wait;
+                }
+                let v = value
+                    .as_deref()
+                    .unwrap_or("auto")
+                    .trim_matches('\'')
+                    .to_ascii_lowercase();
+                self.state.route_primary = v == "primary";
+                if self.state.route_primary {
+                    self.state.pins.insert(PinReason::RouteSetting);
+                } else {
+                    self.state.pins.remove(&PinReason::RouteSetting);
+                }
+                self.out.push(build::command_complete("SET"));
+                self.out.push(build::ready_for_query(self.tx));
+                return Local::Answered;
+            }
+        }
+        let enabled = self.shared.config.snapshot().routing.enable_query_parser;
+        match &stmt.tx {
+            Some(TxEffect::Begin(_))
+                if enabled && self.tx == TxStatus::Idle && self.inflight.is_empty() =>
+            {
+                self.deferred_begin = Some(DeferredBegin {
+                    sql: sql.clone(),
+                    analysis: analysis.clone(),
+                });
+                self.tx = TxStatus::InTransaction;
+                self.out.push(build::command_complete("BEGIN"));
+                self.out
+                    .push(build::ready_for_query(TxStatus::InTransaction));
+                Local::Answered
+            }
+            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
+                if self.deferred_begin.is_some() && busy =>
+            {
+                Local::Wait
+            }
+            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
+                if self.deferred_begin.is_some() =>
+            {
+                self.deferred_begin = None;
+                self.tx = TxStatus::Idle;
+                let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                };
+                self.out.push(build::command_complete(tag));
+                self.out.push(build::ready_for_query(TxStatus::Idle));
+                Local::Answered
+            }
+            _ => Local::No,
+        }
+    }
+
+    /// Units of the client's are running: anything pgfresh answers itself must wait.
+    pub(super) fn client_busy(&self) -> bool {
+        self.inflight.iter().any(|u| !u.injected)
+    }
+
+    pub(super) fn route(&self, unit: &ClientUnit, token: TokenNeed) -> Decision {
+        if unit.force_primary {
+            return Decision {
+                target: Target::Primary,
+                reason: Reason::MustPrimary("function_call"),
+            };
+        }
+        let config = self.shared.config.snapshot();
+        let policy = self.shared.policy.load();
+        let deps = self.dep_graph();
+        // Only units that call functions need the catalog.
+        let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
+            self.shared
+                .catalog
+                .functions(&self.shared, &self.login.database)
+        } else {
+            None
+        };
+        let ctx = RouteCtx {
+            routing: &config.routing,
+            policy: &policy,
+            oracle: functions
+                .as_deref()
+                .map(|f| f as &dyn pgfresh_sql::VolatilityOracle),
+            recency: &self.shared.recency,
+            database: &self.login.database,
+            deps: deps.as_deref(),
+        };
+        let mut parts: Vec<&Analysis> = Vec::with_capacity(unit.parts.len() + 1);
+        if let Some(d) = &self.deferred_begin {
+            parts.push(&d.analysis);
+        }
+        parts.extend(unit.parts.iter().map(|a| &**a));
+        let view = SessionView {
+            in_transaction: self.tx != TxStatus::Idle && self.deferred_begin.is_none(),
+            read_only_txn: self.state.default_read_only,
+            pinned: self.state.pinned().map(PinReason::as_str),
+            route_primary: self.state.route_primary,
+            token,
+        };
+        decide(&parts, &view, &ctx)
+    }
+
+    /// The PF001 error of `on_stale = "error"`, naming the position a read required and the
+    /// most advanced replay position among the replicas in the pool.
+    fn stale_error(&self, required: Option<pgfresh_lsn::Lsn>) -> ProxyError {
+        let view = self.shared.balancer.view();
+        let best = view
+            .eligible()
+            .filter_map(|id| view.node(id).and_then(|n| n.replay_lsn.map(|l| (n, l))))
+            .max_by_key(|(_, l)| *l)
+            .map(|(n, l)| {
+                let tli = n.timeline.map(|t| format!("{t}/")).unwrap_or_default();
+                format!("{tli}{l} on {}", n.spec.name)
+            })
+            .unwrap_or_else(|| "nothing (no replica in the read pool)".into());
+        let tli = view
+            .primary
+            .and_then(|p| view.node(p))
+            .and_then(|n| n.timeline)
+            .map(|t| format!("{t}/"))
+            .unwrap_or_default();
+        ProxyError::StaleReplica {
+            required: required.map_or_else(String::new, |l| format!("{tli}{l}")),
+            best,
+        }
+    }
+
+    /// The dependency graph of the session's database, when learned (or configured).
+    pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
+        self.shared.deps.graph(&self.shared, &self.login.database)
+    }
+
+    /// DDL committed: the database's dependencies may have changed.
+    pub(super) fn ddl_done(&self) {
+        self.shared.deps.invalidate(&self.login.database);
+    }
+
+    /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
+    /// to, so the read can still leave the primary. The wait is recorded in
+    /// `pgfresh_replica_wait_seconds` with its outcome.
+    pub(super) async fn wait_for_replica(&self, lsn: pgfresh_lsn::Lsn) {
+        let wait = self.shared.config.snapshot().routing.replica_wait_ms;
+        if wait == 0 || self.shared.balancer.select_replica(Some(lsn)).is_some() {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
+        let outcome = match self.shared.balancer.wait_for(lsn, deadline).await {
+            Ok(_) => "replayed",
+            Err(_) => "timeout",
+        };
+        metrics::histogram!("pgfresh_replica_wait_seconds", "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+    }
+
+    /// Which relation forced this read to the primary, for the per-relation counter
+    /// (only hot reads pay for this second lookup).
+    pub(super) fn count_forced(&self, unit: &ClientUnit) {
+        let db = &self.login.database;
+        for name in unit.parts.iter().flat_map(|a| &a.reads) {
+            let key = [pgfresh_recency::RelKey {
+                schema: name.schema.as_deref(),
+                name: &name.name,
+            }];
+            if let pgfresh_recency::Hotness::Hot { relation, .. } =
+                self.shared.recency.lookup(db, &key)
+            {
+                self.shared
+                    .count_forced(relation.as_deref().unwrap_or(&name.to_string()));
+                return;
+            }
+        }
+    }
+
+    /// Turn a decision into a node.
+    pub(super) fn resolve(
+        &mut self,
+        d: Decision,
+        avoid: Option<usize>,
+        token: TokenNeed,
+    ) -> Result<usize, ProxyError> {
+        let primary = || {
+            self.shared
+                .balancer
+                .primary()
+                .ok_or_else(|| self.shared.no_primary())
+        };
+        let (node, reason) = match d.target {
+            Target::Primary => (primary()?, d.reason),
+            Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
+            Target::Replica { required } => match (0..4)
+                .filter_map(|_| self.shared.balancer.select_replica(required))
+                .find(|s| Some(**s) != avoid)
+            {
+                Some(sel) => {
+                    let node = *sel;
+                    self.replica_guard = Some(sel);
+                    (node, d.reason)
+                }
+                // A hot read no replica has caught up with yet: the primary, as for any
+                // hot read; after a replica wait that timed out it is a counted fallback.
+                None if required.is_some() => {
+                    let cfg = self.shared.config.snapshot();
+                    if let (TokenNeed::Position(_), pgfresh_config::OnStale::Error) =
+                        (token, cfg.routing.on_stale)
+                    {
+                        metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "on_stale")
+                            .increment(1);
+                        return Err(self.stale_error(required));
+                    }
+                    if cfg.routing.replica_wait_ms > 0 {
+                        let Some(slot) =
+                            FallbackSlot::try_take(&self.shared, cfg.routing.max_primary_fallbacks)
+                        else {
+                            metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "fallback_limit")
+                                .increment(1);
+                            return Err(ProxyError::FallbackLimit);
+                        };
+                        self.fallback_slot = Some(slot);
+                        metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "replica_wait_timeout")
+                            .increment(1);
+                    }
+                    (primary()?, Reason::HotRelation)
+                }
+                None => {
+                    let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
+                    let Some(slot) = FallbackSlot::try_take(&self.shared, max) else {
+                        metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "fallback_limit")
+                            .increment(1);
+                        return Err(ProxyError::FallbackLimit);
+                    };
+                    self.fallback_slot = Some(slot);
+                    metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica").increment(1);
+                    (primary()?, Reason::NoEligibleReplica)
+                }
+            },
+        };
+        let is_primary = self.shared.balancer.primary() == Some(node);
+        metrics::counter!(
+            "pgfresh_routed_total",
+            "target" => if is_primary { "primary" } else { "replica" },
+            "reason" => reason.as_str()
+        )
+        .increment(1);
+        tracing::debug!(
+            node,
+            reason = reason.as_str(),
+            detail = reason.detail(),
+            "routed"
+        );
+        Ok(node)
+    }
+}

@@ -1,0 +1,396 @@
+//! Sending a routed unit: what must precede it on its node (replayed settings, a deferred
+//! BEGIN, statements to prepare again, the lost-commit id probe), the unit itself in one
+//! write, the position probe after a commit, and what the unit means for the session's
+//! state (writes to mark, pins, prepared statements).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
+use pgfresh_wire::{build, TxStatus};
+
+use super::state::{text_hash, PinReason};
+use super::unit::{ClientUnit, InFlight};
+use super::Session;
+use crate::error::ProxyError;
+use crate::router::{Decision, Reason, Target};
+
+/// An Analysis for a single statement (the inner statement of SQL PREPARE).
+fn analysis_of(stmt: &Statement) -> Analysis {
+    Analysis {
+        statements: vec![stmt.clone()],
+        kind: stmt.kind,
+        reads: stmt.reads.clone(),
+        writes: stmt.writes.clone(),
+        must_primary: stmt.must_primary.clone(),
+        functions: stmt.functions.clone(),
+        touches_catalog: stmt.touches_catalog,
+        hint: None,
+        min_lsn_hint: None,
+        min_lsn_malformed: false,
+        comments: Vec::new(),
+        error: None,
+    }
+}
+
+impl Session {
+    /// Queue frames for `node` without waiting for the server to take them (see
+    /// [`crate::server::ServerConn::queue`]).
+    pub(super) async fn send_frames(
+        &mut self,
+        node: usize,
+        frames: &[Bytes],
+    ) -> Result<(), ProxyError> {
+        let Some(leased) = self.backends[node].as_mut() else {
+            return Err(ProxyError::NoPrimary(None));
+        };
+        let result = match frames {
+            [one] => leased.conn.queue(one),
+            many => {
+                // One write for the whole unit.
+                let total: usize = many.iter().map(Bytes::len).sum();
+                leased.conn.wbuf.reserve(total);
+                for f in many {
+                    leased.conn.wbuf.extend_from_slice(f);
+                }
+                leased.conn.flush_some()
+            }
+        };
+        result.map_err(|e| {
+            let reason = e.to_string();
+            self.backend_lost(node, &reason)
+        })
+    }
+
+    /// Bring `node`'s connection to the session's settings: RESET ALL, then each
+    /// setting as a query of its own (one the server refuses cannot undo the others;
+    /// a refusal leaves the connection marked as not up to date, see `relay`).
+    async fn replay_settings(&mut self, node: usize) -> Result<(), ProxyError> {
+        let frames: Vec<Bytes> = self.state.replay_statements().map(build::query).collect();
+        self.send_frames(node, &frames).await?;
+        for _ in &frames {
+            let mut f = InFlight::injected();
+            f.replay = true;
+            self.inflight.push_back(f);
+        }
+        Ok(())
+    }
+
+    /// Queue an injected simple query (its replies are swallowed).
+    pub(super) async fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+        self.send_frames(node, &[build::query(sql)]).await?;
+        self.inflight.push_back(InFlight::injected());
+        Ok(())
+    }
+
+    /// Send a routed unit to `node`, after whatever must precede it there: replayed
+    /// settings, a deferred BEGIN, statements to prepare again.
+    pub(super) async fn send_unit(
+        &mut self,
+        node: usize,
+        unit: ClientUnit,
+        decision: Option<Decision>,
+        reason: Reason,
+    ) -> Result<(), ProxyError> {
+        let continuing = decision.is_none();
+        // An autocommit read bound for a replica may be sent again elsewhere if the
+        // replica fails before answering.
+        let retryable = matches!(
+            decision,
+            Some(Decision {
+                target: Target::Replica { .. },
+                ..
+            })
+        ) && unit.synced
+            && self.tx == TxStatus::Idle
+            && Some(node) != self.shared.balancer.primary();
+        let synced = unit.synced;
+        if !continuing {
+            let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
+            if conn_version != Some(self.state.version) {
+                self.replay_settings(node).await?;
+            }
+            if let Some(begin) = self.deferred_begin.take() {
+                self.inject_query(node, &begin.sql).await?;
+            }
+            for name in &unit.sql_executes {
+                let key = format!("sql:{name}");
+                let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
+                    continue;
+                };
+                let hash = text_hash(text.as_bytes());
+                let has = self.backends[node]
+                    .as_ref()
+                    .and_then(|l| l.conn.prepared.get(&key).copied());
+                if has != Some(hash) {
+                    let mut sql = String::new();
+                    if has.is_some() {
+                        sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
+                    }
+                    sql.push_str(&text);
+                    self.inject_query(node, &sql).await?;
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.prepared.insert(key, hash);
+                    }
+                }
+            }
+        }
+        // Protocol-level statements this unit uses that the node does not have (or has
+        // in another version), and client Parses of names the node still holds stale.
+        let mut pre: Vec<Bytes> = Vec::new();
+        let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
+        if let Some(l) = self.backends[node].as_mut() {
+            for name in &unit.uses_statements {
+                let Some(p) = self.state.prepared.get(name) else {
+                    continue;
+                };
+                match l.conn.prepared.get(name) {
+                    Some(h) if *h == p.hash => {}
+                    other => {
+                        if other.is_some() && !name.is_empty() {
+                            pre.push(build::close(b'S', name));
+                            swallow_close += 1;
+                        }
+                        pre.push(p.parse.clone());
+                        swallow_parse += 1;
+                        l.conn.prepared.insert(name.clone(), p.hash);
+                    }
+                }
+            }
+            for name in &unit.parses {
+                if !name.is_empty() && l.conn.prepared.contains_key(name) {
+                    pre.push(build::close(b'S', name));
+                    swallow_close += 1;
+                }
+                if let Some(p) = self.state.prepared.get(name) {
+                    l.conn.prepared.insert(name.clone(), p.hash);
+                }
+            }
+            if unit.simple_sql.is_some() {
+                // A simple query destroys the unnamed statement.
+                l.conn.prepared.remove("");
+            }
+        }
+        // Session effects of this unit, applied optimistically; the node that runs the
+        // unit is then up to date with the session's settings.
+        self.apply_session_effects(&unit);
+        for s in unit.parts.iter().flat_map(|a| &a.statements) {
+            let key_hash = match &s.session {
+                Some(SessionEffect::Prepare { name, .. }) => self
+                    .state
+                    .sql_prepared
+                    .get(name)
+                    .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
+                Some(SessionEffect::Deallocate(Some(name))) => Some((format!("sql:{name}"), None)),
+                _ => None,
+            };
+            if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
+                match hash {
+                    Some(h) => l.conn.prepared.insert(key, h),
+                    None => l.conn.prepared.remove(&key),
+                };
+            }
+        }
+        let autocommit = self.tx == TxStatus::Idle
+            && !unit
+                .parts
+                .iter()
+                .flat_map(|a| &a.statements)
+                .any(|s| matches!(s.tx, Some(TxEffect::Begin(_))));
+        let commit_sent = unit
+            .parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| matches!(s.tx, Some(TxEffect::Commit { .. })));
+        if let Some(l) = self.backends[node].as_mut() {
+            l.conn.state_version = self.state.version;
+        }
+        if commit_sent {
+            // resolve_lost_commits: the transaction-id probe goes first.
+            self.watch_commit(node, &unit, continuing, &mut pre);
+        }
+        if pre.is_empty() {
+            self.send_frames(node, &unit.frames).await?;
+        } else {
+            // One write: what must precede the unit, then the unit.
+            pre.extend(unit.frames.iter().cloned());
+            self.send_frames(node, &pre).await?;
+        }
+        let (writes, whole_db) = self.unit_writes(&unit);
+        let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
+        // LSN routing: a committing unit on the primary is followed by a probe of the
+        // primary's WAL position, which resolves the unit's recency marks. Not after a
+        // COPY FROM (the server would read the probe as COPY data): those writes stay
+        // primary-only for the TTL.
+        let copy_from = unit
+            .parts
+            .iter()
+            .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
+        let probe = synced
+            && !copy_from
+            && (self.shared.config.snapshot().routing.lsn_routing || self.tokens.track)
+            && Some(node) == self.shared.balancer.primary()
+            && ((autocommit && (!writes.is_empty() || whole_db)) || commit_sent);
+        let owed = if self.copy_in {
+            0
+        } else {
+            unit.frames
+                .iter()
+                .filter(|f| matches!(f.first(), Some(b'Q' | b'S' | b'F')))
+                .count() as u32
+        };
+        let events = unit.events.clone();
+        if continuing {
+            if let Some(last) = self.inflight.back_mut() {
+                last.events.extend(events);
+                last.writes.extend(writes);
+                last.whole_db |= whole_db;
+                last.ddl |= ddl;
+                last.closed = unit.synced;
+                last.commit_sent |= commit_sent;
+                last.owed += owed;
+            }
+        } else {
+            let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
+            f.events = events.into();
+            f.whole_db = whole_db;
+            f.ddl = ddl;
+            f.swallow_parse = swallow_parse;
+            f.swallow_close = swallow_close;
+            f.commit_sent = commit_sent;
+            f.owed = owed;
+            f.simple = unit.simple_sql.is_some() || unit.force_primary;
+            f.skip_acks = unit.skip_acks;
+            // Kept (moved, not copied) so it can be sent again elsewhere.
+            f.retry = retryable.then(|| Box::new(unit));
+            self.inflight.push_back(f);
+        }
+        if continuing {
+            if let Some(last) = self.inflight.back_mut() {
+                last.swallow_parse += swallow_parse;
+                last.swallow_close += swallow_close;
+            }
+        }
+        if probe {
+            self.send_frames(node, &[build::query("SELECT pg_current_wal_lsn()")])
+                .await?;
+            let mut f = InFlight::injected();
+            f.probe = Some(super::unit::Probe::default());
+            self.inflight.push_back(f);
+        }
+        self.open_unit_node = if synced { None } else { Some(node) };
+        if commit_sent {
+            self.after_commit_queued(node).await?;
+        }
+        Ok(())
+    }
+
+    /// The relations a unit writes: those its statements name, and what the catalog
+    /// says those writes and the functions it calls write behind them (triggers,
+    /// cascades, partitions, function bodies). `true` when something unanalysable may
+    /// write anything in the database.
+    fn unit_writes(&self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
+        let mut writes = unit.writes();
+        let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
+            return (writes, false);
+        };
+        let functions: Vec<pgfresh_sql::FuncName> = unit
+            .parts
+            .iter()
+            .flat_map(|a| a.functions.iter().cloned())
+            .collect();
+        if writes.is_empty() && functions.is_empty() {
+            return (writes, false);
+        }
+        let mut behind = Vec::new();
+        let whole = graph
+            .expand_writes(&writes, &functions, &mut behind)
+            .is_whole_database();
+        writes.extend(behind);
+        writes.sort();
+        writes.dedup();
+        (writes, whole)
+    }
+
+    fn apply_session_effects(&mut self, unit: &ClientUnit) {
+        for (i, a) in unit.parts.iter().enumerate() {
+            for s in &a.statements {
+                if s.must_primary.iter().any(|m| {
+                    matches!(
+                        m,
+                        MustPrimary::AdvisoryLock {
+                            session_level: true
+                        }
+                    )
+                }) {
+                    self.state.pins.insert(PinReason::AdvisoryLock);
+                }
+                let Some(effect) = &s.session else { continue };
+                let text = || {
+                    let sql = if i == 0 {
+                        unit.simple_sql.as_deref()
+                    } else {
+                        None
+                    };
+                    sql.and_then(|t| t.get(s.text_range.0..s.text_range.1))
+                        .map(str::to_string)
+                };
+                match effect {
+                    SessionEffect::Discard(kind) => match kind {
+                        DiscardKind::All => {
+                            // Settings are reset when the server confirms (settings.rs).
+                            self.state.prepared.clear();
+                            self.state.sql_prepared.clear();
+                            let route = self.state.pins.contains(&PinReason::RouteSetting);
+                            self.state.pins.clear();
+                            if route {
+                                self.state.pins.insert(PinReason::RouteSetting);
+                            }
+                        }
+                        DiscardKind::Temp => {
+                            self.state.pins.remove(&PinReason::TempTable);
+                        }
+                        DiscardKind::Plans | DiscardKind::Sequences => {}
+                    },
+                    SessionEffect::SetConfig { name, value, local }
+                        if *local != Some(true)
+                            && (name.is_none() || value.is_none() || local.is_none()) =>
+                    {
+                        // set_config with a value pgfresh cannot see: the setting cannot be
+                        // replayed elsewhere, so the session stays where it is confirmed.
+                        self.state.pins.insert(PinReason::UnknownSetting);
+                    }
+                    SessionEffect::Prepare { name, inner } => {
+                        if let Some(t) = text() {
+                            self.state
+                                .sql_prepared
+                                .insert(name.clone(), (t, Arc::new(analysis_of(inner))));
+                        }
+                    }
+                    SessionEffect::Deallocate(Some(name)) => {
+                        self.state.sql_prepared.remove(name);
+                    }
+                    SessionEffect::Deallocate(None) => self.state.sql_prepared.clear(),
+                    SessionEffect::Listen(_) => {
+                        self.state.pins.insert(PinReason::Listen);
+                    }
+                    SessionEffect::Unlisten(None) => {
+                        self.state.pins.remove(&PinReason::Listen);
+                    }
+                    SessionEffect::DeclareCursor {
+                        with_hold: true, ..
+                    } => {
+                        self.state.pins.insert(PinReason::HoldCursor);
+                    }
+                    SessionEffect::CloseCursor(None) => {
+                        self.state.pins.remove(&PinReason::HoldCursor);
+                    }
+                    SessionEffect::CreateTemp(_) => {
+                        self.state.pins.insert(PinReason::TempTable);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
