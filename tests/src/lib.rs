@@ -107,8 +107,26 @@ pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     text
 }
 
-/// Start a proxy with this full config text (listen addresses are replaced by port 0).
+/// Start a proxy with this full config text (listen addresses are replaced by port 0),
+/// and wait until its monitor has seen a primary and every standby in the read pool.
 pub fn start_proxy(text: &str) -> ProxyHandle {
+    let p = start_proxy_unready(text);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Ready when the monitor has seen a primary and every standby in the read pool.
+    let standbys = p.shared.config.snapshot().nodes.len().saturating_sub(1);
+    while Instant::now() < deadline {
+        let view = p.shared.balancer.view();
+        if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == standbys {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    p
+}
+
+/// Start a proxy without waiting for its monitor (for tests of a proxy that cannot
+/// reach its nodes).
+pub fn start_proxy_unready(text: &str) -> ProxyHandle {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("pgfresh.toml");
     std::fs::write(&path, text).expect("write config");
@@ -146,16 +164,6 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
         let _ = done_tx.send(());
     });
     let shared = shared_rx.recv().expect("proxy started");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    // Ready when the monitor has seen a primary and every standby in the read pool.
-    let standbys = shared.config.snapshot().nodes.len().saturating_sub(1);
-    while Instant::now() < deadline {
-        let view = shared.balancer.view();
-        if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == standbys {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     ProxyHandle {
         addr,
         admin: admin_addr,

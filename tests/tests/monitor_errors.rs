@@ -54,7 +54,7 @@ async fn wrong_monitor_password_is_reported_with_the_servers_reason() {
         "password = \"not-the-password\"\nsr_check_period_ms",
     );
     assert!(text.contains("not-the-password"), "{text}");
-    let p = start_proxy(&text);
+    let p = start_proxy_unready(&text);
 
     // /v1/status: every node's last_error carries the server's message and SQLSTATE.
     let s = wait_status(&p, None, "every node to report its error", |s| {
