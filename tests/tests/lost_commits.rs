@@ -5,12 +5,19 @@
 //! became of the transaction and answers the real outcome; without it (the control of
 //! every case) the client gets 08007.
 //!
+//! The failover tests use a private cluster each and `Fault::DropAfterCommitAndHold`
+//! (the session holds, the connection lost, until the test releases it): the cluster is
+//! failed over in between, and pgfresh resolves the COMMIT on the new primary when the
+//! transaction's position and a logged write allow it. Their control is the behaviour
+//! before that: a changed primary was always 08007, which fails them.
+//!
 //! Each test toggles the option by rewriting the config file (it reloads live).
 
 use std::time::Duration;
 
 use pgfresh_proxy::session::lost_commit::Fault;
 use pgfresh_tests::admin::{http, write_config};
+use pgfresh_tests::pgfresh_localcluster::{ClusterOptions, LocalCluster};
 use pgfresh_tests::*;
 
 /// The test config, with the option as given (a long TTL: the marks a resolved COMMIT
@@ -316,4 +323,201 @@ async fn measure_xid_probe_cost() {
             );
         }
     }
+}
+
+/// A private primary + 2 standbys (a failover changes the cluster for good).
+fn private_cluster() -> LocalCluster {
+    let c = LocalCluster::start(ClusterOptions {
+        users: vec![("app".into(), APP_PASSWORD.into())],
+        databases: vec!["app".into()],
+        ..ClusterOptions::default()
+    })
+    .expect("private cluster");
+    c.psql(
+        0,
+        "app",
+        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
+    )
+    .unwrap();
+    c
+}
+
+/// Standby `i` stops receiving WAL.
+async fn cut_off(c: &LocalCluster, i: usize) {
+    c.psql(i, "postgres", "ALTER SYSTEM SET primary_conninfo = ''")
+        .unwrap();
+    c.psql(i, "postgres", "SELECT pg_reload_conf()").unwrap();
+    eventually("standby cut off", Duration::from_secs(60), || {
+        c.psql(i, "postgres", "SELECT count(*) FROM pg_stat_wal_receiver")
+            .is_ok_and(|n| n == "0")
+    })
+    .await;
+}
+
+/// BEGIN; INSERT; then COMMIT with `Fault::DropAfterCommitAndHold`, in a task: returns
+/// once the session holds (its server connection dropped after the COMMIT was written).
+async fn commit_and_hold(
+    p: &ProxyHandle,
+    id: i32,
+) -> tokio::task::JoinHandle<(tokio_postgres::Client, Result<(), tokio_postgres::Error>)> {
+    let c = p.connect().await;
+    c.batch_execute(&format!("BEGIN; INSERT INTO t VALUES ({id})"))
+        .await
+        .expect("the transaction's write");
+    p.shared.arm_fault(Fault::DropAfterCommitAndHold);
+    let task = tokio::spawn(async move {
+        let r = c.batch_execute("COMMIT").await;
+        (c, r)
+    });
+    let shared = p.shared.clone();
+    eventually(
+        "the session to hold after the COMMIT",
+        Duration::from_secs(30),
+        || shared.faults.holding(),
+    )
+    .await;
+    task
+}
+
+/// Stop node 0, promote node 1, and wait until the proxy sees node 1 as the primary on
+/// timeline 2 with its history.
+async fn fail_over(cluster: &LocalCluster, p: &ProxyHandle) {
+    cluster.stop_node(0).unwrap();
+    cluster.promote(1).unwrap();
+    let balancer = p.shared.balancer.clone();
+    eventually(
+        "node 1 primary on timeline 2, its history known",
+        Duration::from_secs(120),
+        || {
+            let v = balancer.view();
+            v.primary == Some(1)
+                && v.primary_timeline == Some(2)
+                && v.timeline_history
+                    .as_ref()
+                    .is_some_and(|h| h.timeline() == 2)
+        },
+    )
+    .await;
+}
+
+fn count_on(cluster: &LocalCluster, node: usize, id: i32) -> String {
+    cluster
+        .psql(
+            node,
+            "app",
+            &format!("SELECT count(*) FROM t WHERE id = {id}"),
+        )
+        .expect("count")
+}
+
+/// The COMMIT's connection is lost, then the primary fails over before pgfresh asks.
+/// A: the commit had reached standby 1 before it was promoted: the new primary knows the
+/// id and says committed — the client gets COMMIT. (Control: before pgfresh asked the new
+/// primary, a changed primary was always 08007.)
+#[tokio::test]
+async fn a_lost_commit_that_reached_the_new_primary_is_answered_commit() {
+    let cluster = private_cluster();
+    let p = start_proxy(&config_text_for(&cluster, "resolve_lost_commits = true"));
+    let setup = p.connect().await;
+    setup.batch_execute("CREATE TABLE t(id int)").await.unwrap();
+    wait_replicated_on(&cluster, &setup).await;
+    drop(setup);
+
+    let task = commit_and_hold(&p, 1).await;
+    eventually("the row on standby 1", Duration::from_secs(60), || {
+        count_on(&cluster, 1, 1) == "1"
+    })
+    .await;
+    cut_off(&cluster, 2).await;
+    fail_over(&cluster, &p).await;
+    p.shared.faults.release();
+
+    let (c, r) = task.await.unwrap();
+    r.expect("the lost COMMIT is answered COMMIT by the new primary");
+    assert_eq!(count_on(&cluster, 1, 1), "1");
+    c.batch_execute("SELECT 1")
+        .await
+        .expect("the session goes on");
+}
+
+/// B: both standbys were cut off before the transaction wrote: its writes are past the
+/// switch point of the new timeline, the new primary never received its commit — the
+/// client gets 40000, and the row is not there. (Control: 08007 before.)
+#[tokio::test]
+async fn a_lost_commit_past_the_switch_point_is_answered_rolled_back() {
+    let cluster = private_cluster();
+    let p = start_proxy(&config_text_for(&cluster, "resolve_lost_commits = true"));
+    let setup = p.connect().await;
+    setup.batch_execute("CREATE TABLE t(id int)").await.unwrap();
+    wait_replicated_on(&cluster, &setup).await;
+    drop(setup);
+    for i in 1..=2 {
+        cut_off(&cluster, i).await;
+    }
+
+    let task = commit_and_hold(&p, 2).await;
+    fail_over(&cluster, &p).await;
+    let aborted = lost_commits(
+        &http(p.admin, "GET", "/metrics", None, None).await.body,
+        "aborted",
+    );
+    p.shared.faults.release();
+
+    let (c, r) = task.await.unwrap();
+    let e = r.expect_err("the commit was lost in the failover");
+    assert_eq!(code(&e), "40000", "{e}");
+    let message = e.as_db_error().map(|d| d.message()).unwrap_or_default();
+    assert!(message.contains("lost in a failover"), "{message}");
+    assert_eq!(
+        count_on(&cluster, 1, 2),
+        "0",
+        "the new primary never got the row"
+    );
+    let after = http(p.admin, "GET", "/metrics", None, None).await.body;
+    assert!(lost_commits(&after, "aborted") > aborted);
+    c.batch_execute("SELECT 1")
+        .await
+        .expect("the session goes on");
+}
+
+/// The hole that stays: a transaction that wrote only an unlogged table put no WAL record
+/// with its id before its commit, so after a failover its id may have been reused. Even
+/// with its commit record replicated, pgfresh answers 08007 rather than ask.
+#[tokio::test]
+async fn a_lost_commit_of_unlogged_writes_after_a_failover_stays_08007() {
+    let cluster = private_cluster();
+    let p = start_proxy(&config_text_for(&cluster, "resolve_lost_commits = true"));
+    let setup = p.connect().await;
+    setup
+        .batch_execute("CREATE UNLOGGED TABLE t(id int)")
+        .await
+        .unwrap();
+    wait_replicated_on(&cluster, &setup).await;
+    drop(setup);
+
+    let task = commit_and_hold(&p, 3).await;
+    let lsn = cluster
+        .psql(0, "postgres", "SELECT pg_current_wal_lsn()")
+        .unwrap();
+    eventually(
+        "standby 1 replays the commit",
+        Duration::from_secs(60),
+        || {
+            cluster
+                .psql(
+                    1,
+                    "postgres",
+                    &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn"),
+                )
+                .is_ok_and(|v| v == "t")
+        },
+    )
+    .await;
+    cut_off(&cluster, 2).await;
+    fail_over(&cluster, &p).await;
+    p.shared.faults.release();
+
+    let (_c, r) = task.await.unwrap();
+    let e = r.expect_err("no logged write proves the id");
+    assert_eq!(code(&e), "08007", "{e}");
 }

@@ -35,6 +35,16 @@ pub enum ProxyError {
     /// says the transaction rolled back (`resolve_lost_commits`).
     #[error("server connection to {node} lost after COMMIT was sent; the primary reports that the transaction (id {xid}) rolled back")]
     CommitRolledBack { node: String, xid: u64 },
+    /// The connection to the primary was lost after COMMIT was sent, a failover followed,
+    /// and the transaction wrote past the point where the new primary's timeline begins:
+    /// its commit is not on the new timeline (`resolve_lost_commits`).
+    #[error("server connection to {node} lost after COMMIT was sent; the transaction (id {xid}) was lost in a failover: it wrote past {switch}, where the timeline of the new primary {new_primary} begins, so the new primary never received its commit; it is rolled back")]
+    CommitLostInFailover {
+        node: String,
+        xid: u64,
+        new_primary: String,
+        switch: String,
+    },
     #[error("server {node} sent an invalid message: {reason}")]
     ServerProtocol { node: String, reason: String },
     /// No node is known as the primary; carries why, when the cluster view can tell
@@ -94,7 +104,7 @@ impl ProxyError {
             ServerLogin { .. } => sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
             ServerLost { .. } | RoleChanged => sqlstate::CONNECTION_FAILURE,
             CommitOutcomeUnknown { .. } => sqlstate::TRANSACTION_RESOLUTION_UNKNOWN,
-            CommitRolledBack { .. } => sqlstate::TRANSACTION_ROLLBACK,
+            CommitRolledBack { .. } | CommitLostInFailover { .. } => sqlstate::TRANSACTION_ROLLBACK,
             ServerProtocol { .. } => sqlstate::PROTOCOL_VIOLATION,
             LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
             Shutdown => sqlstate::ADMIN_SHUTDOWN,
@@ -114,7 +124,8 @@ impl ProxyError {
             | StaleReplica { .. }
             | InvalidToken(_)
             | RoleChanged
-            | CommitRolledBack { .. } => Disposition::Recoverable,
+            | CommitRolledBack { .. }
+            | CommitLostInFailover { .. } => Disposition::Recoverable,
             _ => Disposition::Fatal,
         }
     }

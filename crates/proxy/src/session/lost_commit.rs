@@ -1,34 +1,63 @@
 //! Commits whose acknowledgement was lost (`[routing] resolve_lost_commits`).
 //!
 //! When the option is on, a unit that is only a COMMIT of an explicit transaction on the
-//! primary is preceded, in the same write, by an injected `SELECT
-//! txid_current_if_assigned()` whose answer (the transaction's id, or NULL when it wrote
-//! nothing) is swallowed like the position probe's. If the connection to the primary is
-//! lost after that COMMIT was sent, the session does not answer 08007 at once: it stops
-//! (nothing else of the session runs meanwhile), asks the primary `txid_status(id)` on a
-//! connection of its own as the `[monitor]` user, and answers the client with the real
-//! outcome, within `client_login_timeout_ms`:
+//! primary is preceded, in the same write, by an injected probe ([`xid_probe`]):
+//! `SELECT txid_current_if_assigned(), pg_current_wal_insert_lsn(), <logged>` — the
+//! transaction's id (NULL when it wrote nothing), the WAL insert position `P`, and
+//! whether the transaction inserted, updated or deleted rows of a permanent relation it
+//! names. Its answer is swallowed like the position probe's; the watch also keeps the
+//! node's timeline from the monitor's view. Every WAL record the transaction wrote is
+//! before `P`, its commit record after it. If the connection to the primary is lost
+//! after that COMMIT was sent, the session does not answer 08007 at once: it stops
+//! (nothing else of the session runs meanwhile), asks `txid_status(id)` on a connection
+//! of its own as the `[monitor]` user, and answers the client with the real outcome,
+//! within `client_login_timeout_ms`:
 //!
 //! | what pgfresh learns | client gets | session |
 //! |---|---|---|
 //! | `committed` (or the COMMIT's own CommandComplete had arrived) | `COMMIT` + ReadyForQuery idle, writes marked first | goes on |
 //! | no id (NULL: the transaction wrote nothing) | `COMMIT` + ReadyForQuery idle | goes on |
 //! | `aborted` | ERROR `40000` transaction_rollback + ReadyForQuery idle | goes on |
-//! | id not learned, `txid_status` NULL (too old), `in progress` past the deadline, no primary, the primary changed | FATAL `08007` | ends |
+//! | after a failover, `P` past the new timeline's switch point | ERROR `40000` (lost in a failover) + ReadyForQuery idle | goes on |
+//! | id or position not learned, `txid_status` NULL (too old), `in progress` past the deadline, no primary, a failover pgfresh cannot vouch for (below) | FATAL `08007` | ends |
 //!
-//! Only the node the COMMIT was sent to is asked, and only while it is still the primary
-//! of the same generation: after a failover the new primary may have handed the same id
-//! to another transaction (its history forks from the old primary's wherever replication
-//! had got to), so its answer could be about someone else's transaction.
+//! Whom to ask (`plan`): the node the COMMIT went to while it is still the primary of
+//! the same pool generation. After a failover — another node primary, or the same node in
+//! a new generation, on a newer timeline — the position `(old timeline, P)` is translated
+//! through the new primary's timeline history:
+//!
+//! * at or before the switch point ([`Translation::Current`]): the new primary replayed
+//!   every record the transaction wrote; one of them carries its id (or a
+//!   subtransaction's, which is newer), so the new primary's id counter is past it and
+//!   it cannot have handed the id to another transaction. The new primary is asked;
+//!   `aborted` then also covers a commit record that never crossed the switch — the
+//!   transaction is not part of the timeline the application now sees.
+//! * past it ([`Translation::Diverged`]): the commit record, later still, is not on the
+//!   new timeline — rolled back (`CommitLostInFailover`, counted as `aborted`).
+//! * unknown (history not read yet, the view still on the old timeline): wait, within
+//!   the same deadline.
+//!
+//! The hole: with asynchronous replication the new primary's ids fork from the old
+//! one's, and a transaction that wrote no WAL carrying its id before `P` — it wrote only
+//! unlogged or temporary tables, or got its id from `txid_current()` or a no-op — may
+//! share its id with one of the new timeline. So the new primary is asked only when the
+//! probe's third column proves a logged write (rows of a permanent relation among those
+//! the session saw it write, at most `PROBE_RELATIONS` (8), counted by the transaction's
+//! own statistics, `track_counts`); otherwise, and for writes pgfresh cannot name (an
+//! unanalysable function body), the answer after a failover is 08007. The same node
+//! restarted on the same timeline is 08007 as before (a crash may also reuse an id that
+//! no WAL recorded).
 //!
 //! Autocommit writes are not covered: their id is assigned while the statement runs and
 //! only the statement itself could return it; learning it would mean wrapping the
 //! client's statement in a transaction pgfresh commits itself.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use pgfresh_balancer::Translation;
+use pgfresh_lsn::{Lsn, Position};
 use pgfresh_recency::RelKey;
 use pgfresh_sql::TxEffect;
 use pgfresh_wire::{build, TxStatus};
@@ -40,13 +69,66 @@ use super::Session;
 use crate::context::Shared;
 use crate::error::ProxyError;
 
-/// The transaction-id probe pgfresh sends before a watched COMMIT.
-pub const XID_PROBE: &str = "SELECT txid_current_if_assigned()";
+/// The transaction-id probe pgfresh sends before a watched COMMIT: the id, the WAL
+/// insert position, and whether a logged write proves the id is in the WAL (see
+/// [`xid_probe`]).
+pub const XID_PROBE: &str = "SELECT txid_current_if_assigned(), pg_current_wal_insert_lsn()";
+
+/// At most this many of the transaction's written relations are checked by the probe.
+const PROBE_RELATIONS: usize = 8;
+
+/// The probe for a transaction that wrote `writes` (as the session parsed them):
+/// [`XID_PROBE`] and a third column, true when the transaction inserted, updated or
+/// deleted a row of one of them that is a permanent (WAL-logged) relation — counted by
+/// the transaction's own statistics (`pg_stat_get_xact_tuples_*`), resolved by the
+/// session's own search path, so a temporary table shadowing a name is not mistaken for
+/// it. Such a write put a WAL record carrying the transaction's id (or a subtransaction's,
+/// which is newer) before the insert position. The column cannot fail: names go through
+/// `format('%I')` and `to_regclass` (NULL for what does not exist), literals are `E''`.
+pub fn xid_probe(writes: &[pgfresh_sql::RelName]) -> String {
+    fn lit(s: &str) -> String {
+        format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+    }
+    let mut regs: Vec<String> = Vec::new();
+    for w in writes {
+        if w.name.contains('\0') || w.schema.as_deref().is_some_and(|s| s.contains('\0')) {
+            continue;
+        }
+        let r = match &w.schema {
+            Some(schema) => format!(
+                "to_regclass(format('%I.%I', {}, {}))",
+                lit(schema),
+                lit(&w.name)
+            ),
+            None => format!("to_regclass(quote_ident({}))", lit(&w.name)),
+        };
+        if !regs.contains(&r) {
+            regs.push(r);
+        }
+        if regs.len() == PROBE_RELATIONS {
+            break;
+        }
+    }
+    if regs.is_empty() {
+        return format!("{XID_PROBE}, false");
+    }
+    format!(
+        "{XID_PROBE}, EXISTS (SELECT FROM pg_class c WHERE c.oid IN ({}) \
+         AND c.relpersistence = 'p' AND pg_stat_get_xact_tuples_inserted(c.oid) \
+         + pg_stat_get_xact_tuples_updated(c.oid) + pg_stat_get_xact_tuples_deleted(c.oid) > 0)",
+        regs.join(", ")
+    )
+}
 
 /// Faults the integration tests arm. Not part of the supported interface.
 #[doc(hidden)]
 #[derive(Debug, Default)]
-pub struct Faults(AtomicU8);
+pub struct Faults {
+    armed: AtomicU8,
+    /// A session is held by [`Fault::DropAfterCommitAndHold`].
+    holding: AtomicBool,
+    release: tokio::sync::Notify,
+}
 
 /// A fault the integration tests can arm (once: the first session that reaches it
 /// disarms it).
@@ -59,21 +141,42 @@ pub enum Fault {
     /// that server connection without reading the COMMIT's reply. The server still
     /// runs the COMMIT it received: it reads it before it sees the end of the stream.
     DropAfterCommit = 1,
+    /// As [`Fault::DropAfterCommit`], then the session holds (with the connection lost and
+    /// the resolution pending; [`Faults::holding`] is true) until [`Faults::release`],
+    /// and only then resolves the COMMIT, its deadline starting then: a test can fail the
+    /// cluster over in between. Test-only.
+    DropAfterCommitAndHold = 2,
 }
 
 impl Faults {
     pub fn arm(&self, fault: Fault) {
-        self.0.store(fault as u8, Ordering::SeqCst);
+        self.armed.store(fault as u8, Ordering::SeqCst);
     }
 
     pub fn disarm(&self) {
-        self.0.store(0, Ordering::SeqCst);
+        self.armed.store(0, Ordering::SeqCst);
+    }
+
+    /// A session is held by [`Fault::DropAfterCommitAndHold`].
+    pub fn holding(&self) -> bool {
+        self.holding.load(Ordering::SeqCst)
+    }
+
+    /// Let the held session go on (or the next one to hold, if none holds yet).
+    pub fn release(&self) {
+        self.release.notify_one();
     }
 
     fn take(&self, fault: Fault) -> bool {
-        self.0
+        self.armed
             .compare_exchange(fault as u8, 0, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
+    }
+
+    async fn hold(&self) {
+        self.holding.store(true, Ordering::SeqCst);
+        self.release.notified().await;
+        self.holding.store(false, Ordering::SeqCst);
     }
 }
 
@@ -81,8 +184,10 @@ impl Faults {
 #[derive(Debug)]
 struct Watch {
     node: usize,
-    /// The probe's answer: `None` until its row arrived; `Some(None)`: no id assigned.
-    xid: Option<Option<u64>>,
+    /// The node's timeline when the COMMIT was sent (the monitor's view).
+    timeline: Option<u32>,
+    /// The probe's answer: `None` until its row arrived.
+    probe: Option<ProbeRow>,
     /// What the client would have received for the unit had it committed.
     reply: Vec<Bytes>,
 }
@@ -94,8 +199,28 @@ enum Known {
     Committed,
     /// The transaction had no id: it wrote nothing, there is nothing to lose.
     NoXid,
-    Xid(u64),
+    Xid(XidAt),
     Unknown(&'static str),
+}
+
+/// A transaction id and where its transaction stood in the WAL.
+#[derive(Debug, Clone, Copy)]
+struct XidAt {
+    xid: u64,
+    /// The old primary's timeline and WAL insert position when the COMMIT was sent:
+    /// every record the transaction wrote is before it, its commit record after it.
+    at: Option<Position>,
+    /// A logged write of the transaction proves a WAL record carrying its id before `at`.
+    logged: bool,
+}
+
+/// The answer of the transaction-id probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ProbeRow {
+    /// `None`: no id assigned (or an unreadable column).
+    pub xid: Option<u64>,
+    pub insert_lsn: Option<Lsn>,
+    pub logged: bool,
 }
 
 #[derive(Debug)]
@@ -135,16 +260,47 @@ impl Outcome {
     }
 }
 
-/// The id in a probe's DataRow body (one text column; NULL when none is assigned).
-pub(super) fn parse_xid(body: &[u8]) -> Option<u64> {
-    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
-    if len < 0 {
-        return None;
+/// The text columns of a DataRow body (`None` for NULL); stops at the first malformed one.
+fn columns(body: &[u8]) -> Vec<Option<&str>> {
+    let mut out = Vec::new();
+    let Some(n) = body.get(0..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
+        return out;
+    };
+    let mut pos = 2usize;
+    for _ in 0..n.max(0) {
+        let Some(len) = body
+            .get(pos..pos + 4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        else {
+            break;
+        };
+        pos += 4;
+        if len < 0 {
+            out.push(None);
+            continue;
+        }
+        let Some(v) = body.get(pos..pos + len as usize) else {
+            break;
+        };
+        pos += len as usize;
+        match std::str::from_utf8(v) {
+            Ok(t) => out.push(Some(t)),
+            Err(_) => break,
+        }
     }
-    std::str::from_utf8(body.get(6..6 + len as usize)?)
-        .ok()?
-        .parse()
-        .ok()
+    out
+}
+
+/// The probe's DataRow body: id (NULL when none is assigned), insert position, whether a
+/// logged write proves the id. What is missing or unreadable is `None` / false.
+pub(super) fn parse_probe(body: &[u8]) -> ProbeRow {
+    let cols = columns(body);
+    let col = |i: usize| cols.get(i).copied().flatten();
+    ProbeRow {
+        xid: col(0).and_then(|t| t.parse().ok()),
+        insert_lsn: col(1).and_then(|t| t.parse().ok()),
+        logged: col(2) == Some("t"),
+    }
 }
 
 /// The replies a client gets for a unit that is only a COMMIT, when it commits; `None`
@@ -240,21 +396,29 @@ impl Session {
         let Some(reply) = commit_only_reply(unit) else {
             return;
         };
-        pre.insert(0, build::query(XID_PROBE));
+        // The unit is only a COMMIT: the transaction's writes are all in `tx_writes`.
+        pre.insert(0, build::query(&xid_probe(&self.tx_writes.writes)));
         let mut f = InFlight::injected();
         f.xid_probe = true;
         self.inflight.push_back(f);
+        let timeline = self
+            .shared
+            .balancer
+            .view()
+            .node(node)
+            .and_then(|n| n.timeline);
         self.lost.watch = Some(Watch {
             node,
-            xid: None,
+            timeline,
+            probe: None,
             reply,
         });
     }
 
     /// The transaction-id probe answered (a DataRow of the injected unit in front).
-    pub(super) fn xid_learned(&mut self, xid: Option<u64>) {
+    pub(super) fn xid_learned(&mut self, row: ProbeRow) {
         if let Some(w) = self.lost.watch.as_mut() {
-            w.xid = Some(xid);
+            w.probe = Some(row);
         }
     }
 
@@ -280,10 +444,21 @@ impl Session {
             (Some(u), _) if u.replied || u.acks > 0 || !u.commit_sent => {
                 Known::Unknown("part of the reply already reached the client")
             }
-            (Some(_), Some(w)) => match w.xid {
+            (Some(_), Some(w)) => match w.probe {
                 None => Known::Unknown("the transaction id was not learned"),
-                Some(None) => Known::NoXid,
-                Some(Some(x)) => Known::Xid(x),
+                Some(ProbeRow { xid: None, .. }) => Known::NoXid,
+                Some(ProbeRow {
+                    xid: Some(xid),
+                    insert_lsn,
+                    logged,
+                }) => Known::Xid(XidAt {
+                    xid,
+                    at: w
+                        .timeline
+                        .zip(insert_lsn)
+                        .and_then(|(t, l)| Position::new(t, l)),
+                    logged,
+                }),
             },
         };
         let reply = match (&known, unit, watch) {
@@ -332,6 +507,7 @@ impl Session {
                 .client_login_timeout_ms
                 .max(1),
         );
+        let mut lost_in_failover = None;
         let (outcome, detail) = match p.known {
             Known::Committed => (Outcome::Committed, "its CommandComplete had arrived".into()),
             Known::NoXid => (
@@ -339,21 +515,31 @@ impl Session {
                 "the transaction had no id: it wrote nothing".into(),
             ),
             Known::Unknown(why) => (Outcome::Unknown, why.to_string()),
-            Known::Xid(xid) => {
-                match ask(
-                    &self.shared,
-                    p.node,
-                    p.generation,
-                    xid,
-                    Instant::now() + wait,
-                )
-                .await
-                {
-                    Ok(true) => (
-                        Outcome::Committed,
-                        format!("txid_status({xid}) = committed"),
-                    ),
-                    Ok(false) => (Outcome::Aborted, format!("txid_status({xid}) = aborted")),
+            Known::Xid(x) => {
+                match ask(&self.shared, p.node, p.generation, x, Instant::now() + wait).await {
+                    Ok(Answer::Status { node, committed }) => {
+                        let on = self.node_name(node);
+                        let status = if committed { "committed" } else { "aborted" };
+                        let outcome = if committed {
+                            Outcome::Committed
+                        } else {
+                            Outcome::Aborted
+                        };
+                        (
+                            outcome,
+                            format!("txid_status({}) = {status} on {on}", x.xid),
+                        )
+                    }
+                    Ok(Answer::Lost { node, switch }) => {
+                        let new_primary = self.node_name(node);
+                        lost_in_failover = Some((new_primary.clone(), switch));
+                        (
+                            Outcome::Aborted,
+                            format!(
+                                "lost in a failover: written past {switch}, where the timeline of {new_primary} begins"
+                            ),
+                        )
+                    }
                     Err(e) => (Outcome::Unknown, e),
                 }
             }
@@ -401,12 +587,20 @@ impl Session {
             }
             Outcome::Aborted => {
                 self.pending_settings.on_ready(TxStatus::Idle, true);
-                let Known::Xid(xid) = p.known else {
+                let Known::Xid(XidAt { xid, .. }) = p.known else {
                     unreachable!("only an asked id can be aborted")
                 };
-                let e = ProxyError::CommitRolledBack {
-                    node: p.node_name,
-                    xid,
+                let e = match lost_in_failover {
+                    Some((new_primary, switch)) => ProxyError::CommitLostInFailover {
+                        node: p.node_name,
+                        xid,
+                        new_primary,
+                        switch: switch.to_string(),
+                    },
+                    None => ProxyError::CommitRolledBack {
+                        node: p.node_name,
+                        xid,
+                    },
                 };
                 self.out.push(e.to_client_as_error());
                 self.out.push(build::ready_for_query(TxStatus::Idle));
@@ -416,11 +610,26 @@ impl Session {
         }
     }
 
-    /// Test fault [`Fault::DropAfterCommit`], called once a committing unit is queued.
+    /// The configured name of `node` (its index when it has none).
+    fn node_name(&self, node: usize) -> String {
+        self.shared
+            .balancer
+            .view()
+            .node(node)
+            .map(|n| n.spec.name.clone())
+            .unwrap_or_else(|| node.to_string())
+    }
+
+    /// Test faults [`Fault::DropAfterCommit`] and [`Fault::DropAfterCommitAndHold`],
+    /// called once a committing unit is queued.
     pub(super) async fn after_commit_queued(&mut self, node: usize) -> Result<(), ProxyError> {
-        if !self.shared.faults.take(Fault::DropAfterCommit) {
+        let hold = if self.shared.faults.take(Fault::DropAfterCommit) {
+            false
+        } else if self.shared.faults.take(Fault::DropAfterCommitAndHold) {
+            true
+        } else {
             return Ok(());
-        }
+        };
         // Everything queued reaches the server.
         loop {
             let Some(l) = self.backends[node].as_mut() else {
@@ -462,44 +671,139 @@ impl Session {
             "test fault: dropping the server connection after COMMIT"
         );
         self.on_backend_lost(node, "test fault: connection dropped after COMMIT")?;
+        if hold {
+            self.shared.faults.hold().await;
+        }
         self.resolve_lost_commit().await
     }
 }
 
-/// Ask the primary what became of transaction `xid`, as the monitor user: `Ok(true)`
-/// committed, `Ok(false)` aborted, `Err(why)` when it cannot be known by `deadline`.
+/// What [`ask`] found out.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// `txid_status` on `node` (the old primary, or the new one after a failover).
+    Status { node: usize, committed: bool },
+    /// After a failover to `node`: the transaction wrote past `switch`, where the old
+    /// primary's timeline ends in the new primary's history. Its commit record is later
+    /// still: it is not on the new timeline.
+    Lost { node: usize, switch: Lsn },
+}
+
+/// Whom to ask about a transaction, from the cluster view now.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Ask `txid_status` on this node.
+    Ask(usize),
+    /// The answer is known without asking.
+    Answer(Answer),
+    /// Not yet (no primary, or the new primary's history is not known): look again.
+    Wait(&'static str),
+    /// It cannot be known.
+    Fail(&'static str),
+}
+
+/// Decide whom to ask about `x`, sent to `node` (pool generation `generation`), given the
+/// current primary `primary` (and whether `node`'s pool generation is still the same).
+///
+/// * The same node, same generation: itself, as always.
+/// * Another node, or the same one in a new generation, on a newer timeline: the
+///   transaction's position translated through that primary's history —
+///   [`Translation::Current`] (the switch point is at or past it: the new primary
+///   replayed every record the transaction wrote, one of which carries its id, so its id
+///   counter is past it and the id was not reused) asks the new primary, provided a
+///   logged write proves such a record; [`Translation::Diverged`] is [`Answer::Lost`];
+///   [`Translation::Unknown`] waits.
+/// * The same node, same timeline, new generation (a restart): unknown, as before —
+///   an id assigned without WAL may have been reused after a crash.
+/// * Another node on the old timeline: the view has not caught up; wait.
+fn plan(
+    view: &pgfresh_balancer::ClusterView,
+    node: usize,
+    same_generation: bool,
+    x: &XidAt,
+) -> Plan {
+    let Some(primary) = view.primary else {
+        return Plan::Wait("no primary is known");
+    };
+    if primary == node && same_generation {
+        return Plan::Ask(node);
+    }
+    let Some(at) = x.at else {
+        return Plan::Fail(
+            "the primary changed and the transaction's timeline and position were not learned",
+        );
+    };
+    match view.primary_timeline {
+        None => Plan::Wait("the new primary's timeline is not known yet"),
+        Some(t) if t == at.tli() && primary == node => Plan::Fail(
+            "the primary restarted: an id it assigned without WAL may have been reused",
+        ),
+        Some(t) if t == at.tli() => Plan::Wait("the new primary's timeline is not known yet"),
+        Some(_) => match view.translate(&at) {
+            Translation::Current(_) if x.logged => Plan::Ask(primary),
+            Translation::Current(_) => Plan::Fail(
+                "the primary changed and no logged write of the transaction proves that the new primary knows its id \
+                 (it wrote only unlogged or temporary relations, or none pgfresh could check)",
+            ),
+            Translation::Diverged { switch } => Plan::Answer(Answer::Lost {
+                node: primary,
+                switch,
+            }),
+            Translation::Unknown => {
+                Plan::Wait("the new primary's timeline history is not known yet")
+            }
+        },
+    }
+}
+
+/// Ask the primary — or the new primary after a failover, when that is sound ([`plan`])
+/// — what became of transaction `x`, as the monitor user; `Err(why)` when it cannot be
+/// known by `deadline`.
 async fn ask(
     shared: &Shared,
     node: usize,
     generation: u64,
-    xid: u64,
+    x: XidAt,
     deadline: Instant,
-) -> Result<bool, String> {
+) -> Result<Answer, String> {
+    let xid = x.xid;
     let work = async {
-        let mut last_error = String::from("no primary is known");
+        let mut last_error: String;
         loop {
-            // Wait for a primary; only the node the COMMIT went to can answer.
             let mut events = shared.balancer.subscribe();
-            match shared.balancer.primary() {
-                Some(p) if p != node || shared.pools.generation(node) != generation => {
-                    return Err(
-                        "the primary changed: a new primary cannot vouch for the old one's transaction ids"
-                            .to_string(),
-                    );
-                }
-                Some(_) => {}
-                None => {
-                    if let Err(tokio::sync::broadcast::error::RecvError::Closed) =
-                        events.recv().await
-                    {
-                        return Err(last_error);
+            let same_generation = shared.pools.generation(node) == generation;
+            let target = match plan(&shared.balancer.view(), node, same_generation, &x) {
+                Plan::Ask(n) => n,
+                Plan::Answer(a) => return Ok(a),
+                Plan::Fail(why) => return Err(why.to_string()),
+                Plan::Wait(why) => {
+                    last_error = why.to_string();
+                    // A change of the view, or a while (the history is read by polls
+                    // that need not be announced).
+                    tokio::select! {
+                        r = events.recv() => {
+                            if let Err(tokio::sync::broadcast::error::RecvError::Closed) = r {
+                                return Err(last_error);
+                            }
+                        }
+                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
                     }
                     continue;
                 }
-            }
-            match query_status(shared, node, xid).await {
-                Ok(Some(s)) if s == "committed" => return Ok(true),
-                Ok(Some(s)) if s == "aborted" => return Ok(false),
+            };
+            match query_status(shared, target, xid).await {
+                Ok(Some(s)) if s == "committed" => {
+                    return Ok(Answer::Status {
+                        node: target,
+                        committed: true,
+                    })
+                }
+                Ok(Some(s)) if s == "aborted" => {
+                    return Ok(Answer::Status {
+                        node: target,
+                        committed: false,
+                    })
+                }
                 Ok(Some(s)) => last_error = format!("txid_status({xid}) = {s}"),
                 Ok(None) => {
                     return Err(format!(
@@ -564,12 +868,74 @@ mod tests {
         b
     }
 
+    fn data_row_of(cols: &[Option<&str>]) -> Vec<u8> {
+        let mut b = (cols.len() as i16).to_be_bytes().to_vec();
+        for v in cols {
+            match v {
+                Some(t) => {
+                    b.extend_from_slice(&(t.len() as i32).to_be_bytes());
+                    b.extend_from_slice(t.as_bytes());
+                }
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        b
+    }
+
     #[test]
     fn probe_rows_parse() {
-        assert_eq!(parse_xid(&data_row(Some("7401"))), Some(7401));
-        assert_eq!(parse_xid(&data_row(None)), None);
-        assert_eq!(parse_xid(&data_row(Some("x"))), None);
-        assert_eq!(parse_xid(&[0, 1]), None);
+        // The one-column form (what an older probe answered) still gives the id.
+        assert_eq!(parse_probe(&data_row(Some("7401"))).xid, Some(7401));
+        assert_eq!(parse_probe(&data_row(None)).xid, None);
+        assert_eq!(parse_probe(&data_row(Some("x"))).xid, None);
+        assert_eq!(parse_probe(&[0, 1]).xid, None);
+        assert_eq!(parse_probe(&[]).xid, None);
+        let row = parse_probe(&data_row_of(&[Some("7401"), Some("0/3000148"), Some("t")]));
+        assert_eq!(
+            row,
+            ProbeRow {
+                xid: Some(7401),
+                insert_lsn: Some("0/3000148".parse().unwrap()),
+                logged: true,
+            }
+        );
+        let row = parse_probe(&data_row_of(&[None, Some("0/3000148"), Some("f")]));
+        assert_eq!((row.xid, row.logged), (None, false));
+        assert!(row.insert_lsn.is_some());
+        // A bad position or a truncated row loses only what is missing.
+        let row = parse_probe(&data_row_of(&[Some("9"), Some("nope"), Some("t")]));
+        assert_eq!((row.xid, row.insert_lsn, row.logged), (Some(9), None, true));
+        let mut cut = data_row_of(&[Some("9"), Some("0/10"), Some("t")]);
+        cut.truncate(cut.len() - 1);
+        let row = parse_probe(&cut);
+        assert_eq!(
+            (row.xid, row.insert_lsn, row.logged),
+            (Some(9), Some("0/10".parse().unwrap()), false)
+        );
+    }
+
+    #[test]
+    fn the_probe_checks_written_relations_safely() {
+        use pgfresh_sql::RelName;
+        let rel = |schema: Option<&str>, name: &str| RelName {
+            schema: schema.map(Into::into),
+            name: name.into(),
+        };
+        assert_eq!(xid_probe(&[]), format!("{XID_PROBE}, false"));
+        let q = xid_probe(&[rel(None, "t"), rel(None, "t"), rel(Some("s"), "o'dd\\x")]);
+        assert!(q.starts_with(XID_PROBE), "{q}");
+        assert_eq!(q.matches("to_regclass").count(), 2, "{q}");
+        assert!(q.contains("to_regclass(quote_ident(E't'))"), "{q}");
+        assert!(
+            q.contains("to_regclass(format('%I.%I', E's', E'o''dd\\\\x'))"),
+            "{q}"
+        );
+        assert!(q.contains("relpersistence = 'p'"), "{q}");
+        let many: Vec<RelName> = (0..20).map(|i| rel(None, &format!("t{i}"))).collect();
+        assert_eq!(
+            xid_probe(&many).matches("to_regclass").count(),
+            PROBE_RELATIONS
+        );
     }
 
     #[test]
@@ -585,6 +951,99 @@ mod tests {
         assert_eq!(end_after_ready(&buf[..buf.len() - 1], 2), None);
     }
 
+    fn view(
+        primary: Option<usize>,
+        tli: Option<u32>,
+        history: Option<&str>,
+    ) -> pgfresh_balancer::ClusterView {
+        pgfresh_balancer::ClusterView {
+            nodes: Vec::new(),
+            primary,
+            primary_lsn: None,
+            primary_timeline: tli,
+            timeline_history: history.map(|h| {
+                std::sync::Arc::new(
+                    pgfresh_balancer::TimelineHistory::parse(tli.unwrap(), h).unwrap(),
+                )
+            }),
+            max_lag_bytes: None,
+            max_lag_ms: None,
+            pool_external_lag: None,
+            generation: 0,
+        }
+    }
+
+    fn xid_at(tli: u32, lsn: &str, logged: bool) -> XidAt {
+        XidAt {
+            xid: 900,
+            at: Position::new(tli, lsn.parse().unwrap()),
+            logged,
+        }
+    }
+
+    #[test]
+    fn whom_to_ask_after_a_failover() {
+        let history = "1\t0/3000000\tno recovery target specified\n";
+        let x = xid_at(1, "0/2000000", true);
+        // The same primary, same generation: itself, whatever the timeline says.
+        assert_eq!(
+            plan(&view(Some(0), Some(1), None), 0, true, &x),
+            Plan::Ask(0)
+        );
+        assert!(matches!(
+            plan(&view(None, None, None), 0, true, &x),
+            Plan::Wait(_)
+        ));
+        // Failed over, the transaction's writes before the switch point: the new primary.
+        let failed_over = view(Some(1), Some(2), Some(history));
+        assert_eq!(plan(&failed_over, 0, false, &x), Plan::Ask(1));
+        assert_eq!(plan(&failed_over, 0, true, &x), Plan::Ask(1));
+        // The switch point exactly at the insert position: still every write before it.
+        assert_eq!(
+            plan(&failed_over, 0, false, &xid_at(1, "0/3000000", true)),
+            Plan::Ask(1)
+        );
+        // ... but only when a logged write proves the id is in that WAL.
+        assert!(matches!(
+            plan(&failed_over, 0, false, &xid_at(1, "0/2000000", false)),
+            Plan::Fail(_)
+        ));
+        // Past the switch point: lost, without asking (logged or not).
+        for logged in [true, false] {
+            assert_eq!(
+                plan(&failed_over, 0, false, &xid_at(1, "0/3000001", logged)),
+                Plan::Answer(Answer::Lost {
+                    node: 1,
+                    switch: "0/3000000".parse().unwrap()
+                })
+            );
+        }
+        // History not read yet, or the view still on the old timeline: wait.
+        assert!(matches!(
+            plan(&view(Some(1), Some(2), None), 0, false, &x),
+            Plan::Wait(_)
+        ));
+        assert!(matches!(
+            plan(&view(Some(1), Some(1), None), 0, false, &x),
+            Plan::Wait(_)
+        ));
+        assert!(matches!(
+            plan(&view(Some(1), None, None), 0, false, &x),
+            Plan::Wait(_)
+        ));
+        // The same node restarted on the same timeline: unknown, as before.
+        assert!(matches!(
+            plan(&view(Some(0), Some(1), None), 0, false, &x),
+            Plan::Fail(_)
+        ));
+        // The position was not learned: a changed primary cannot be asked.
+        let blind = XidAt { at: None, ..x };
+        assert!(matches!(
+            plan(&failed_over, 0, false, &blind),
+            Plan::Fail(_)
+        ));
+    }
+
     #[test]
     fn faults_fire_once() {
         let f = Faults::default();
@@ -592,5 +1051,8 @@ mod tests {
         f.arm(Fault::DropAfterCommit);
         assert!(f.take(Fault::DropAfterCommit));
         assert!(!f.take(Fault::DropAfterCommit));
+        f.arm(Fault::DropAfterCommitAndHold);
+        assert!(!f.take(Fault::DropAfterCommit));
+        assert!(f.take(Fault::DropAfterCommitAndHold));
     }
 }

@@ -184,8 +184,8 @@ impl Session {
             }
             b'D' if injected => {
                 if self.inflight.front().is_some_and(|u| u.xid_probe) {
-                    let xid = super::lost_commit::parse_xid(self.body(node, start, end));
-                    self.xid_learned(xid);
+                    let row = super::lost_commit::parse_probe(self.body(node, start, end));
+                    self.xid_learned(row);
                     return Action::Swallow;
                 }
                 // A position probe's answer: one text column, `X/Y`.
