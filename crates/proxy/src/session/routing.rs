@@ -80,7 +80,9 @@ impl Session {
         let enabled = self.shared.config.snapshot().routing.enable_query_parser;
         match &stmt.tx {
             Some(TxEffect::Begin(_))
-                if enabled && self.tx == TxStatus::Idle && self.inflight.is_empty() =>
+                // pgfresh's own work (a position probe after the last commit) may still
+                // run: the transaction's node is chosen with its first statement anyway.
+                if enabled && self.tx == TxStatus::Idle && !busy =>
             {
                 self.deferred_begin = Some(DeferredBegin {
                     sql: sql.clone(),

@@ -230,7 +230,16 @@ impl Session {
             && !copy_from
             && (self.shared.config.snapshot().routing.lsn_routing || self.tokens.track)
             && Some(node) == self.shared.balancer.primary()
-            && ((autocommit && (!writes.is_empty() || whole_db)) || commit_sent);
+            && ((autocommit && (!writes.is_empty() || whole_db))
+                || (commit_sent
+                    && (!writes.is_empty()
+                        || whole_db
+                        || !self.tx_writes.writes.is_empty()
+                        || self.tx_writes.whole_db
+                        || self
+                            .inflight
+                            .iter()
+                            .any(|u| !u.writes.is_empty() || u.whole_db))));
         let owed = if self.copy_in {
             0
         } else {

@@ -52,12 +52,19 @@
 //! only the statement itself could return it; learning it would mean wrapping the
 //! client's statement in a transaction pgfresh commits itself.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+mod fault;
+mod plan;
+mod probe;
+
+pub use fault::{Fault, Faults};
+use plan::{ask, Answer, XidAt};
+pub(in crate::session) use probe::{parse_probe, ProbeRow};
+pub use probe::{xid_probe, XID_PROBE};
+
 use std::time::Duration;
 
 use bytes::Bytes;
-use pgfresh_balancer::Translation;
-use pgfresh_lsn::{Lsn, Position};
+use pgfresh_lsn::Position;
 use pgfresh_recency::RelKey;
 use pgfresh_sql::TxEffect;
 use pgfresh_wire::{build, TxStatus};
@@ -66,119 +73,7 @@ use tokio::time::Instant;
 use super::settings::StmtEvent;
 use super::unit::{ClientUnit, InFlight};
 use super::Session;
-use crate::context::Shared;
 use crate::error::ProxyError;
-
-/// The transaction-id probe pgfresh sends before a watched COMMIT: the id, the WAL
-/// insert position, and whether a logged write proves the id is in the WAL (see
-/// [`xid_probe`]).
-pub const XID_PROBE: &str = "SELECT txid_current_if_assigned(), pg_current_wal_insert_lsn()";
-
-/// At most this many of the transaction's written relations are checked by the probe.
-const PROBE_RELATIONS: usize = 8;
-
-/// The probe for a transaction that wrote `writes` (as the session parsed them):
-/// [`XID_PROBE`] and a third column, true when the transaction inserted, updated or
-/// deleted a row of one of them that is a permanent (WAL-logged) relation — counted by
-/// the transaction's own statistics (`pg_stat_get_xact_tuples_*`), resolved by the
-/// session's own search path, so a temporary table shadowing a name is not mistaken for
-/// it. Such a write put a WAL record carrying the transaction's id (or a subtransaction's,
-/// which is newer) before the insert position. The column cannot fail: names go through
-/// `format('%I')` and `to_regclass` (NULL for what does not exist), literals are `E''`.
-pub fn xid_probe(writes: &[pgfresh_sql::RelName]) -> String {
-    fn lit(s: &str) -> String {
-        format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
-    }
-    let mut regs: Vec<String> = Vec::new();
-    for w in writes {
-        if w.name.contains('\0') || w.schema.as_deref().is_some_and(|s| s.contains('\0')) {
-            continue;
-        }
-        let r = match &w.schema {
-            Some(schema) => format!(
-                "to_regclass(format('%I.%I', {}, {}))",
-                lit(schema),
-                lit(&w.name)
-            ),
-            None => format!("to_regclass(quote_ident({}))", lit(&w.name)),
-        };
-        if !regs.contains(&r) {
-            regs.push(r);
-        }
-        if regs.len() == PROBE_RELATIONS {
-            break;
-        }
-    }
-    if regs.is_empty() {
-        return format!("{XID_PROBE}, false");
-    }
-    format!(
-        "{XID_PROBE}, EXISTS (SELECT FROM pg_class c WHERE c.oid IN ({}) \
-         AND c.relpersistence = 'p' AND pg_stat_get_xact_tuples_inserted(c.oid) \
-         + pg_stat_get_xact_tuples_updated(c.oid) + pg_stat_get_xact_tuples_deleted(c.oid) > 0)",
-        regs.join(", ")
-    )
-}
-
-/// Faults the integration tests arm. Not part of the supported interface.
-#[doc(hidden)]
-#[derive(Debug, Default)]
-pub struct Faults {
-    armed: AtomicU8,
-    /// A session is held by [`Fault::DropAfterCommitAndHold`].
-    holding: AtomicBool,
-    release: tokio::sync::Notify,
-}
-
-/// A fault the integration tests can arm (once: the first session that reaches it
-/// disarms it).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Fault {
-    /// The next COMMIT unit sent to a server: once its bytes are written (and the answer
-    /// of the transaction-id probe ahead of it, if any, was read), the session closes
-    /// that server connection without reading the COMMIT's reply. The server still
-    /// runs the COMMIT it received: it reads it before it sees the end of the stream.
-    DropAfterCommit = 1,
-    /// As [`Fault::DropAfterCommit`], then the session holds (with the connection lost and
-    /// the resolution pending; [`Faults::holding`] is true) until [`Faults::release`],
-    /// and only then resolves the COMMIT, its deadline starting then: a test can fail the
-    /// cluster over in between. Test-only.
-    DropAfterCommitAndHold = 2,
-}
-
-impl Faults {
-    pub fn arm(&self, fault: Fault) {
-        self.armed.store(fault as u8, Ordering::SeqCst);
-    }
-
-    pub fn disarm(&self) {
-        self.armed.store(0, Ordering::SeqCst);
-    }
-
-    /// A session is held by [`Fault::DropAfterCommitAndHold`].
-    pub fn holding(&self) -> bool {
-        self.holding.load(Ordering::SeqCst)
-    }
-
-    /// Let the held session go on (or the next one to hold, if none holds yet).
-    pub fn release(&self) {
-        self.release.notify_one();
-    }
-
-    fn take(&self, fault: Fault) -> bool {
-        self.armed
-            .compare_exchange(fault as u8, 0, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-    }
-
-    async fn hold(&self) {
-        self.holding.store(true, Ordering::SeqCst);
-        self.release.notified().await;
-        self.holding.store(false, Ordering::SeqCst);
-    }
-}
 
 /// The COMMIT in flight that pgfresh can resolve if its connection is lost.
 #[derive(Debug)]
@@ -201,26 +96,6 @@ enum Known {
     NoXid,
     Xid(XidAt),
     Unknown(&'static str),
-}
-
-/// A transaction id and where its transaction stood in the WAL.
-#[derive(Debug, Clone, Copy)]
-struct XidAt {
-    xid: u64,
-    /// The old primary's timeline and WAL insert position when the COMMIT was sent:
-    /// every record the transaction wrote is before it, its commit record after it.
-    at: Option<Position>,
-    /// A logged write of the transaction proves a WAL record carrying its id before `at`.
-    logged: bool,
-}
-
-/// The answer of the transaction-id probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ProbeRow {
-    /// `None`: no id assigned (or an unreadable column).
-    pub xid: Option<u64>,
-    pub insert_lsn: Option<Lsn>,
-    pub logged: bool,
 }
 
 #[derive(Debug)]
@@ -257,49 +132,6 @@ impl Outcome {
             Outcome::Aborted => "aborted",
             Outcome::Unknown => "unknown",
         }
-    }
-}
-
-/// The text columns of a DataRow body (`None` for NULL); stops at the first malformed one.
-fn columns(body: &[u8]) -> Vec<Option<&str>> {
-    let mut out = Vec::new();
-    let Some(n) = body.get(0..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-        return out;
-    };
-    let mut pos = 2usize;
-    for _ in 0..n.max(0) {
-        let Some(len) = body
-            .get(pos..pos + 4)
-            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        else {
-            break;
-        };
-        pos += 4;
-        if len < 0 {
-            out.push(None);
-            continue;
-        }
-        let Some(v) = body.get(pos..pos + len as usize) else {
-            break;
-        };
-        pos += len as usize;
-        match std::str::from_utf8(v) {
-            Ok(t) => out.push(Some(t)),
-            Err(_) => break,
-        }
-    }
-    out
-}
-
-/// The probe's DataRow body: id (NULL when none is assigned), insert position, whether a
-/// logged write proves the id. What is missing or unreadable is `None` / false.
-pub(super) fn parse_probe(body: &[u8]) -> ProbeRow {
-    let cols = columns(body);
-    let col = |i: usize| cols.get(i).copied().flatten();
-    ProbeRow {
-        xid: col(0).and_then(|t| t.parse().ok()),
-        insert_lsn: col(1).and_then(|t| t.parse().ok()),
-        logged: col(2) == Some("t"),
     }
 }
 
@@ -678,182 +510,10 @@ impl Session {
     }
 }
 
-/// What [`ask`] found out.
-#[derive(Debug, PartialEq, Eq)]
-enum Answer {
-    /// `txid_status` on `node` (the old primary, or the new one after a failover).
-    Status { node: usize, committed: bool },
-    /// After a failover to `node`: the transaction wrote past `switch`, where the old
-    /// primary's timeline ends in the new primary's history. Its commit record is later
-    /// still: it is not on the new timeline.
-    Lost { node: usize, switch: Lsn },
-}
-
-/// Whom to ask about a transaction, from the cluster view now.
-#[derive(Debug, PartialEq, Eq)]
-enum Plan {
-    /// Ask `txid_status` on this node.
-    Ask(usize),
-    /// The answer is known without asking.
-    Answer(Answer),
-    /// Not yet (no primary, or the new primary's history is not known): look again.
-    Wait(&'static str),
-    /// It cannot be known.
-    Fail(&'static str),
-}
-
-/// Decide whom to ask about `x`, sent to `node` (pool generation `generation`), given the
-/// current primary `primary` (and whether `node`'s pool generation is still the same).
-///
-/// * The same node, same generation: itself, as always.
-/// * Another node, or the same one in a new generation, on a newer timeline: the
-///   transaction's position translated through that primary's history —
-///   [`Translation::Current`] (the switch point is at or past it: the new primary
-///   replayed every record the transaction wrote, one of which carries its id, so its id
-///   counter is past it and the id was not reused) asks the new primary, provided a
-///   logged write proves such a record; [`Translation::Diverged`] is [`Answer::Lost`];
-///   [`Translation::Unknown`] waits.
-/// * The same node, same timeline, new generation (a restart): unknown, as before —
-///   an id assigned without WAL may have been reused after a crash.
-/// * Another node on the old timeline: the view has not caught up; wait.
-fn plan(
-    view: &pgfresh_balancer::ClusterView,
-    node: usize,
-    same_generation: bool,
-    x: &XidAt,
-) -> Plan {
-    let Some(primary) = view.primary else {
-        return Plan::Wait("no primary is known");
-    };
-    if primary == node && same_generation {
-        return Plan::Ask(node);
-    }
-    let Some(at) = x.at else {
-        return Plan::Fail(
-            "the primary changed and the transaction's timeline and position were not learned",
-        );
-    };
-    match view.primary_timeline {
-        None => Plan::Wait("the new primary's timeline is not known yet"),
-        Some(t) if t == at.tli() && primary == node => Plan::Fail(
-            "the primary restarted: an id it assigned without WAL may have been reused",
-        ),
-        Some(t) if t == at.tli() => Plan::Wait("the new primary's timeline is not known yet"),
-        Some(_) => match view.translate(&at) {
-            Translation::Current(_) if x.logged => Plan::Ask(primary),
-            Translation::Current(_) => Plan::Fail(
-                "the primary changed and no logged write of the transaction proves that the new primary knows its id \
-                 (it wrote only unlogged or temporary relations, or none pgfresh could check)",
-            ),
-            Translation::Diverged { switch } => Plan::Answer(Answer::Lost {
-                node: primary,
-                switch,
-            }),
-            Translation::Unknown => {
-                Plan::Wait("the new primary's timeline history is not known yet")
-            }
-        },
-    }
-}
-
-/// Ask the primary — or the new primary after a failover, when that is sound ([`plan`])
-/// — what became of transaction `x`, as the monitor user; `Err(why)` when it cannot be
-/// known by `deadline`.
-async fn ask(
-    shared: &Shared,
-    node: usize,
-    generation: u64,
-    x: XidAt,
-    deadline: Instant,
-) -> Result<Answer, String> {
-    let xid = x.xid;
-    let work = async {
-        let mut last_error: String;
-        loop {
-            let mut events = shared.balancer.subscribe();
-            let same_generation = shared.pools.generation(node) == generation;
-            let target = match plan(&shared.balancer.view(), node, same_generation, &x) {
-                Plan::Ask(n) => n,
-                Plan::Answer(a) => return Ok(a),
-                Plan::Fail(why) => return Err(why.to_string()),
-                Plan::Wait(why) => {
-                    last_error = why.to_string();
-                    // A change of the view, or a while (the history is read by polls
-                    // that need not be announced).
-                    tokio::select! {
-                        r = events.recv() => {
-                            if let Err(tokio::sync::broadcast::error::RecvError::Closed) = r {
-                                return Err(last_error);
-                            }
-                        }
-                        _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                    }
-                    continue;
-                }
-            };
-            match query_status(shared, target, xid).await {
-                Ok(Some(s)) if s == "committed" => {
-                    return Ok(Answer::Status {
-                        node: target,
-                        committed: true,
-                    })
-                }
-                Ok(Some(s)) if s == "aborted" => {
-                    return Ok(Answer::Status {
-                        node: target,
-                        committed: false,
-                    })
-                }
-                Ok(Some(s)) => last_error = format!("txid_status({xid}) = {s}"),
-                Ok(None) => {
-                    return Err(format!(
-                        "txid_status({xid}) is NULL: the id is too old to be known"
-                    ))
-                }
-                Err(e) => last_error = e,
-            }
-            // In progress (the old backend is still committing) or not reachable: again.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if Instant::now() >= deadline {
-                return Err(last_error);
-            }
-        }
-    };
-    tokio::time::timeout_at(deadline, work)
-        .await
-        .unwrap_or_else(|_| Err("no answer before the deadline".to_string()))
-}
-
-async fn query_status(shared: &Shared, node: usize, xid: u64) -> Result<Option<String>, String> {
-    let config = shared.config.snapshot();
-    let view = shared.balancer.view();
-    let spec = &view.node(node).ok_or("node not configured")?.spec;
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&spec.host)
-        .port(spec.port)
-        .user(&config.monitor.user)
-        .password(&config.monitor.password)
-        .dbname(&config.monitor.database)
-        .application_name("pgfresh lost commit")
-        .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
-    let (client, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| e.to_string())?;
-    let task = tokio::spawn(conn);
-    let xid = i64::try_from(xid).map_err(|e| e.to_string())?;
-    let row = client
-        .query_one("SELECT txid_status($1)", &[&xid])
-        .await
-        .map_err(|e| e.to_string());
-    drop(client);
-    let _ = task.await;
-    row?.try_get::<_, Option<String>>(0)
-        .map_err(|e| e.to_string())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::plan::*;
+    use super::probe::*;
     use super::*;
 
     fn data_row(v: Option<&str>) -> Vec<u8> {
