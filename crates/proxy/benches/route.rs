@@ -102,7 +102,10 @@ fn bench(c: &mut Criterion) {
     assert!(!behind.is_empty());
     let mut out = Vec::new();
     big.expand_writes(&write.writes, &no_calls, &mut out);
-    assert!(out.is_empty(), "the write's relation is unrelated to the graph");
+    assert!(
+        out.is_empty(),
+        "the write's relation is unrelated to the graph"
+    );
 
     let mut group = c.benchmark_group("decide");
     for (name, deps) in &variants {
