@@ -8,7 +8,7 @@ use pgfresh_lsn::Lsn;
 pub const XID_PROBE: &str = "SELECT txid_current_if_assigned(), pg_current_wal_insert_lsn()";
 
 /// At most this many of the transaction's written relations are checked by the probe.
-const PROBE_RELATIONS: usize = 8;
+pub(super) const PROBE_RELATIONS: usize = 8;
 
 /// The probe for a transaction that wrote `writes` (as the session parsed them):
 /// [`XID_PROBE`] and a third column, true when the transaction inserted, updated or
