@@ -146,6 +146,9 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         }
         NodeEnum::TruncateStmt(t) => {
             w.write_rels(&t.relations);
+            // CASCADE also empties every table with a foreign key to these, whatever
+            // the key's actions: pgfresh cannot name them from the text.
+            w.writes_unnamed = t.behavior == protobuf::DropBehavior::DropCascade as i32;
             Kind::Write
         }
         NodeEnum::CallStmt(c) => {
@@ -228,6 +231,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         mut functions,
         session,
         touches_catalog,
+        writes_unnamed,
         ..
     } = w;
     sort_dedup(&mut reads);
@@ -243,6 +247,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         tx,
         session,
         touches_catalog,
+        writes_unnamed,
         text_range: range,
     }
 }
@@ -433,6 +438,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         tx: None,
         session,
         touches_catalog: s.touches_catalog,
+        writes_unnamed: false,
         text_range: range,
     }
 }

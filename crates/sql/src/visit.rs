@@ -19,6 +19,8 @@ pub(crate) struct Walker {
     pub touches_catalog: bool,
     /// A data-modifying statement (INSERT/UPDATE/DELETE/MERGE/SELECT INTO) was seen.
     pub writes_data: bool,
+    /// The statement may write relations it does not name (`TRUNCATE … CASCADE`).
+    pub writes_unnamed: bool,
     /// CTE names visible at the current point, innermost last.
     ctes: Vec<String>,
 }

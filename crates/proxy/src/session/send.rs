@@ -300,6 +300,15 @@ impl Session {
     /// write anything in the database.
     fn unit_writes(&self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
         let mut writes = unit.writes();
+        let unnamed = unit
+            .parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| s.writes_unnamed);
+        if unnamed {
+            // TRUNCATE … CASCADE: every table with a foreign key to these is emptied.
+            return (writes, true);
+        }
         let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
             return (writes, false);
         };
