@@ -10,9 +10,8 @@
 //! partitioned table fire for writes to its partitions, so an ancestor's triggers count.
 //! Functions follow their writes and calls. Cycles end at already-visited states.
 
-use std::collections::HashMap;
 
-use crate::expand::{DepGraph, Span};
+use crate::expand::{DepGraph, FastMap, Span};
 use crate::graph::{Builder, FuncId, RelId};
 use crate::{CatalogRows, ManualRule};
 
@@ -215,7 +214,7 @@ impl DepGraph {
             func_read[f] = push_span(&mut pool, &walk.out, None, whole);
         }
 
-        let mut rel_index: HashMap<_, Vec<RelId>> = HashMap::new();
+        let mut rel_index: FastMap<_, Vec<RelId>> = FastMap::default();
         for (r, name) in b.rels.iter().enumerate() {
             if !rel_write[r].is_trivial() || !rel_read[r].is_trivial() {
                 rel_index
@@ -224,7 +223,7 @@ impl DepGraph {
                     .push(r as RelId);
             }
         }
-        let mut func_index: HashMap<_, Vec<FuncId>> = HashMap::new();
+        let mut func_index: FastMap<_, Vec<FuncId>> = FastMap::default();
         for (f, name) in b.funcs.iter().enumerate() {
             if !func_write[f].is_trivial() || !func_read[f].is_trivial() {
                 func_index

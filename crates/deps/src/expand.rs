@@ -6,12 +6,14 @@
 //! trivial are indexed, so names the graph has nothing to say about cost one hash lookup, and
 //! an empty graph returns at once.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use pgfresh_sql::{FuncName, RelName};
 
 use crate::graph::{FuncId, RelId};
+
+/// The hash map of the hot-path indexes.
+pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
 use crate::report::DependencyReport;
 
 /// What an expansion found beyond the relations it appended.
@@ -56,8 +58,11 @@ pub struct DepGraph {
     pub(crate) rel_read: Vec<Span>,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
-    pub(crate) rel_index: HashMap<Arc<str>, Vec<RelId>>,
-    pub(crate) func_index: HashMap<Arc<str>, Vec<FuncId>>,
+    /// Name → ids, probed for every routed statement: a fast non-cryptographic hash
+    /// (names come from the catalog and from parsed SQL, not from an adversary's choice
+    /// of hash inputs alone; measured in crates/proxy/benches/route.rs).
+    pub(crate) rel_index: FastMap<Arc<str>, Vec<RelId>>,
+    pub(crate) func_index: FastMap<Arc<str>, Vec<FuncId>>,
     pub(crate) report: DependencyReport,
 }
 
