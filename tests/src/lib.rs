@@ -107,6 +107,24 @@ pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     text
 }
 
+/// A private primary + 2 standbys (with role `app` owning database `app`), for tests that
+/// break their cluster (failover, promotion).
+pub fn private_cluster() -> LocalCluster {
+    let c = LocalCluster::start(pgfresh_localcluster::ClusterOptions {
+        users: vec![("app".into(), APP_PASSWORD.into())],
+        databases: vec!["app".into()],
+        ..pgfresh_localcluster::ClusterOptions::default()
+    })
+    .expect("private cluster");
+    c.psql(
+        0,
+        "app",
+        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
+    )
+    .expect("grant app the public schema");
+    c
+}
+
 /// Start a proxy with this full config text (listen addresses are replaced by port 0),
 /// and wait until its monitor has seen a primary and every standby in the read pool.
 pub fn start_proxy(text: &str) -> ProxyHandle {
@@ -209,6 +227,21 @@ impl ProxyHandle {
         self.connect_as("app", APP_PASSWORD, "app")
             .await
             .expect("connect through pgfresh")
+    }
+
+    /// A client as `app` with startup `options` (e.g. `-c pgfresh.track_commit_lsn=on`).
+    pub async fn connect_with_options(&self, options: &str) -> tokio_postgres::Client {
+        let conninfo = format!(
+            "{} options='{options}'",
+            self.conninfo("app", APP_PASSWORD, "app")
+        );
+        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .expect("connect through pgfresh with options");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        c
     }
 
     pub async fn connect_as(

@@ -2,24 +2,7 @@
 
 use std::time::Duration;
 
-use pgfresh_tests::pgfresh_localcluster::{ClusterOptions, LocalCluster};
 use pgfresh_tests::*;
-
-fn private_cluster() -> LocalCluster {
-    let c = LocalCluster::start(ClusterOptions {
-        users: vec![("app".into(), APP_PASSWORD.into())],
-        databases: vec!["app".into()],
-        ..ClusterOptions::default()
-    })
-    .expect("private cluster");
-    c.psql(
-        0,
-        "app",
-        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
-    )
-    .unwrap();
-    c
-}
 
 #[tokio::test]
 async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_sessions() {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use pgfresh_proxy::session::lost_commit::Fault;
 use pgfresh_tests::admin::{http, write_config};
-use pgfresh_tests::pgfresh_localcluster::{ClusterOptions, LocalCluster};
+use pgfresh_tests::pgfresh_localcluster::LocalCluster;
 use pgfresh_tests::*;
 
 /// The test config, with the option as given (a long TTL: the marks a resolved COMMIT
@@ -323,23 +323,6 @@ async fn measure_xid_probe_cost() {
             );
         }
     }
-}
-
-/// A private primary + 2 standbys (a failover changes the cluster for good).
-fn private_cluster() -> LocalCluster {
-    let c = LocalCluster::start(ClusterOptions {
-        users: vec![("app".into(), APP_PASSWORD.into())],
-        databases: vec!["app".into()],
-        ..ClusterOptions::default()
-    })
-    .expect("private cluster");
-    c.psql(
-        0,
-        "app",
-        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
-    )
-    .unwrap();
-    c
 }
 
 /// Standby `i` stops receiving WAL.

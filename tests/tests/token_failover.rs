@@ -6,38 +6,8 @@
 
 use std::time::Duration;
 
-use pgfresh_tests::pgfresh_localcluster::{ClusterOptions, LocalCluster};
+use pgfresh_tests::pgfresh_localcluster::LocalCluster;
 use pgfresh_tests::*;
-
-fn private_cluster() -> LocalCluster {
-    let c = LocalCluster::start(ClusterOptions {
-        users: vec![("app".into(), APP_PASSWORD.into())],
-        databases: vec!["app".into()],
-        ..ClusterOptions::default()
-    })
-    .expect("private cluster");
-    c.psql(
-        0,
-        "app",
-        "ALTER DATABASE app OWNER TO app; ALTER SCHEMA public OWNER TO app;",
-    )
-    .unwrap();
-    c
-}
-
-async fn connect_with(p: &ProxyHandle, options: &str) -> tokio_postgres::Client {
-    let conninfo = format!(
-        "{} options='{options}'",
-        p.conninfo("app", APP_PASSWORD, "app")
-    );
-    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    c
-}
 
 async fn show_token(c: &tokio_postgres::Client) -> String {
     c.simple_query("SHOW pgfresh.commit_lsn")
@@ -82,7 +52,9 @@ async fn read(c: &tokio_postgres::Client, t: &str) -> (u16, i64) {
 async fn tokens_are_translated_through_the_new_timeline() {
     let cluster = private_cluster();
     let p = start_proxy(&config_text_for(&cluster, ""));
-    let writer = connect_with(&p, "-c pgfresh.track_commit_lsn=on").await;
+    let writer = p
+        .connect_with_options("-c pgfresh.track_commit_lsn=on")
+        .await;
     writer
         .batch_execute("CREATE TABLE t(id int); INSERT INTO t VALUES (1)")
         .await

@@ -32,20 +32,6 @@ impl Drop for ApplyDelay {
     }
 }
 
-async fn connect_with(p: &ProxyHandle, options: &str) -> tokio_postgres::Client {
-    let conninfo = format!(
-        "{} options='{options}'",
-        p.conninfo("app", APP_PASSWORD, "app")
-    );
-    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    c
-}
-
 async fn simple_value(c: &tokio_postgres::Client, sql: &str) -> String {
     c.simple_query(sql)
         .await
@@ -207,7 +193,9 @@ async fn a_token_carried_to_another_proxy_never_reads_stale() {
     let _g = SERIAL.lock().await;
     let a = proxy();
     let b = start_proxy(&config_text(""));
-    let writer = connect_with(a, "-c pgfresh.track_commit_lsn=on").await;
+    let writer = a
+        .connect_with_options("-c pgfresh.track_commit_lsn=on")
+        .await;
     let t = unique("tok_x");
     writer
         .batch_execute(&format!("CREATE TABLE {t}(id int); CREATE TABLE {t}_cold(id int); INSERT INTO {t}_cold VALUES (1)"))
@@ -251,7 +239,9 @@ async fn on_stale_error_answers_pf001_naming_the_positions() {
     let _g = SERIAL.lock().await;
     let a = proxy();
     let b = start_proxy(&config_text("on_stale = \"error\""));
-    let writer = connect_with(a, "-c pgfresh.track_commit_lsn=on").await;
+    let writer = a
+        .connect_with_options("-c pgfresh.track_commit_lsn=on")
+        .await;
     let t = unique("tok_err");
     writer
         .batch_execute(&format!("CREATE TABLE {t}(id int)"))
@@ -409,7 +399,9 @@ async fn read_only_transactions_honour_the_token() {
     let _g = SERIAL.lock().await;
     let a = proxy();
     let b = start_proxy(&config_text(""));
-    let writer = connect_with(a, "-c pgfresh.track_commit_lsn=on").await;
+    let writer = a
+        .connect_with_options("-c pgfresh.track_commit_lsn=on")
+        .await;
     let t = unique("tok_ro");
     writer
         .batch_execute(&format!(

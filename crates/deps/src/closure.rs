@@ -10,7 +10,6 @@
 //! partitioned table fire for writes to its partitions, so an ancestor's triggers count.
 //! Functions follow their writes and calls. Cycles end at already-visited states.
 
-
 use crate::expand::{DepGraph, FastMap, Span};
 use crate::graph::{Builder, FuncId, RelId};
 use crate::{CatalogRows, ManualRule};

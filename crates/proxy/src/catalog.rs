@@ -14,6 +14,7 @@ use arc_swap::ArcSwapOption;
 use pgfresh_sql::{FuncName, Volatility, VolatilityOracle};
 
 use crate::context::Shared;
+use crate::monitor_conn::MonitorConn;
 
 /// How often a database's functions are read again.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -127,26 +128,13 @@ impl Catalog {
 }
 
 async fn load(shared: &Shared, db: &str) -> Result<DbFunctions, String> {
-    let config = shared.config.snapshot();
-    let primary = shared.balancer.primary().ok_or("no primary")?;
-    let view = shared.balancer.view();
-    let node = view.node(primary).ok_or("primary not configured")?;
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.spec.host)
-        .port(node.spec.port)
-        .user(&config.monitor.user)
-        .password(&config.monitor.password)
-        .dbname(db)
-        .application_name("pgfresh catalog")
-        .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
-    let (client, conn) = pg
-        .connect(tokio_postgres::NoTls)
+    let conn = MonitorConn::open(shared, None, Some(db), "pgfresh catalog").await?;
+    let rows = conn
+        .client
+        .query(QUERY, &[])
         .await
-        .map_err(|e| e.to_string())?;
-    let task = tokio::spawn(conn);
-    let rows = client.query(QUERY, &[]).await.map_err(|e| e.to_string());
-    drop(client);
-    let _ = task.await;
+        .map_err(|e| pgfresh_balancer::describe_pg_error(&e));
+    conn.close().await;
     let rows = rows?;
     Ok(DbFunctions::from_rows(rows.iter().map(|r| {
         let vol: String = r.get(2);

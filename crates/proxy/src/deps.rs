@@ -39,6 +39,7 @@ use pgfresh_deps::{
 use tokio::sync::oneshot;
 
 use crate::context::Shared;
+use crate::monitor_conn::MonitorConn;
 
 /// How often a database's graph is loaded again without any DDL seen.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -470,28 +471,9 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
 
 /// Runs the six catalog queries on the primary in `db`, in one read-only snapshot.
 async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
-    let config = shared.config.snapshot();
-    let primary = shared.balancer.primary().ok_or("no primary is known")?;
-    let view = shared.balancer.view();
-    let node = view.node(primary).ok_or("primary not configured")?;
-    let address = format!("{}:{}", node.spec.host, node.spec.port);
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.spec.host)
-        .port(node.spec.port)
-        .user(&config.monitor.user)
-        .password(&config.monitor.password)
-        .dbname(db)
-        .application_name("pgfresh dependencies")
-        .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
-    drop(view);
-    let (mut client, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| format!("connect to {address}: {}", pg_error(&e)))?;
-    let task = tokio::spawn(conn);
-    let rows = query_all(&mut client).await;
-    drop(client);
-    let _ = task.await;
+    let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
+    let rows = query_all(&mut conn.client).await;
+    conn.close().await;
     rows
 }
 

@@ -14,6 +14,7 @@ pub mod deps;
 pub mod error;
 pub mod io;
 pub mod listener;
+pub mod monitor_conn;
 pub mod pool;
 pub mod router;
 pub mod server;

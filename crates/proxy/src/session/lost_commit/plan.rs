@@ -7,6 +7,7 @@ use pgfresh_lsn::{Lsn, Position};
 use tokio::time::Instant;
 
 use crate::context::Shared;
+use crate::monitor_conn::MonitorConn;
 
 /// A transaction id and where its transaction stood in the WAL.
 #[derive(Debug, Clone, Copy)]
@@ -166,29 +167,14 @@ pub(super) async fn ask(
 }
 
 async fn query_status(shared: &Shared, node: usize, xid: u64) -> Result<Option<String>, String> {
-    let config = shared.config.snapshot();
-    let view = shared.balancer.view();
-    let spec = &view.node(node).ok_or("node not configured")?.spec;
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&spec.host)
-        .port(spec.port)
-        .user(&config.monitor.user)
-        .password(&config.monitor.password)
-        .dbname(&config.monitor.database)
-        .application_name("pgfresh lost commit")
-        .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
-    let (client, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| e.to_string())?;
-    let task = tokio::spawn(conn);
     let xid = i64::try_from(xid).map_err(|e| e.to_string())?;
-    let row = client
+    let conn = MonitorConn::open(shared, Some(node), None, "pgfresh lost commit").await?;
+    let row = conn
+        .client
         .query_one("SELECT txid_status($1)", &[&xid])
         .await
-        .map_err(|e| e.to_string());
-    drop(client);
-    let _ = task.await;
+        .map_err(|e| pgfresh_balancer::describe_pg_error(&e));
+    conn.close().await;
     row?.try_get::<_, Option<String>>(0)
         .map_err(|e| e.to_string())
 }

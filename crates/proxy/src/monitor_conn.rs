@@ -1,0 +1,58 @@
+//! pgfresh's own connections to a node as the `[monitor]` user: catalog reads (function
+//! volatility, dependencies) and lost-commit checks. Never taken from the client pools.
+
+use std::time::Duration;
+
+use crate::context::Shared;
+
+/// An open connection; [`MonitorConn::close`] ends it.
+pub struct MonitorConn {
+    pub client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+}
+
+impl MonitorConn {
+    /// Connect to `node` (or the primary when `None`) as the monitor user, to database
+    /// `db` (default: `[monitor] database`). Errors carry the server's own message and
+    /// SQLSTATE, or the I/O reason, and name the address.
+    pub async fn open(
+        shared: &Shared,
+        node: Option<usize>,
+        db: Option<&str>,
+        application: &str,
+    ) -> Result<MonitorConn, String> {
+        let config = shared.config.snapshot();
+        let node = match node {
+            Some(n) => n,
+            None => shared.balancer.primary().ok_or("no primary is known")?,
+        };
+        let view = shared.balancer.view();
+        let spec = &view.node(node).ok_or("node not configured")?.spec;
+        let address = format!("{}:{}", spec.host, spec.port);
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&spec.host)
+            .port(spec.port)
+            .user(&config.monitor.user)
+            .password(&config.monitor.password)
+            .dbname(db.unwrap_or(&config.monitor.database))
+            .application_name(application)
+            .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
+        drop(view);
+        let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(|e| {
+            format!(
+                "connect to {address}: {}",
+                pgfresh_balancer::describe_pg_error(&e)
+            )
+        })?;
+        Ok(MonitorConn {
+            client,
+            task: tokio::spawn(conn),
+        })
+    }
+
+    /// Close the connection and wait for it to end.
+    pub async fn close(self) {
+        drop(self.client);
+        let _ = self.task.await;
+    }
+}
