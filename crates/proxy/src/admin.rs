@@ -377,6 +377,9 @@ pub const READ_REASONS: &[&str] = &[
     "read_only_txn",
     "hot_relation",
     "hot_relation_lsn",
+    "read_only_snapshot",
+    "token",
+    "token_primary",
     "no_eligible_replica",
 ];
 

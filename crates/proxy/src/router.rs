@@ -55,6 +55,9 @@ pub enum Reason {
     WriteCapableTxn,
     /// A read-only transaction starts on a replica.
     ReadOnlyTxn,
+    /// A read-only transaction starts on the primary: a write acknowledged before it, in
+    /// its database, has no known position yet.
+    ReadOnlySnapshot,
     /// A read that may run on a replica.
     Replica,
     /// `/* pgfresh:replica */`: the application accepts a replica for this read even if
@@ -91,6 +94,7 @@ impl Reason {
             Reason::InTransaction => "in_transaction",
             Reason::WriteCapableTxn => "write_capable_txn",
             Reason::ReadOnlyTxn => "read_only_txn",
+            Reason::ReadOnlySnapshot => "read_only_snapshot",
             Reason::Replica => "replica",
             Reason::ReplicaHint => "replica_hint",
             Reason::SessionState => "session_state",
@@ -266,7 +270,8 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         // replayed every write acknowledged before its first statement.
         if kind == Kind::Transaction {
             if let Some(d) = need(ctx.recency.lookup_database(ctx.database), &mut required) {
-                return d;
+                // A write acknowledged in the database whose position is not known yet.
+                return decision(d.target, Reason::ReadOnlySnapshot);
             }
         }
         for a in parts {
