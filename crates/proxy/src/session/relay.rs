@@ -132,14 +132,16 @@ impl Session {
                             self.tx_writes.ddl |= u.ddl;
                         }
                         self.tx = status;
-                        let reporting = self
+                        let hold = self
                             .inflight
                             .front()
                             .and_then(|f| f.probe.as_ref())
-                            .is_some_and(|p| p.report);
-                        if reporting {
-                            // The position report comes first: the client has its token
-                            // when its COMMIT returns.
+                            .is_some_and(|p| p.report || !p.marks.is_empty());
+                        if hold {
+                            // The commit's position comes first: its marks are resolved
+                            // (a replica that replayed it may serve the next read, from
+                            // any session) and a tracking session has its token, by the
+                            // time the client sees its COMMIT return.
                             self.tokens.held_ready = Some(status);
                             return Action::Swallow;
                         }
