@@ -420,7 +420,9 @@ impl Session {
             Outcome::Aborted => {
                 self.pending_settings.on_ready(TxStatus::Idle, true);
                 let Known::Xid(XidAt { xid, .. }) = p.known else {
-                    unreachable!("only an asked id can be aborted")
+                    // Only an id pgfresh asked about can be aborted; anything else is not
+                    // known, and the client is told so rather than guessed at.
+                    return Err(ProxyError::CommitOutcomeUnknown { node: p.node_name });
                 };
                 let e = match lost_in_failover {
                     Some((new_primary, switch)) => ProxyError::CommitLostInFailover {
