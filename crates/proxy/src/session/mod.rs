@@ -404,6 +404,8 @@ impl Session {
         self.tx == TxStatus::Idle
             && self.ready.is_empty()
             && self.inflight.iter().all(|u| u.injected)
+            // A commit's ReadyForQuery waiting for its position is still the client's.
+            && self.tokens.held_ready.is_none()
     }
 
     /// A backend connection failed. What the client gets depends on where it failed.
