@@ -12,14 +12,15 @@ use std::time::Duration;
 use pgfresh_tests::admin::{console_ok, wait_status};
 use pgfresh_tests::*;
 
-/// Everything the proxy logged at info level and above since the process started.
+/// Everything the proxy logged at info level and above (the monitor: debug, so repeated
+/// poll failures can be counted) since the process started.
 fn log() -> &'static Arc<Mutex<Vec<u8>>> {
     static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
     LOG.get_or_init(|| {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = Buf(buf.clone());
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info,pgfresh_balancer::monitor=debug"))
             .with_ansi(false)
             .with_writer(move || writer.clone())
             .try_init()
@@ -85,8 +86,25 @@ async fn wrong_monitor_password_is_reported_with_the_servers_reason() {
         "{header}\n{rows:?}"
     );
 
-    // Let the monitor poll many more times (every 50 ms): still one warning per node.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Let the monitor fail many more polls (every 50 ms): still one warning per node.
+    let nodes = cluster().nodes().len();
+    eventually(
+        "five more failed polls of every node",
+        Duration::from_secs(60),
+        || {
+            let logged = log_text();
+            (0..nodes).all(|i| {
+                logged
+                    .lines()
+                    .filter(|l| {
+                        l.contains("monitor poll failed") && l.contains(&format!("node=pg{i} "))
+                    })
+                    .count()
+                    >= 5
+            })
+        },
+    )
+    .await;
     let logged = log_text();
     for i in 0..cluster().nodes().len() {
         let lines: Vec<&str> = logged
