@@ -125,6 +125,38 @@ pub fn private_cluster() -> LocalCluster {
     c
 }
 
+/// Standby `i` of `c` stops receiving WAL (its `primary_conninfo` emptied); returns once
+/// its WAL receiver is gone.
+pub async fn cut_off_standby(c: &LocalCluster, i: usize) {
+    c.psql(i, "postgres", "ALTER SYSTEM SET primary_conninfo = ''")
+        .expect("empty primary_conninfo");
+    c.psql(i, "postgres", "SELECT pg_reload_conf()")
+        .expect("reload");
+    eventually("standby cut off", Duration::from_secs(60), || {
+        c.psql(i, "postgres", "SELECT count(*) FROM pg_stat_wal_receiver")
+            .is_ok_and(|n| n == "0")
+    })
+    .await;
+}
+
+/// Raw protocol frames, for tests that speak the wire protocol byte for byte.
+pub mod raw {
+    /// A frame: type byte, length, body.
+    pub fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    /// A NUL-terminated string.
+    pub fn cstr(s: &str) -> Vec<u8> {
+        let mut v = s.as_bytes().to_vec();
+        v.push(0);
+        v
+    }
+}
+
 /// Start a proxy with this full config text (listen addresses are replaced by port 0),
 /// and wait until its monitor has seen a primary and every standby in the read pool.
 pub fn start_proxy(text: &str) -> ProxyHandle {

@@ -4,22 +4,10 @@
 
 use std::time::Duration;
 
+use pgfresh_tests::raw::{cstr, msg};
 use pgfresh_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
-
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
-}
 
 fn startup(user: &str, db: &str) -> Vec<u8> {
     let mut body = 196608u32.to_be_bytes().to_vec();

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use futures_util::SinkExt;
+use pgfresh_tests::raw::{cstr, msg};
 use pgfresh_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -56,19 +57,6 @@ async fn large_parameter_into_a_write_stays_on_the_primary() {
         .unwrap()
         .get(0);
     assert_eq!(len as usize, big.len());
-}
-
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
-
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
 }
 
 async fn raw_login() -> TcpStream {

@@ -325,18 +325,6 @@ async fn measure_xid_probe_cost() {
     }
 }
 
-/// Standby `i` stops receiving WAL.
-async fn cut_off(c: &LocalCluster, i: usize) {
-    c.psql(i, "postgres", "ALTER SYSTEM SET primary_conninfo = ''")
-        .unwrap();
-    c.psql(i, "postgres", "SELECT pg_reload_conf()").unwrap();
-    eventually("standby cut off", Duration::from_secs(60), || {
-        c.psql(i, "postgres", "SELECT count(*) FROM pg_stat_wal_receiver")
-            .is_ok_and(|n| n == "0")
-    })
-    .await;
-}
-
 /// BEGIN; INSERT; then COMMIT with `Fault::DropAfterCommitAndHold`, in a task: returns
 /// once the session holds (its server connection dropped after the COMMIT was written).
 async fn commit_and_hold(
@@ -411,7 +399,7 @@ async fn a_lost_commit_that_reached_the_new_primary_is_answered_commit() {
         count_on(&cluster, 1, 1) == "1"
     })
     .await;
-    cut_off(&cluster, 2).await;
+    cut_off_standby(&cluster, 2).await;
     fail_over(&cluster, &p).await;
     p.shared.faults.release();
 
@@ -435,7 +423,7 @@ async fn a_lost_commit_past_the_switch_point_is_answered_rolled_back() {
     wait_replicated_on(&cluster, &setup).await;
     drop(setup);
     for i in 1..=2 {
-        cut_off(&cluster, i).await;
+        cut_off_standby(&cluster, i).await;
     }
 
     let task = commit_and_hold(&p, 2).await;
@@ -496,7 +484,7 @@ async fn a_lost_commit_of_unlogged_writes_after_a_failover_stays_08007() {
         },
     )
     .await;
-    cut_off(&cluster, 2).await;
+    cut_off_standby(&cluster, 2).await;
     fail_over(&cluster, &p).await;
     p.shared.faults.release();
 

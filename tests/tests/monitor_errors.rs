@@ -20,7 +20,9 @@ fn log() -> &'static Arc<Mutex<Vec<u8>>> {
         let buf = Arc::new(Mutex::new(Vec::new()));
         let writer = Buf(buf.clone());
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info,pgfresh_balancer::monitor=debug"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,pgfresh_balancer::monitor=debug",
+            ))
             .with_ansi(false)
             .with_writer(move || writer.clone())
             .try_init()

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use pgfresh_tests::pgfresh_localcluster::LocalCluster;
 use pgfresh_tests::*;
 
 async fn show_token(c: &tokio_postgres::Client) -> String {
@@ -29,12 +28,6 @@ fn counter(name_and_labels: &str) -> u64 {
         .filter(|l| l.starts_with(name_and_labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
-}
-
-fn cut_off(c: &LocalCluster, i: usize) {
-    c.psql(i, "postgres", "ALTER SYSTEM SET primary_conninfo = ''")
-        .unwrap();
-    c.psql(i, "postgres", "SELECT pg_reload_conf()").unwrap();
 }
 
 async fn read(c: &tokio_postgres::Client, t: &str) -> (u16, i64) {
@@ -65,15 +58,7 @@ async fn tokens_are_translated_through_the_new_timeline() {
 
     // Both standbys stop receiving; the old primary takes a write only it will ever have.
     for i in 1..=2 {
-        cut_off(&cluster, i);
-    }
-    for i in 1..=2 {
-        eventually("standby cut off", Duration::from_secs(60), || {
-            cluster
-                .psql(i, "postgres", "SELECT count(*) FROM pg_stat_wal_receiver")
-                .is_ok_and(|n| n == "0")
-        })
-        .await;
+        cut_off_standby(&cluster, i).await;
     }
     writer
         .batch_execute("INSERT INTO t VALUES (2)")

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use pgfresh_tests::raw::msg;
 use pgfresh_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -59,13 +60,6 @@ fn assert_token_form(token: &str) {
         u32::from_str_radix(parts[1], 16).is_ok() && u32::from_str_radix(parts[2], 16).is_ok(),
         "token {token:?}"
     );
-}
-
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
 }
 
 /// Read messages up to ReadyForQuery: (tags in order, ParameterStatus pairs).
