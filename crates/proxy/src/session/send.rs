@@ -88,7 +88,7 @@ impl Session {
     pub(super) async fn send_unit(
         &mut self,
         node: usize,
-        unit: ClientUnit,
+        mut unit: ClientUnit,
         decision: Option<Decision>,
         reason: Reason,
     ) -> Result<(), ProxyError> {
@@ -248,7 +248,9 @@ impl Session {
                 .filter(|f| matches!(f.first(), Some(b'Q' | b'S' | b'F')))
                 .count() as u32
         };
-        let events = unit.events.clone();
+        // Moved, not copied: a unit kept for a retry is a replica read, whose statements
+        // change no settings.
+        let events = std::mem::take(&mut unit.events);
         if continuing {
             if let Some(last) = self.inflight.back_mut() {
                 last.events.extend(events);
