@@ -155,6 +155,44 @@ pub mod raw {
         v.push(0);
         v
     }
+
+    /// A protocol 3.0 StartupMessage.
+    pub fn startup(user: &str, db: &str) -> Vec<u8> {
+        let mut body = 196608u32.to_be_bytes().to_vec();
+        for s in ["user", user, "database", db] {
+            body.extend_from_slice(&cstr(s));
+        }
+        body.push(0);
+        let mut v = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+        v.extend_from_slice(&body);
+        v
+    }
+
+    /// Read whole messages until one with `tag` arrives (30 s at most); returns every
+    /// message read as (tag, body).
+    pub async fn read_until(s: &mut tokio::net::TcpStream, tag: u8) -> Vec<(u8, Vec<u8>)> {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        loop {
+            let mut head = [0u8; 5];
+            tokio::time::timeout(std::time::Duration::from_secs(30), s.read_exact(&mut head))
+                .await
+                .expect("the proxy answered")
+                .expect("read header");
+            let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; len - 4];
+            s.read_exact(&mut body).await.expect("read body");
+            out.push((head[0], body));
+            if head[0] == tag {
+                return out;
+            }
+        }
+    }
+
+    /// The tags of `messages`.
+    pub fn tags(messages: &[(u8, Vec<u8>)]) -> Vec<u8> {
+        messages.iter().map(|(t, _)| *t).collect()
+    }
 }
 
 /// Start a proxy with this full config text (listen addresses are replaced by port 0),

@@ -4,43 +4,19 @@
 
 use std::time::Duration;
 
-use pgfresh_tests::raw::{cstr, msg};
+use pgfresh_tests::raw::{self, cstr, msg, startup};
 use pgfresh_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn startup(user: &str, db: &str) -> Vec<u8> {
-    let mut body = 196608u32.to_be_bytes().to_vec();
-    for s in ["user", user, "database", db] {
-        body.extend_from_slice(&cstr(s));
-    }
-    body.push(0);
-    let mut v = ((body.len() + 4) as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(&body);
-    v
-}
-
 /// Read whole messages until one with `tag` arrives; returns (tags seen, key data if any).
 async fn read_until(s: &mut TcpStream, tag: u8) -> (Vec<u8>, Option<[u8; 8]>) {
-    let mut tags = Vec::new();
-    let mut key = None;
-    loop {
-        let mut head = [0u8; 5];
-        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut head))
-            .await
-            .expect("the proxy answered")
-            .expect("read header");
-        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
-        let mut body = vec![0u8; len - 4];
-        s.read_exact(&mut body).await.expect("read body");
-        if head[0] == b'K' {
-            key = Some(body[..8].try_into().unwrap());
-        }
-        tags.push(head[0]);
-        if head[0] == tag {
-            return (tags, key);
-        }
-    }
+    let messages = raw::read_until(s, tag).await;
+    let key = messages
+        .iter()
+        .find(|(t, _)| *t == b'K')
+        .map(|(_, body)| body[..8].try_into().unwrap());
+    (raw::tags(&messages), key)
 }
 
 async fn login() -> (TcpStream, [u8; 8]) {

@@ -66,6 +66,9 @@ impl Default for ProxySection {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolSection {
+    /// When a client gives its server connection back: at the end of its session, or
+    /// at the end of each transaction.
+    pub pool_mode: PoolMode,
     /// Server connections per (node, user, database).
     pub pool_size: usize,
     /// How long a session waits for a free server connection before it gets an error.
@@ -78,17 +81,51 @@ pub struct PoolSection {
     pub reset_query: String,
     /// Idle pooled server connections are closed after this long (0 = never).
     pub idle_timeout_ms: u64,
+    /// Transaction mode: how long a statement waits for a free server connection
+    /// before it fails with SQLSTATE 57014 (the session goes on).
+    pub query_wait_timeout_ms: u64,
+    /// Transaction mode: protocol-level prepared statements kept per server connection
+    /// (least recently used ones are closed beyond this).
+    pub max_prepared_statements: usize,
+    /// Transaction mode: an extended batch left open by a Flush, or a transaction, may
+    /// hold its server connection idle this long before the client is disconnected
+    /// (0 = no limit).
+    pub idle_transaction_timeout_ms: u64,
+}
+
+/// When a server connection goes back to the pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolMode {
+    /// When the client disconnects: the client holds one connection per node it used.
+    #[default]
+    Session,
+    /// When each transaction (or autocommit statement, or extended batch) ends.
+    Transaction,
+}
+
+impl PoolMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolMode::Session => "session",
+            PoolMode::Transaction => "transaction",
+        }
+    }
 }
 
 impl Default for PoolSection {
     fn default() -> Self {
         Self {
+            pool_mode: PoolMode::Session,
             pool_size: 20,
             acquire_timeout_ms: 10_000,
             connect_timeout_ms: 5_000,
             server_login_timeout_ms: 10_000,
             reset_query: "DISCARD ALL".into(),
             idle_timeout_ms: 600_000,
+            query_wait_timeout_ms: 120_000,
+            max_prepared_statements: 200,
+            idle_transaction_timeout_ms: 0,
         }
     }
 }

@@ -27,6 +27,8 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("proxy.max_message_bytes", ReloadClass::Live),
     ("proxy.worker_threads", ReloadClass::Restart),
     ("pool.pool_size", ReloadClass::Restart),
+    // Sessions are built for one mode.
+    ("pool.pool_mode", ReloadClass::Restart),
     ("pool.", ReloadClass::Live),
     ("monitor.user", ReloadClass::Restart),
     ("monitor.password", ReloadClass::Restart),

@@ -83,6 +83,12 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     if c.pool.pool_size == 0 {
         return Err(ConfigError::invalid("pool.pool_size", "must be at least 1"));
     }
+    if c.pool.max_prepared_statements == 0 {
+        return Err(ConfigError::invalid(
+            "pool.max_prepared_statements",
+            "must be at least 1",
+        ));
+    }
     if c.monitor.sr_check_period_ms < 10 {
         return Err(ConfigError::invalid(
             "monitor.sr_check_period_ms",

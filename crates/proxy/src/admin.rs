@@ -342,6 +342,10 @@ pub struct PoolRow {
     /// Connections that may still be opened or lent.
     pub free: usize,
     pub pool_size: usize,
+    /// Clients waiting for a connection now, and the longest current wait.
+    pub waiting: usize,
+    pub max_wait: std::time::Duration,
+    pub mode: &'static str,
 }
 
 /// Every pool with its counts, in (node, user, database) order.
@@ -352,18 +356,21 @@ pub fn pool_rows(shared: &Shared) -> Vec<PoolRow> {
         .pools
         .counts()
         .into_iter()
-        .map(|(node, user, database, idle, free)| PoolRow {
+        .map(|c| PoolRow {
             node: config
                 .nodes
-                .get(node)
+                .get(c.node)
                 .map(|n| n.name.clone())
-                .unwrap_or_else(|| format!("#{node}")),
-            user,
-            database,
-            active: size.saturating_sub(free),
-            idle,
-            free,
+                .unwrap_or_else(|| format!("#{}", c.node)),
+            user: c.user,
+            database: c.database,
+            active: c.lent,
+            idle: c.idle,
+            free: c.free,
             pool_size: size,
+            waiting: c.waiting,
+            max_wait: c.max_wait,
+            mode: config.pool.pool_mode.as_str(),
         })
         .collect();
     rows.sort_by(|a, b| (&a.node, &a.user, &a.database).cmp(&(&b.node, &b.user, &b.database)));

@@ -16,7 +16,16 @@ pub struct CancelTarget {
     pub key: CancelKey,
 }
 
-pub type CancelSlot = Arc<Mutex<Option<CancelTarget>>>;
+/// Where one client's cancels go, and how many are being forwarded there now.
+#[derive(Default, Debug)]
+pub struct SlotState {
+    pub target: Option<CancelTarget>,
+    /// Cancels read from `target` and not yet delivered: the connection they go to
+    /// must not run another client's query before they land (see `Session::checkin`).
+    pub forwarding: u32,
+}
+
+pub type CancelSlot = Arc<Mutex<SlotState>>;
 
 #[derive(Default)]
 pub struct CancelRegistry {
@@ -64,25 +73,48 @@ impl CancelRegistry {
     /// Forward a client's cancel to the backend running its query. Unknown keys are
     /// ignored silently, as PostgreSQL does.
     pub async fn cancel(&self, key: CancelKey) {
-        let target = {
+        let slot = {
             let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots
-                .get(&key)
-                .and_then(|s| s.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            slots.get(&key).cloned()
         };
-        let Some(t) = target else {
-            tracing::debug!("cancel request for an unknown or idle session");
+        let Some(slot) = slot else {
+            tracing::debug!("cancel request for an unknown session");
             return;
         };
-        match TcpStream::connect((&*t.host, t.port)).await {
-            Ok(mut s) => {
-                let _ = s.write_all(&build::cancel_request(t.key)).await;
-                let _ = s.shutdown().await;
-                metrics::counter!("pgfresh_cancel_requests_total").increment(1);
+        let target = {
+            let mut st = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let t = st.target.clone();
+            if t.is_some() {
+                st.forwarding += 1;
             }
-            Err(e) => {
-                tracing::warn!(host = %t.host, port = t.port, error = %e, "cannot forward cancel request")
-            }
+            t
+        };
+        let Some(t) = target else {
+            tracing::debug!("cancel request for a session with nothing running");
+            return;
+        };
+        forward(&t).await;
+        slot.lock().unwrap_or_else(|p| p.into_inner()).forwarding -= 1;
+    }
+}
+
+/// Send a cancel request to the server and wait until the server has taken it (it
+/// closes the connection once it has signalled the backend).
+async fn forward(t: &CancelTarget) {
+    let deliver = async {
+        let mut s = TcpStream::connect((&*t.host, t.port)).await?;
+        s.write_all(&build::cancel_request(t.key)).await?;
+        let mut sink = [0u8; 64];
+        while tokio::io::AsyncReadExt::read(&mut s, &mut sink).await? > 0 {}
+        std::io::Result::Ok(())
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(5), deliver).await {
+        Ok(Ok(())) => metrics::counter!("pgfresh_cancel_requests_total").increment(1),
+        Ok(Err(e)) => {
+            tracing::warn!(host = %t.host, port = t.port, error = %e, "cannot forward cancel request")
+        }
+        Err(_) => {
+            tracing::warn!(host = %t.host, port = t.port, "cancel request not acknowledged by the server within 5 s")
         }
     }
 }

@@ -68,9 +68,14 @@ impl Shared {
     }
 
     pub fn pool_settings(c: &Config) -> PoolSettings {
+        let wait = match c.pool.pool_mode {
+            pgfresh_config::PoolMode::Session => c.pool.acquire_timeout_ms,
+            pgfresh_config::PoolMode::Transaction => c.pool.query_wait_timeout_ms,
+        };
         PoolSettings {
+            mode: c.pool.pool_mode,
             pool_size: c.pool.pool_size,
-            acquire_timeout: Duration::from_millis(c.pool.acquire_timeout_ms),
+            acquire_timeout: Duration::from_millis(wait),
             connect_timeout: Duration::from_millis(c.pool.connect_timeout_ms),
             login_timeout: Duration::from_millis(c.pool.server_login_timeout_ms),
             idle_timeout: Duration::from_millis(c.pool.idle_timeout_ms),

@@ -22,6 +22,13 @@ pub enum ProxyError {
     TooManyClients,
     #[error("timed out waiting for a server connection to {node}")]
     PoolTimeout { node: String },
+    /// Transaction mode: no server connection became free in time for a statement.
+    #[error("query_wait_timeout: no server connection to {node} became free within {waited_ms} ms (pool_size {pool_size}); the statement was not run")]
+    QueryWaitTimeout {
+        node: String,
+        waited_ms: u64,
+        pool_size: usize,
+    },
     #[error("cannot connect to {node}: {reason}")]
     ServerConnect { node: String, reason: String },
     /// The server rejected our login; carries the server's own error fields.
@@ -55,6 +62,10 @@ pub enum ProxyError {
     RoleChanged,
     #[error("login timed out")]
     LoginTimeout,
+    /// Transaction mode: the client held a server connection in an open transaction
+    /// (or an extended batch left open by a Flush) without a word for too long.
+    #[error("terminating connection: idle in transaction for {ms} ms while holding a server connection (idle_transaction_timeout_ms)")]
+    IdleTransactionTimeout { ms: u64 },
     #[error("pgfresh is shutting down")]
     Shutdown,
     #[error(
@@ -98,6 +109,7 @@ impl ProxyError {
             UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             Startup(_) => sqlstate::PROTOCOL_VIOLATION,
             TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+            QueryWaitTimeout { .. } => sqlstate::QUERY_CANCELED,
             ServerConnect { .. } | NoPrimary(_) => {
                 sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
             }
@@ -107,6 +119,7 @@ impl ProxyError {
             CommitRolledBack { .. } | CommitLostInFailover { .. } => sqlstate::TRANSACTION_ROLLBACK,
             ServerProtocol { .. } => sqlstate::PROTOCOL_VIOLATION,
             LoginTimeout => sqlstate::PROTOCOL_VIOLATION,
+            IdleTransactionTimeout { .. } => sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
             Shutdown => sqlstate::ADMIN_SHUTDOWN,
             FallbackLimit | StaleReplica { .. } => sqlstate::REPLICA_NOT_CAUGHT_UP,
             InvalidToken(_) => sqlstate::INVALID_PARAMETER_VALUE,
@@ -118,6 +131,7 @@ impl ProxyError {
         match self {
             ClientGone | ClientIo(_) => Disposition::Silent,
             PoolTimeout { .. }
+            | QueryWaitTimeout { .. }
             | NoPrimary(_)
             | ServerConnect { .. }
             | FallbackLimit

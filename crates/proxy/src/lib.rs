@@ -19,6 +19,7 @@ pub mod pool;
 pub mod router;
 pub mod server;
 pub mod session;
+pub mod statements;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;

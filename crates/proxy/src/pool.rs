@@ -1,12 +1,16 @@
-//! Server connection pools, one per (node, server user, database), in session mode:
-//! a client session holds a connection to each node it uses and gives it back, reset,
-//! when it ends.
+//! Server connection pools, one per (node, server user, database).
+//!
+//! In session mode a client session holds a connection to each node it uses and gives
+//! it back, reset, when it ends. In transaction mode it takes one for each unit of work
+//! and checks it in ([`Pools::checkin`]) as soon as its transaction is over, clean
+//! (nothing to reset: the session's state is compared and replayed by content).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pgfresh_config::PoolMode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ProxyError;
@@ -24,7 +28,10 @@ struct PoolKey {
 /// Timeouts and sizes read from the config snapshot at each acquire.
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
+    pub mode: PoolMode,
     pub pool_size: usize,
+    /// How long to wait for a free connection: `acquire_timeout_ms` in session mode,
+    /// `query_wait_timeout_ms` in transaction mode.
     pub acquire_timeout: Duration,
     pub connect_timeout: Duration,
     pub login_timeout: Duration,
@@ -36,9 +43,16 @@ struct Idle {
     since: Instant,
 }
 
+/// One pool's connections and the clients waiting for one.
 struct Pool {
     idle: Mutex<Vec<Idle>>,
     slots: Arc<Semaphore>,
+    /// Start times of the waits in progress, by waiter id (for `cl_waiting`, `maxwait`).
+    waiting: Mutex<HashMap<u64, Instant>>,
+    /// Connections ever lent (for `sv_used`-style accounting and SHOW POOLS).
+    lent_total: AtomicU64,
+    /// Connections now lent out and running a unit or held by a session.
+    lent: AtomicUsize,
 }
 
 /// All pools, plus a per-node generation counter bumped when a node changes role,
@@ -47,13 +61,58 @@ struct Pool {
 pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     generations: Mutex<HashMap<usize, Arc<AtomicU64>>>,
+    next_waiter: AtomicU64,
 }
 
 /// A server connection lent to one client session.
 pub struct Leased {
     pub conn: ServerConn,
-    _permit: OwnedSemaphorePermit,
-    pool: Arc<Pool>,
+    permit: OwnedSemaphorePermit,
+    lent: Lent,
+}
+
+/// Counts a lease in its pool while it lasts.
+struct Lent(Arc<Pool>);
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.0.lent.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One pool's figures, for SHOW POOLS, `/v1/status` and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct PoolCounts {
+    pub node: usize,
+    pub user: String,
+    pub database: String,
+    /// Open connections waiting in the pool.
+    pub idle: usize,
+    /// Connections lent out now.
+    pub lent: usize,
+    /// Clients waiting for a connection now.
+    pub waiting: usize,
+    /// How long the oldest waiting client has waited.
+    pub max_wait: Duration,
+    /// Slots neither lent nor waiting for a permit holder (may still be opened).
+    pub free: usize,
+    pub lent_total: u64,
+}
+
+/// Removes a waiter from its pool's list however the wait ends.
+struct Waiting<'a> {
+    pool: &'a Pool,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
 }
 
 impl Pools {
@@ -94,13 +153,61 @@ impl Pools {
                 Arc::new(Pool {
                     idle: Mutex::new(Vec::new()),
                     slots: Arc::new(Semaphore::new(size)),
+                    waiting: Mutex::new(HashMap::new()),
+                    lent_total: AtomicU64::new(0),
+                    lent: AtomicUsize::new(0),
                 })
             })
             .clone()
     }
 
+    /// A slot in `pool`: at once if one is free, else in arrival order (the semaphore
+    /// is fair) up to the acquire timeout. The wait is recorded in
+    /// `pgfresh_pool_wait_seconds`.
+    async fn permit(
+        &self,
+        pool: &Arc<Pool>,
+        target: &Target,
+        s: &PoolSettings,
+    ) -> Result<OwnedSemaphorePermit, ProxyError> {
+        if let Ok(p) = pool.slots.clone().try_acquire_owned() {
+            metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => s.mode.as_str()).record(0.0);
+            return Ok(p);
+        }
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        pool.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, start);
+        let _waiting = Waiting { pool, id };
+        let got = tokio::time::timeout(s.acquire_timeout, pool.slots.clone().acquire_owned()).await;
+        metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => s.mode.as_str())
+            .record(start.elapsed().as_secs_f64());
+        match got {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(_)) => Err(ProxyError::Shutdown),
+            Err(_) => {
+                metrics::counter!("pgfresh_pool_wait_timeouts_total", "node" => target.node_name.to_string())
+                    .increment(1);
+                Err(match s.mode {
+                    PoolMode::Session => ProxyError::PoolTimeout {
+                        node: target.node_name.to_string(),
+                    },
+                    PoolMode::Transaction => ProxyError::QueryWaitTimeout {
+                        node: target.node_name.to_string(),
+                        waited_ms: s.acquire_timeout.as_millis() as u64,
+                        pool_size: s.pool_size,
+                    },
+                })
+            }
+        }
+    }
+
     /// Take an idle connection or open a new one, waiting for a free slot up to the
-    /// acquire timeout.
+    /// acquire timeout. An idle connection the server closed meanwhile (restart,
+    /// `pg_terminate_backend`, idle timeout on the server) is noticed here, before
+    /// anything is sent on it, and replaced.
     pub async fn acquire(
         &self,
         target: &Target,
@@ -108,23 +215,27 @@ impl Pools {
         s: &PoolSettings,
     ) -> Result<Leased, ProxyError> {
         let pool = self.pool(target, s.pool_size);
-        let permit = tokio::time::timeout(s.acquire_timeout, pool.slots.clone().acquire_owned())
-            .await
-            .map_err(|_| ProxyError::PoolTimeout {
-                node: target.node_name.to_string(),
-            })?
-            .map_err(|_| ProxyError::Shutdown)?;
+        let permit = self.permit(&pool, target, s).await?;
         let generation = self.generation(target.node);
+        let lease = |conn: ServerConn, permit: OwnedSemaphorePermit| {
+            pool.lent.fetch_add(1, Ordering::Relaxed);
+            pool.lent_total.fetch_add(1, Ordering::Relaxed);
+            Leased {
+                conn,
+                permit,
+                lent: Lent(pool.clone()),
+            }
+        };
         loop {
             let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some(idle) = idle else { break };
             let expired = !s.idle_timeout.is_zero() && idle.since.elapsed() > s.idle_timeout;
+            if idle.conn.generation == generation && !expired && idle.conn.still_open() {
+                return Ok(lease(idle.conn, permit));
+            }
             if idle.conn.generation == generation && !expired {
-                return Ok(Leased {
-                    conn: idle.conn,
-                    _permit: permit,
-                    pool,
-                });
+                metrics::counter!("pgfresh_server_connections_replaced_total", "node" => target.node_name.to_string()).increment(1);
+                tracing::info!(node = %target.node_name, "a pooled server connection was closed by the server; replaced");
             }
             tokio::spawn(idle.conn.terminate());
         }
@@ -137,11 +248,37 @@ impl Pools {
         )
         .await?;
         metrics::counter!("pgfresh_server_connections_opened_total", "node" => target.node_name.to_string()).increment(1);
-        Ok(Leased {
-            conn,
-            _permit: permit,
-            pool,
-        })
+        Ok(lease(conn, permit))
+    }
+
+    /// Transaction mode: give a connection back at the end of a unit of work. Only a
+    /// connection that is idle, current and owes nothing is kept; `cleanup` (SQL the
+    /// client left behind, such as its SQL-level prepared statements) runs first.
+    pub fn checkin(&self, mut leased: Leased, cleanup: Option<String>) {
+        let generation = self.generation(leased.conn.target.node);
+        let reusable = leased.conn.generation == generation
+            && leased.conn.tx == pgfresh_wire::TxStatus::Idle
+            && leased.conn.wbuf.is_empty()
+            && leased.conn.rbuf.is_empty();
+        if !reusable {
+            tokio::spawn(leased.conn.terminate());
+            return;
+        }
+        match cleanup {
+            None => push_idle(leased),
+            Some(sql) => {
+                tokio::spawn(async move {
+                    if matches!(leased.conn.run_quiet(&sql).await, Ok(Ok(())))
+                        && leased.conn.tx == pgfresh_wire::TxStatus::Idle
+                    {
+                        leased.conn.forget_sql_prepared();
+                        push_idle(leased);
+                    } else {
+                        leased.conn.terminate().await;
+                    }
+                });
+            }
+        }
     }
 
     /// Give a connection back after the session is done with it. It is reset first;
@@ -154,37 +291,54 @@ impl Pools {
             && (reset_query.is_empty()
                 || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
         if reusable {
-            leased.conn.prepared.clear();
-            leased.conn.state_version = 0;
-            let pool = leased.pool.clone();
-            pool.idle
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Idle {
-                    conn: leased.conn,
-                    since: Instant::now(),
-                });
+            leased.conn.forget_session_state(!reset_query.is_empty());
+            push_idle(leased);
         } else {
             leased.conn.terminate().await;
         }
     }
 
-    /// (idle, in use) connection counts per node name, for SHOW POOLS and metrics.
-    pub fn counts(&self) -> Vec<(usize, String, String, usize, usize)> {
+    /// Every pool's figures.
+    pub fn counts(&self) -> Vec<PoolCounts> {
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         pools
             .iter()
             .map(|(k, p)| {
                 let idle = p.idle.lock().unwrap_or_else(|p| p.into_inner()).len();
-                let size_in_use = p.slots.available_permits();
-                (
-                    k.node,
-                    k.user.to_string(),
-                    k.database.to_string(),
+                let waits = p.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                let max_wait = waits
+                    .values()
+                    .map(Instant::elapsed)
+                    .max()
+                    .unwrap_or_default();
+                PoolCounts {
+                    node: k.node,
+                    user: k.user.to_string(),
+                    database: k.database.to_string(),
                     idle,
-                    size_in_use,
-                )
+                    lent: p.lent.load(Ordering::Relaxed),
+                    waiting: waits.len(),
+                    max_wait,
+                    free: p.slots.available_permits(),
+                    lent_total: p.lent_total.load(Ordering::Relaxed),
+                }
             })
             .collect()
     }
+}
+
+fn push_idle(leased: Leased) {
+    let Leased { conn, permit, lent } = leased;
+    lent.0
+        .idle
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Idle {
+            conn,
+            since: Instant::now(),
+        });
+    // The slot is freed after the connection is in the idle list, so the next waiter
+    // finds it there.
+    drop(permit);
+    drop(lent);
 }

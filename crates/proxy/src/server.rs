@@ -35,11 +35,16 @@ pub struct ServerConn {
     pub key: CancelKey,
     /// ParameterStatus values the server reported, kept current.
     pub params: HashMap<String, String>,
-    /// Named prepared statements that exist on this connection, by name, with the
-    /// hash of their text so a redefinition is noticed.
+    /// Session mode: named prepared statements that exist on this connection, by the
+    /// client's name, with the hash of their text so a redefinition is noticed. In both
+    /// modes, the client's SQL-level PREPAREs as `sql:name`.
     pub prepared: HashMap<String, u64>,
-    /// The session-state version last replayed on this connection (see session::state).
-    pub state_version: u64,
+    /// Transaction mode: protocol-level statements on this connection, by content,
+    /// under pgfresh's own names.
+    pub statements: crate::statements::StatementCache,
+    /// The settings this connection carries, compared by content with a session's
+    /// before it is used; `None` when unknown (a replay failed).
+    pub settings: Option<crate::session::state::SettingsList>,
     /// The cluster generation the connection was made in; a role change makes it stale.
     pub generation: u64,
     pub tx: TxStatus,
@@ -81,7 +86,8 @@ impl ServerConn {
             key: CancelKey { pid: 0, secret: 0 },
             params: HashMap::new(),
             prepared: HashMap::new(),
-            state_version: 0,
+            statements: Default::default(),
+            settings: Some(Default::default()),
             generation,
             tx: TxStatus::Idle,
         };
@@ -316,6 +322,41 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+
+    /// The server has not closed this idle connection or sent anything on it (a server
+    /// sends an idle connection nothing but a FATAL before it closes it).
+    pub fn still_open(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// After a reset query (DISCARD ALL) ran: no statements, default settings.
+    pub fn forget_session_state(&mut self, reset: bool) {
+        self.prepared.clear();
+        self.statements.clear();
+        self.settings = if reset {
+            Some(Default::default())
+        } else {
+            None
+        };
+    }
+
+    /// The client's SQL-level prepared statements were deallocated.
+    pub fn forget_sql_prepared(&mut self) {
+        self.prepared.retain(|k, _| !k.starts_with("sql:"));
+    }
+
+    /// `DEALLOCATE` for each SQL-level prepared statement a client left on this
+    /// connection, or `None` when there are none.
+    pub fn sql_prepared_cleanup(&self) -> Option<String> {
+        let names: Vec<String> = self
+            .prepared
+            .keys()
+            .filter_map(|k| k.strip_prefix("sql:"))
+            .map(|n| format!("DEALLOCATE {}", crate::session::state::quote_ident(n)))
+            .collect();
+        (!names.is_empty()).then(|| names.join("; "))
     }
 
     /// Bytes of a Terminate message, for a polite close.

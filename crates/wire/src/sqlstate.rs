@@ -24,6 +24,8 @@ pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 /// `25P02` in_failed_sql_transaction.
 pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
+/// `25P03` idle_in_transaction_session_timeout.
+pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: &str = "25P03";
 /// `26000` invalid_sql_statement_name.
 pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 /// `28000` invalid_authorization_specification.

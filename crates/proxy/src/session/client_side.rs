@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use pgfresh_config::PoolMode;
 use pgfresh_sql::Analysis;
 use pgfresh_wire::{parse_frontend, FrontendMessage};
 
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
 use super::state::{text_hash, Prepared};
-use super::unit::ClientUnit;
+use super::unit::{ClientUnit, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
@@ -70,6 +71,15 @@ impl Session {
                             unit.sql_executes.push(name.to_string());
                         }
                     }
+                    // DEALLOCATE needs the statement where it runs, as EXECUTE does.
+                    for s in &analysis.statements {
+                        if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
+                        {
+                            if self.state.sql_prepared.contains_key(name) {
+                                unit.sql_executes.push(name.clone());
+                            }
+                        }
+                    }
                     if analysis
                         .statements
                         .iter()
@@ -89,14 +99,21 @@ impl Session {
                 }
                 FrontendMessage::Parse { name, sql, .. } => {
                     let analysis = self.analyze(sql);
-                    self.state.prepared.insert(
+                    let previous = self.state.prepared.insert(
                         name.to_string(),
                         Prepared {
                             parse: frame.raw.clone(),
+                            content: crate::statements::parse_content(&frame.raw, name),
                             analysis: analysis.clone(),
                             hash: text_hash(&frame.raw),
                         },
                     );
+                    if self.mode == PoolMode::Transaction && !name.is_empty() {
+                        self.batch.statement_undo.push(Undo {
+                            name: name.to_string(),
+                            previous,
+                        });
+                    }
                     self.batch.parts.push(analysis);
                     self.batch.parses.push(name.to_string());
                     self.push_batch(frame.raw);
@@ -105,9 +122,15 @@ impl Session {
                     portal, statement, ..
                 } => {
                     let mut event = StmtEvent::Other;
-                    if let Some(p) = self.state.prepared.get(statement) {
+                    let p = self.state.prepared.get(statement);
+                    if let Some(p) = p {
                         self.batch.parts.push(p.analysis.clone());
                         event = portal_event(p);
+                    }
+                    if self.mode == PoolMode::Transaction {
+                        // The statement as it is now: a later Close or Parse in the same
+                        // batch must not change what this Bind runs.
+                        self.batch.statement_refs.push(p.map(|p| p.content.clone()));
                     }
                     if event != StmtEvent::Other {
                         self.portal_events.insert(portal.to_string(), event);
@@ -123,12 +146,22 @@ impl Session {
                     if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
                         self.batch.uses_statements.push(name.to_string());
                     }
+                    if kind == b'S' && self.mode == PoolMode::Transaction {
+                        let p = self.state.prepared.get(name);
+                        self.batch.statement_refs.push(p.map(|p| p.content.clone()));
+                    }
                     self.push_batch(frame.raw);
                 }
                 FrontendMessage::Close { kind, name } => {
                     if kind == b'S' {
-                        self.state.prepared.remove(name);
+                        let previous = self.state.prepared.remove(name);
                         self.batch.parses.retain(|n| n != name);
+                        if self.mode == PoolMode::Transaction && !name.is_empty() {
+                            self.batch.statement_undo.push(Undo {
+                                name: name.to_string(),
+                                previous,
+                            });
+                        }
                     }
                     self.push_batch(frame.raw);
                 }

@@ -7,7 +7,9 @@
 
 mod client_side;
 pub mod lost_commit;
+mod pooling;
 mod relay;
+mod rewrite;
 mod routing;
 mod send;
 pub mod settings;
@@ -100,6 +102,12 @@ pub struct Session {
     parser_enabled: bool,
     /// The COMMIT in flight pgfresh can resolve if its connection is lost.
     lost: lost_commit::LostCommits,
+    /// `pool_mode`, fixed for the session's life.
+    mode: pgfresh_config::PoolMode,
+    pin_gauge: pooling::PinGauge,
+    /// Replies pgfresh made for the client (transaction mode) that are due after the
+    /// server reply being relayed.
+    due: Vec<Bytes>,
 }
 
 impl Session {
@@ -167,6 +175,9 @@ impl Session {
             copy_in: false,
             parser_enabled: true,
             lost: Default::default(),
+            mode: config.pool.pool_mode,
+            pin_gauge: Default::default(),
+            due: Vec::new(),
         }
     }
 
@@ -207,7 +218,7 @@ impl Session {
                 });
             }
         }
-        leased.conn.state_version = self.state.version;
+        leased.conn.settings = Some(self.state.settings().clone());
         let mut out = BytesMut::new();
         let mut params: Vec<_> = leased.conn.params.iter().collect();
         params.sort();
@@ -256,6 +267,7 @@ impl Session {
             if self.terminating && self.inflight.is_empty() {
                 return Ok(());
             }
+            self.checkin();
             let active = self.active;
             let server = active.and_then(|n| self.backends[n].as_ref());
             let server_reading = server.is_some();
@@ -263,6 +275,7 @@ impl Session {
             // Backpressure: while the server has not taken what was queued for it, the
             // client is not read further (its replies are still relayed).
             let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
+            let idle_limit = self.idle_transaction_limit();
             tokio::select! {
                 r = self.client.read_buf(&mut self.cbuf), if read_client => {
                     match r {
@@ -293,6 +306,11 @@ impl Session {
                     if let Err(e) = flushed {
                         self.on_backend_lost(node, &e.to_string())?;
                     }
+                }
+                _ = tokio::time::sleep(idle_limit.unwrap_or_default()), if idle_limit.is_some() => {
+                    let ms = idle_limit.unwrap_or_default().as_millis() as u64;
+                    tracing::info!(user = %self.login.user.name, ms, "client idle in transaction too long; disconnected");
+                    return Err(ProxyError::IdleTransactionTimeout { ms });
                 }
                 _ = shutdown.changed() => {
                     if self.client_idle() {
@@ -481,6 +499,9 @@ impl Session {
                 return Err(ProxyError::RoleChanged);
             }
         }
+        // Transaction mode: what the session holds on other nodes goes back first, so
+        // sessions never wait for one node while holding another.
+        self.checkin();
         let config = self.shared.config.snapshot();
         let target = self
             .shared
@@ -499,7 +520,10 @@ impl Session {
     fn set_active(&mut self, node: usize) {
         self.active = Some(node);
         if let Some(l) = &self.backends[node] {
-            *self.cancel_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelTarget {
+            self.cancel_slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .target = Some(CancelTarget {
                 host: l.conn.target.host.clone(),
                 port: l.conn.target.port,
                 key: l.conn.key,
@@ -518,7 +542,11 @@ impl Session {
                 self.shared.pools.release(leased, &reset).await;
             }
         }
-        *self.cancel_slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.cancel_slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .target = None;
+        self.pin_gauge.clear();
     }
 
     /// Login failed after the client authenticated: tell it why and give back what

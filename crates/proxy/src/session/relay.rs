@@ -58,6 +58,10 @@ impl Session {
                     break;
                 }
                 pos = body_end;
+                if !self.due.is_empty() {
+                    // Replies pgfresh makes itself follow this one.
+                    break;
+                }
             }
             let Some(leased) = self.backends[node].as_mut() else {
                 return Ok(());
@@ -65,11 +69,13 @@ impl Session {
             if pos > 0 {
                 self.out.push(leased.conn.rbuf.split_to(pos).freeze());
             }
-            match swallow_at {
-                Some((_, len)) => {
-                    let _ = leased.conn.rbuf.split_to(len);
-                }
-                None => return Ok(()),
+            if let Some((_, len)) = swallow_at {
+                let _ = leased.conn.rbuf.split_to(len);
+            }
+            let due = !self.due.is_empty();
+            self.out.append(&mut self.due);
+            if swallow_at.is_none() && !due {
+                return Ok(());
             }
         }
     }
@@ -77,6 +83,9 @@ impl Session {
     /// Inspect one server frame (bytes `[start, end)` of the node's buffer are its body).
     fn on_server_message(&mut self, node: usize, tag: u8, start: usize, end: usize) -> Action {
         let injected = self.inflight.front().is_some_and(|u| u.injected);
+        if !injected && self.expect_reply(node, tag) {
+            return Action::Swallow;
+        }
         match tag {
             b'Z' => {
                 let status = self.backends[node]
@@ -99,6 +108,9 @@ impl Session {
                 if self.inflight.is_empty() {
                     self.replica_guard = None;
                     self.fallback_slot = None;
+                } else if done {
+                    // The next unit's replies made here may be due after this one.
+                    self.collect_due();
                 }
                 match unit {
                     Some(u) if u.injected => {
@@ -106,7 +118,7 @@ impl Session {
                             // A replayed setting was refused: this connection is not
                             // up to date, so the next unit replays again.
                             if let Some(l) = self.backends[node].as_mut() {
-                                l.conn.state_version = u64::MAX;
+                                l.conn.settings = None;
                             }
                         }
                         if let Some(probe) = u.probe {
@@ -318,12 +330,12 @@ impl Session {
         if changes.is_empty() {
             return;
         }
-        let before = self.state.version;
+        let before = self.state.settings().clone();
         self.tokens.follow(&changes);
         settings::apply(&mut self.state, changes);
         if let Some(l) = self.backends[node].as_mut() {
-            if l.conn.state_version == before {
-                l.conn.state_version = self.state.version;
+            if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
+                l.conn.settings = Some(self.state.settings().clone());
             }
         }
     }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use pgfresh_config::PoolMode;
 use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::{build, TxStatus};
 
@@ -106,8 +107,10 @@ impl Session {
             && Some(node) != self.shared.balancer.primary();
         let synced = unit.synced;
         if !continuing {
-            let conn_version = self.backends[node].as_ref().map(|l| l.conn.state_version);
-            if conn_version != Some(self.state.version) {
+            let stale = self.backends[node].as_ref().is_none_or(|l| {
+                super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
+            });
+            if stale {
                 self.replay_settings(node).await?;
             }
             if let Some(begin) = self.deferred_begin.take() {
@@ -139,7 +142,8 @@ impl Session {
         // in another version), and client Parses of names the node still holds stale.
         let mut pre: Vec<Bytes> = Vec::new();
         let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
-        if let Some(l) = self.backends[node].as_mut() {
+        let session_mode = self.mode == PoolMode::Session;
+        if let Some(l) = self.backends[node].as_mut().filter(|_| session_mode) {
             for name in &unit.uses_statements {
                 let Some(p) = self.state.prepared.get(name) else {
                     continue;
@@ -182,6 +186,16 @@ impl Session {
                     .get(name)
                     .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
                 Some(SessionEffect::Deallocate(Some(name))) => Some((format!("sql:{name}"), None)),
+                Some(SessionEffect::Discard(DiscardKind::All))
+                | Some(SessionEffect::Deallocate(None)) => {
+                    // Every prepared statement on the connection goes, other clients'
+                    // (transaction mode) included.
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.statements.clear();
+                        l.conn.prepared.clear();
+                    }
+                    None
+                }
                 _ => None,
             };
             if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
@@ -203,19 +217,24 @@ impl Session {
             .flat_map(|a| &a.statements)
             .any(|s| matches!(s.tx, Some(TxEffect::Commit { .. })));
         if let Some(l) = self.backends[node].as_mut() {
-            l.conn.state_version = self.state.version;
+            l.conn.settings = Some(self.state.settings().clone());
         }
         if commit_sent {
             // resolve_lost_commits: the transaction-id probe goes first.
             self.watch_commit(node, &unit, continuing, &mut pre);
         }
+        // Transaction mode: the unit's statements under the connection's names.
+        let rewritten = (!session_mode && unit.simple_sql.is_none() && !unit.force_primary)
+            .then(|| self.rewrite_unit(node, &unit));
+        let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
         if pre.is_empty() {
-            self.send_frames(node, &unit.frames).await?;
+            self.send_frames(node, frames).await?;
         } else {
             // One write: what must precede the unit, then the unit.
-            pre.extend(unit.frames.iter().cloned());
+            pre.extend(frames.iter().cloned());
             self.send_frames(node, &pre).await?;
         }
+        let expect = rewritten.map(|r| r.expect).unwrap_or_default();
         let (writes, whole_db) = self.unit_writes(&unit);
         let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
         // LSN routing: a committing unit on the primary is followed by a probe of the
@@ -260,6 +279,7 @@ impl Session {
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
+                last.expect.extend(expect);
             }
         } else {
             let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
@@ -272,6 +292,7 @@ impl Session {
             f.owed = owed;
             f.simple = unit.simple_sql.is_some() || unit.force_primary;
             f.skip_acks = unit.skip_acks;
+            f.expect = expect;
             // Kept (moved, not copied) so it can be sent again elsewhere.
             f.retry = retryable.then(|| Box::new(unit));
             self.inflight.push_back(f);
@@ -282,6 +303,9 @@ impl Session {
                 last.swallow_close += swallow_close;
             }
         }
+        // Replies made here that nothing ahead of them waits for go out now.
+        self.collect_due();
+        self.out.append(&mut self.due);
         if probe {
             self.send_frames(node, &[build::query("SELECT pg_current_wal_lsn()")])
                 .await?;

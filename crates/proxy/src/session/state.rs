@@ -22,6 +22,12 @@ pub enum PinReason {
 }
 
 impl PinReason {
+    /// The state lives on the server connection: in transaction mode the session keeps
+    /// its connection until the state is gone. (`SET pgfresh.route` only steers routing.)
+    pub fn holds_connection(&self) -> bool {
+        !matches!(self, PinReason::RouteSetting)
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             PinReason::TempTable => "temp_table",
@@ -40,18 +46,35 @@ impl PinReason {
 pub struct Prepared {
     /// The Parse frame exactly as the client sent it.
     pub parse: bytes::Bytes,
+    /// The Parse after the statement's name: query text and parameter types, what
+    /// identifies the statement on a server connection in transaction mode.
+    pub content: bytes::Bytes,
     pub analysis: Arc<Analysis>,
     pub hash: u64,
 }
 
+/// A session's settings: (parameter name, the SQL statement that sets it), in order.
+/// Server connections record the list they carry; a connection is up to date for a
+/// session when the two lists are equal by content (shared `Arc`s compare first by
+/// address), so sessions never mistake each other's state.
+pub type SettingsList = Arc<Vec<(String, String)>>;
+
+/// The statement that returns a connection to its login defaults before a session's
+/// settings are replayed: `RESET ALL` leaves the role and session authorization alone.
+pub const RESET_SETTINGS: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL";
+
+/// Whether a connection carrying `conn` needs `session`'s settings replayed.
+pub fn needs_replay(conn: Option<&SettingsList>, session: &SettingsList) -> bool {
+    match conn {
+        Some(c) => !Arc::ptr_eq(c, session) && c != session,
+        None => true,
+    }
+}
+
 #[derive(Default)]
 pub struct SessionState {
-    /// `SET` statements to replay on a connection, in order, one per parameter:
-    /// (parameter name, the SQL statement that sets it).
-    settings: Vec<(String, String)>,
-    /// Bumped on every change of `settings`; each server connection records the
-    /// version it has.
-    pub version: u64,
+    /// `SET` statements to replay on a connection, in order, one per parameter.
+    settings: SettingsList,
     /// Protocol-level named statements by name ("" is the unnamed one).
     pub prepared: HashMap<String, Prepared>,
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
@@ -100,18 +123,17 @@ impl SessionState {
                 })
                 .unwrap_or(false);
         }
-        self.settings.retain(|(n, _)| *n != name);
+        let list = Arc::make_mut(&mut self.settings);
+        list.retain(|(n, _)| *n != name);
         if let Some(stmt) = stmt {
-            self.settings.push((name, stmt));
+            list.push((name, stmt));
         }
-        self.version += 1;
     }
 
     /// RESET ALL / DISCARD ALL.
     pub fn reset_all(&mut self) {
-        self.settings.clear();
+        self.settings = Default::default();
         self.default_read_only = false;
-        self.version += 1;
     }
 
     /// The statements that bring a connection to this session's settings, each sent
@@ -119,10 +141,10 @@ impl SessionState {
     /// Values are already SQL text (as the client wrote them in SET) except startup
     /// parameters, which are quoted when recorded.
     pub fn replay_statements(&self) -> impl Iterator<Item = &str> {
-        std::iter::once("RESET ALL").chain(self.settings.iter().map(|(_, s)| s.as_str()))
+        std::iter::once(RESET_SETTINGS).chain(self.settings.iter().map(|(_, s)| s.as_str()))
     }
 
-    pub fn settings(&self) -> &[(String, String)] {
+    pub fn settings(&self) -> &SettingsList {
         &self.settings
     }
 
@@ -217,13 +239,18 @@ mod tests {
         let replay = |s: &SessionState| s.replay_statements().collect::<Vec<_>>().join(";");
         assert_eq!(
             replay(&s),
-            "RESET ALL;SET timezone = 'UTC';set search_path to b"
+            format!("{RESET_SETTINGS};SET timezone = 'UTC';set search_path to b")
         );
+        let before = s.settings().clone();
         s.set("search_path", None, None);
-        assert_eq!(replay(&s), "RESET ALL;SET timezone = 'UTC'");
-        let v = s.version;
+        assert_eq!(replay(&s), format!("{RESET_SETTINGS};SET timezone = 'UTC'"));
+        assert!(needs_replay(Some(&before), s.settings()));
+        // Equal content, different allocation: up to date.
+        let copy: SettingsList = Arc::new((**s.settings()).clone());
+        assert!(!needs_replay(Some(&copy), s.settings()));
+        assert!(needs_replay(None, s.settings()));
         s.reset_all();
-        assert!(s.version > v);
-        assert_eq!(replay(&s), "RESET ALL");
+        assert_eq!(replay(&s), RESET_SETTINGS);
+        assert!(!needs_replay(Some(&Default::default()), s.settings()));
     }
 }

@@ -42,6 +42,13 @@ pub struct ClientUnit {
     pub skip_acks: u32,
     /// One event per statement the server will complete, in order (settings).
     pub events: Vec<StmtEvent>,
+    /// Transaction mode: for each Bind and each Describe of a statement, in order, the
+    /// content of the client's statement it names as of that message (`None` when the
+    /// client has no statement by that name).
+    pub statement_refs: Vec<Option<Bytes>>,
+    /// Transaction mode: for each Parse and Close of a named statement, in order, what
+    /// it changed in the client's statements.
+    pub statement_undo: Vec<Undo>,
 }
 
 impl Default for ClientUnit {
@@ -66,6 +73,8 @@ impl ClientUnit {
             avoid: None,
             skip_acks: 0,
             events: Vec::new(),
+            statement_refs: Vec::new(),
+            statement_undo: Vec::new(),
         }
     }
 
@@ -139,6 +148,51 @@ pub struct InFlight {
     /// An injected `SELECT txid_current_if_assigned()` ahead of a COMMIT
     /// (`resolve_lost_commits`, see `lost_commit`).
     pub xid_probe: bool,
+    /// Transaction mode: the replies expected for an extended unit, in order (empty
+    /// when nothing needs to be swallowed or synthesized).
+    pub expect: std::collections::VecDeque<Expect>,
+}
+
+/// Transaction mode: what one expected server reply of an extended unit is for, in the
+/// order the replies come (one per Parse, Bind, Describe, Execute, Close and Sync).
+#[derive(Debug)]
+pub enum Expect {
+    /// A reply to the client's message: forwarded. `parse` is the content of a Parse
+    /// sent under pgfresh's name, dropped from the connection's cache if the server
+    /// does not prepare it; `sync` marks a Sync (errors skip to it).
+    Client {
+        parse: Option<Bytes>,
+        sync: bool,
+        undo: Option<Undo>,
+    },
+    /// A reply to a message pgfresh added (a statement prepared again on this
+    /// connection, a least recently used one closed): swallowed.
+    Hidden { parse: Option<Bytes> },
+    /// A client message pgfresh answered itself (Parse of a statement the connection
+    /// already has, Close of a statement): this reply reaches the client in its turn.
+    Synth { reply: Bytes, undo: Option<Undo> },
+}
+
+/// What a client's Parse or Close changed in its statements, taken back if the server
+/// skips the message (an earlier error in the batch) or fails it.
+#[derive(Debug, Clone)]
+pub struct Undo {
+    pub name: String,
+    pub previous: Option<super::state::Prepared>,
+}
+
+impl Expect {
+    pub fn is_sync(&self) -> bool {
+        matches!(self, Expect::Client { sync: true, .. })
+    }
+
+    pub fn client() -> Self {
+        Expect::Client {
+            parse: None,
+            sync: false,
+            undo: None,
+        }
+    }
 }
 
 /// The marks waiting for a position probe, and the position once read.
@@ -176,6 +230,7 @@ impl InFlight {
             ddl: false,
             replay: false,
             xid_probe: false,
+            expect: std::collections::VecDeque::new(),
         }
     }
 

@@ -1,0 +1,112 @@
+//! Transaction mode: when a session gives its server connections back to the pools,
+//! and the accounting of sessions that cannot (`pgfresh_pinned_sessions`).
+//!
+//! A session checks its connections in when nothing of the client's is running or
+//! queued on them and no state lives on them that pgfresh cannot replay elsewhere:
+//! the ReadyForQuery that ended the unit said Idle, no COPY is running, no extended
+//! batch was left open by a Flush, no commit position is still being probed, and no
+//! pin (temp table, LISTEN, session advisory lock, WITH HOLD cursor, a setting pgfresh
+//! cannot see) holds it.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use pgfresh_config::PoolMode;
+use pgfresh_wire::TxStatus;
+
+use super::state::PinReason;
+use super::Session;
+
+/// The pin reasons a session is counted under in `pgfresh_pinned_sessions`.
+#[derive(Default)]
+pub(super) struct PinGauge {
+    counted: BTreeSet<PinReason>,
+}
+
+impl PinGauge {
+    /// Move the gauges from the reasons counted so far to `now`.
+    pub(super) fn sync(&mut self, now: &BTreeSet<PinReason>) {
+        if self.counted == *now {
+            return;
+        }
+        for r in self.counted.difference(now) {
+            metrics::gauge!("pgfresh_pinned_sessions", "reason" => r.as_str()).decrement(1.0);
+        }
+        for r in now.difference(&self.counted) {
+            metrics::gauge!("pgfresh_pinned_sessions", "reason" => r.as_str()).increment(1.0);
+        }
+        self.counted = now.clone();
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.sync(&BTreeSet::new());
+    }
+}
+
+impl Session {
+    /// Nothing of the client's is on the connections it holds, and nothing it left there
+    /// binds it to them.
+    fn may_check_in(&self) -> bool {
+        self.tx == TxStatus::Idle
+            && self.inflight.is_empty()
+            && self.open_unit_node.is_none()
+            && !self.copy_in
+            && self.tokens.held_ready.is_none()
+            && !self.state.pins.iter().any(PinReason::holds_connection)
+            && self
+                .backends
+                .iter()
+                .flatten()
+                .all(|l| l.conn.tx == TxStatus::Idle && l.conn.wbuf.is_empty())
+    }
+
+    /// Transaction mode: give every connection the session holds back to its pool
+    /// when the session may (see the module comment). A cancel of this client's that is
+    /// still being forwarded means its connection is closed instead, so the cancel can
+    /// never land on another client's query.
+    pub(super) fn checkin(&mut self) {
+        self.pin_gauge.sync(&self.state.pins);
+        if self.mode != PoolMode::Transaction
+            || self.backends.iter().all(Option::is_none)
+            || !self.may_check_in()
+        {
+            return;
+        }
+        let cancel_in_flight = {
+            let mut slot = self.cancel_slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.target = None;
+            slot.forwarding > 0
+        };
+        self.active = None;
+        for slot in self.backends.iter_mut() {
+            let Some(leased) = slot.take() else { continue };
+            if cancel_in_flight {
+                tokio::spawn(leased.conn.terminate());
+                continue;
+            }
+            let cleanup = leased.conn.sql_prepared_cleanup();
+            self.shared.pools.checkin(leased, cleanup);
+        }
+    }
+
+    /// Transaction mode: how long the client may stay silent while it holds a server
+    /// connection in an open transaction or an extended batch left open by a Flush
+    /// (`idle_transaction_timeout_ms`), when that applies now.
+    pub(super) fn idle_transaction_limit(&self) -> Option<Duration> {
+        if self.mode != PoolMode::Transaction
+            || !self.inflight.is_empty()
+            || !self.ready.is_empty()
+            || (self.tx == TxStatus::Idle && self.open_unit_node.is_none())
+            || !self.backends.iter().any(Option::is_some)
+        {
+            return None;
+        }
+        let ms = self
+            .shared
+            .config
+            .snapshot()
+            .pool
+            .idle_transaction_timeout_ms;
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+}

@@ -1,0 +1,266 @@
+//! Transaction mode: a unit's named statements mapped onto the server connection it
+//! runs on.
+//!
+//! Clients keep their own statement names; on a server connection statements live
+//! under pgfresh's names (`__pgfresh_N`), one per distinct content (query text and
+//! parameter types), shared by every client whose statement has that content. A Parse
+//! of content the connection already has is not sent (its ParseComplete is made here,
+//! in its turn); a Bind or Describe of a statement the connection lacks prepares it
+//! first (that ParseComplete is swallowed); a client's Close of a statement is answered
+//! here (the server statement stays for whoever uses it next). Each connection keeps at
+//! most `max_prepared_statements`; the least recently used are closed first.
+//!
+//! The unit's expected replies ([`Expect`]) say, in order, which reply is forwarded,
+//! swallowed or made here; `relay` follows them.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
+
+use super::unit::{ClientUnit, Expect};
+use super::Session;
+use crate::statements::{self, server_name, StatementCache, PREFIX};
+
+/// The frames to send for a unit and the replies they will get.
+pub(super) struct Rewritten {
+    pub frames: Vec<Bytes>,
+    pub expect: VecDeque<Expect>,
+}
+
+/// The name a Bind or Describe of the client's statement uses on the server, preparing
+/// the statement there first if the connection lacks it.
+fn server_statement(
+    cache: &mut StatementCache,
+    name: &str,
+    resolved: Option<Bytes>,
+    out: &mut Rewritten,
+    unnamed: Option<&Bytes>,
+) -> Option<String> {
+    if name.is_empty() {
+        // The unnamed statement, parsed by an earlier unit (`unnamed` is then its
+        // content): prepare it again here, as the connection may have changed.
+        if let Some(content) = unnamed {
+            out.frames.push(statements::parse("", content));
+            out.expect.push_back(Expect::Hidden { parse: None });
+        }
+        return None;
+    }
+    let Some(content) = resolved else {
+        // Not a statement of this client's: the server answers that it does not exist,
+        // and a name in pgfresh's own space never reaches another client's statement.
+        return name.starts_with(PREFIX).then(|| PREFIX.to_string());
+    };
+    let id = match cache.lookup(&content) {
+        Some(id) => id,
+        None => {
+            let id = cache.insert(content.clone());
+            out.frames
+                .push(statements::parse(&server_name(id), &content));
+            out.expect.push_back(Expect::Hidden {
+                parse: Some(content),
+            });
+            id
+        }
+    };
+    Some(server_name(id))
+}
+
+impl Session {
+    /// Map `unit`'s statements onto `node`'s connection (see the module comment).
+    pub(super) fn rewrite_unit(&mut self, node: usize, unit: &ClientUnit) -> Rewritten {
+        let max = self.shared.config.snapshot().pool.max_prepared_statements;
+        let mut out = Rewritten {
+            frames: Vec::with_capacity(unit.frames.len() + 1),
+            expect: VecDeque::with_capacity(unit.frames.len()),
+        };
+        let Some(leased) = self.backends[node].as_mut() else {
+            out.frames = unit.frames.clone();
+            return out;
+        };
+        let cache = &mut leased.conn.statements;
+        let since = cache.begin_use();
+        // The client's unnamed statement from an earlier unit, until this unit parses one.
+        let mut unnamed = self
+            .state
+            .prepared
+            .get("")
+            .map(|p| p.content.clone())
+            .filter(|_| !unit.parses.iter().any(String::is_empty));
+        let mut refs = unit.statement_refs.iter().cloned();
+        let mut undos = unit.statement_undo.iter().cloned();
+        for raw in unit.frames.iter().cloned() {
+            let frame = Frame {
+                tag: raw[0],
+                raw: raw.clone(),
+            };
+            let client = Expect::client();
+            match parse_frontend(&frame) {
+                Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
+                    let content = statements::parse_content(&raw, name);
+                    let undo = undos.next();
+                    if cache.lookup(&content).is_some() {
+                        out.expect.push_back(Expect::Synth {
+                            reply: build::parse_complete(),
+                            undo,
+                        });
+                    } else {
+                        let id = cache.insert(content.clone());
+                        out.frames
+                            .push(statements::parse(&server_name(id), &content));
+                        out.expect.push_back(Expect::Client {
+                            parse: Some(content),
+                            sync: false,
+                            undo,
+                        });
+                    }
+                }
+                Ok(FrontendMessage::Parse { .. }) => {
+                    unnamed = None;
+                    out.frames.push(raw);
+                    out.expect.push_back(client);
+                }
+                Ok(FrontendMessage::Bind {
+                    portal, statement, ..
+                }) => {
+                    let resolved = refs.next().flatten();
+                    let name =
+                        server_statement(cache, statement, resolved, &mut out, unnamed.as_ref());
+                    if statement.is_empty() {
+                        unnamed = None;
+                    }
+                    out.frames.push(match name {
+                        Some(n) => statements::bind_renamed(&raw, portal, statement, &n),
+                        None => raw.clone(),
+                    });
+                    out.expect.push_back(client);
+                }
+                Ok(FrontendMessage::Describe { kind: b'S', name }) => {
+                    let resolved = refs.next().flatten();
+                    let server =
+                        server_statement(cache, name, resolved, &mut out, unnamed.as_ref());
+                    if name.is_empty() {
+                        unnamed = None;
+                    }
+                    out.frames.push(match server {
+                        Some(n) => statements::statement_message(b'D', &n),
+                        None => raw.clone(),
+                    });
+                    out.expect.push_back(client);
+                }
+                Ok(FrontendMessage::Close { kind: b'S', name }) if !name.is_empty() => {
+                    out.expect.push_back(Expect::Synth {
+                        reply: build::close_complete(),
+                        undo: undos.next(),
+                    });
+                }
+                Ok(FrontendMessage::Sync) => {
+                    out.frames.push(raw);
+                    out.expect.push_back(Expect::Client {
+                        parse: None,
+                        sync: true,
+                        undo: None,
+                    });
+                }
+                Ok(FrontendMessage::Flush) => out.frames.push(raw),
+                _ => {
+                    out.frames.push(raw);
+                    out.expect.push_back(client);
+                }
+            }
+        }
+        let evicted = cache.evict_over(max, since);
+        if !evicted.is_empty() {
+            // Closed first: none of them is used by this unit.
+            let mut frames: Vec<Bytes> = evicted
+                .iter()
+                .map(|id| statements::statement_message(b'C', &server_name(*id)))
+                .collect();
+            for _ in &evicted {
+                out.expect.push_front(Expect::Hidden { parse: None });
+            }
+            metrics::counter!("pgfresh_prepared_statements_evicted_total")
+                .increment(evicted.len() as u64);
+            frames.append(&mut out.frames);
+            out.frames = frames;
+        }
+        out
+    }
+
+    /// Replies made here that are now due: the front unit's leading [`Expect::Synth`]
+    /// entries (everything before them has been answered). A unit sent again after a
+    /// replica failed skips the ones the client already has.
+    pub(super) fn collect_due(&mut self) {
+        let Some(u) = self.inflight.front_mut() else {
+            return;
+        };
+        while matches!(u.expect.front(), Some(Expect::Synth { .. })) {
+            let Some(Expect::Synth { reply, .. }) = u.expect.pop_front() else {
+                break;
+            };
+            if u.skip_acks > 0 {
+                u.skip_acks -= 1;
+                continue;
+            }
+            u.acks += 1;
+            self.due.push(reply);
+        }
+    }
+
+    /// Transaction mode: the reply `tag` from `node` completes the front unit's next
+    /// expected message. Returns true when the reply answers a message pgfresh added
+    /// and is swallowed. After an error the server skips to Sync: the messages it skips
+    /// get no reply, and statements they would have prepared are not on the connection.
+    pub(super) fn expect_reply(&mut self, node: usize, tag: u8) -> bool {
+        if !matches!(
+            tag,
+            b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' | b'E' | b'Z'
+        ) {
+            return false;
+        }
+        let Some(u) = self.inflight.front_mut().filter(|u| !u.expect.is_empty()) else {
+            return false;
+        };
+        let mut dropped = Vec::new();
+        let mut undone = Vec::new();
+        let hidden = match tag {
+            b'E' => {
+                while u.expect.front().is_some_and(|e| !e.is_sync()) {
+                    match u.expect.pop_front() {
+                        Some(Expect::Client { parse, undo, .. }) => {
+                            dropped.extend(parse);
+                            undone.extend(undo);
+                        }
+                        Some(Expect::Hidden { parse }) => dropped.extend(parse),
+                        Some(Expect::Synth { undo, .. }) => undone.extend(undo),
+                        None => {}
+                    }
+                }
+                false
+            }
+            b'Z' => {
+                if u.expect.front().is_some_and(Expect::is_sync) {
+                    u.expect.pop_front();
+                }
+                false
+            }
+            _ => matches!(u.expect.pop_front(), Some(Expect::Hidden { .. })),
+        };
+        if let Some(l) = self.backends[node].as_mut() {
+            for c in &dropped {
+                l.conn.statements.remove(c);
+            }
+        }
+        // The failed and skipped Parses and Closes never happened for the client.
+        for u in undone.into_iter().rev() {
+            match u.previous {
+                Some(p) => self.state.prepared.insert(u.name, p),
+                None => self.state.prepared.remove(&u.name),
+            };
+        }
+        if tag != b'Z' {
+            self.collect_due();
+        }
+        hidden
+    }
+}

@@ -1,0 +1,193 @@
+//! Transaction mode: the protocol-level prepared statements that exist on one server
+//! connection, keyed by their full content (query text and parameter types, compared
+//! byte for byte), under names pgfresh owns. Clients sharing the connection share a
+//! statement when they prepared the same content under whatever names; the cache is
+//! bounded, least recently used first out.
+
+use std::collections::HashMap;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Server-side statement names pgfresh gives out start with this.
+pub const PREFIX: &str = "__pgfresh_";
+
+#[derive(Default, Debug)]
+pub struct StatementCache {
+    by_content: HashMap<Bytes, Entry>,
+    next_id: u64,
+    tick: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    used: u64,
+}
+
+impl StatementCache {
+    /// A new use starts (one unit): statements used from now on are not evicted by it.
+    pub fn begin_use(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The statement's id if this connection has it (and mark it used).
+    pub fn lookup(&mut self, content: &Bytes) -> Option<u64> {
+        let tick = self.tick;
+        self.by_content.get_mut(content).map(|e| {
+            e.used = tick;
+            e.id
+        })
+    }
+
+    /// Record a statement about to be prepared on this connection; its new id.
+    pub fn insert(&mut self, content: Bytes) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.by_content.insert(
+            content,
+            Entry {
+                id,
+                used: self.tick,
+            },
+        );
+        id
+    }
+
+    /// The server did not prepare it after all (an error skipped or failed its Parse).
+    pub fn remove(&mut self, content: &Bytes) {
+        self.by_content.remove(content);
+    }
+
+    /// Evict least recently used statements, none used since `since`, until at most
+    /// `max` remain. Returns the ids to close on the server.
+    pub fn evict_over(&mut self, max: usize, since: u64) -> Vec<u64> {
+        let mut closed = Vec::new();
+        while self.by_content.len() > max {
+            let Some((content, id)) = self
+                .by_content
+                .iter()
+                .filter(|(_, e)| e.used < since)
+                .min_by_key(|(_, e)| e.used)
+                .map(|(c, e)| (c.clone(), e.id))
+            else {
+                break;
+            };
+            self.by_content.remove(&content);
+            closed.push(id);
+        }
+        closed
+    }
+
+    pub fn clear(&mut self) {
+        self.by_content.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_content.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_content.is_empty()
+    }
+}
+
+/// The server-side name of statement `id`.
+pub fn server_name(id: u64) -> String {
+    format!("{PREFIX}{id}")
+}
+
+fn frame(tag: u8, body: &[&[u8]]) -> Bytes {
+    let len: usize = body.iter().map(|b| b.len()).sum();
+    let mut out = BytesMut::with_capacity(5 + len);
+    out.put_u8(tag);
+    out.put_u32((4 + len) as u32);
+    for b in body {
+        out.put_slice(b);
+    }
+    out.freeze()
+}
+
+/// Parse of `content` (query text and parameter types, as in a client's Parse after
+/// its name) under `name`.
+pub fn parse(name: &str, content: &[u8]) -> Bytes {
+    frame(b'P', &[name.as_bytes(), b"\0", content])
+}
+
+/// The client's Bind frame with its statement name replaced.
+pub fn bind_renamed(raw: &[u8], portal: &str, statement: &str, new_name: &str) -> Bytes {
+    // Body: portal\0 statement\0 rest.
+    let rest = &raw[5 + portal.len() + 1 + statement.len() + 1..];
+    frame(
+        b'B',
+        &[portal.as_bytes(), b"\0", new_name.as_bytes(), b"\0", rest],
+    )
+}
+
+/// Describe or Close of statement `name`.
+pub fn statement_message(tag: u8, name: &str) -> Bytes {
+    frame(tag, &[b"S", name.as_bytes(), b"\0"])
+}
+
+/// The content of a client's Parse frame: everything after the statement name.
+pub fn parse_content(raw: &Bytes, name: &str) -> Bytes {
+    raw.slice(5 + name.len() + 1..)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_eviction_spares_the_current_unit() {
+        let mut c = StatementCache::default();
+        let a = Bytes::from_static(b"select 1\0\0\0");
+        let b = Bytes::from_static(b"select 2\0\0\0");
+        let d = Bytes::from_static(b"select 3\0\0\0");
+        c.begin_use();
+        let ia = c.insert(a.clone());
+        c.begin_use();
+        c.insert(b.clone());
+        let since = c.begin_use();
+        assert!(c.lookup(&b).is_some());
+        c.insert(d.clone());
+        // `a` is the least recently used; `b` and `d` belong to the current unit.
+        assert_eq!(c.evict_over(2, since), vec![ia]);
+        assert_eq!(c.evict_over(1, since), Vec::<u64>::new());
+        assert_eq!(c.len(), 2);
+        assert!(c.lookup(&a).is_none());
+    }
+
+    #[test]
+    fn frames_round_trip_through_the_wire_parser() {
+        let client = parse("stmt1", b"select $1\0\0\x01\0\0\0\x17");
+        let content = parse_content(&client, "stmt1");
+        assert_eq!(&content[..], b"select $1\0\0\x01\0\0\0\x17");
+        let server = parse("__pgfresh_7", &content);
+        let f = pgfresh_wire::Frame {
+            tag: b'P',
+            raw: server,
+        };
+        match pgfresh_wire::parse_frontend(&f).unwrap() {
+            pgfresh_wire::FrontendMessage::Parse { name, sql, .. } => {
+                assert_eq!(name, "__pgfresh_7");
+                assert_eq!(sql, "select $1");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bind = frame(b'B', &[b"p\0s1\0", b"\0\0\0\0\0\0"]);
+        let renamed = bind_renamed(&bind, "p", "s1", "__pgfresh_2");
+        let f = pgfresh_wire::Frame {
+            tag: b'B',
+            raw: renamed,
+        };
+        match pgfresh_wire::parse_frontend(&f).unwrap() {
+            pgfresh_wire::FrontendMessage::Bind {
+                portal, statement, ..
+            } => {
+                assert_eq!((portal, statement), ("p", "__pgfresh_2"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,665 @@
+//! Transaction pooling (`pool_mode = "transaction"`): many clients on a few server
+//! connections, each client's settings and prepared statements intact on whatever
+//! connection its next transaction lands, and routing guarantees unchanged.
+
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pgfresh_tests::*;
+use tokio_postgres::SimpleQueryMessage;
+
+const POOL_SIZE: usize = 10;
+
+/// The transaction-mode proxy of this binary: `POOL_SIZE` connections per node.
+fn tx_proxy() -> &'static ProxyHandle {
+    static P: OnceLock<ProxyHandle> = OnceLock::new();
+    P.get_or_init(|| start_proxy(&tx_config(POOL_SIZE, "")))
+}
+
+fn tx_config(pool_size: usize, pool_extra: &str) -> String {
+    format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = {pool_size}\n{pool_extra}\n",
+        config_text("")
+    )
+}
+
+async fn first_value(c: &tokio_postgres::Client, sql: &str) -> String {
+    c.simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap_or("").to_string()),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+/// A direct superuser connection to node `i`.
+async fn direct(i: usize) -> tokio_postgres::Client {
+    let (su, pw) = cluster().superuser();
+    let (c, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user={su} password={pw} dbname=postgres",
+            node_port(i)
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("direct connection");
+    tokio::spawn(conn);
+    c
+}
+
+/// Server connections of user `app` to database `db`, as the node sees them (pgfresh's
+/// catalog reader connects as the monitor user).
+async fn server_connections(node: &tokio_postgres::Client, db: &str) -> i64 {
+    node.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND usename = 'app' AND backend_type = 'client backend'",
+        &[&db],
+    )
+    .await
+    .expect("count connections")
+    .get(0)
+}
+
+/// A database of the test's own, owned by `app`, once every standby has it.
+async fn own_database(name: &str) {
+    let c = cluster();
+    c.psql(0, "postgres", &format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    c.psql(0, "postgres", &format!("CREATE DATABASE {name} OWNER app"))
+        .unwrap();
+    for i in 1..3 {
+        let node = direct(i).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let n: i64 = node
+                .query_one(
+                    "SELECT count(*) FROM pg_database WHERE datname = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n == 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "standby {i} never got {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_hundred_clients_share_ten_connections_per_node() {
+    own_database("tpmany").await;
+    let p = tx_proxy();
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tpmany");
+    let connect = move || {
+        let conninfo = conninfo.clone();
+        async move {
+            let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+                .await
+                .expect("connect through pgfresh");
+            tokio::spawn(conn);
+            c
+        }
+    };
+    let setup = connect().await;
+    setup
+        .batch_execute("CREATE TABLE many (client int, n int, PRIMARY KEY (client, n))")
+        .await
+        .unwrap();
+    drop(setup);
+    // The nodes' own count of connections to the database, sampled during the run.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut samplers = Vec::new();
+    for i in 0..3 {
+        let done = done.clone();
+        samplers.push(tokio::spawn(async move {
+            let node = direct(i).await;
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(server_connections(&node, "tpmany").await);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        }));
+    }
+    let mut tasks = Vec::new();
+    for client in 0..500i32 {
+        let connect = connect.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = connect().await;
+            // tokio-postgres names its statements s0, s1, … on every connection: the
+            // names of all 500 clients collide on the shared server connections, and
+            // each client's s2 has a text of its own.
+            let insert = c.prepare("INSERT INTO many VALUES ($1, $2)").await.unwrap();
+            let count = c
+                .prepare("SELECT count(*) FROM many WHERE client = $1")
+                .await
+                .unwrap();
+            let own = c
+                .prepare(&format!("SELECT $1::int + {client}"))
+                .await
+                .unwrap();
+            for n in 0..4i32 {
+                c.execute(&insert, &[&client, &n]).await.unwrap();
+                let seen: i64 = c.query_one(&count, &[&client]).await.unwrap().get(0);
+                // Read-after-write through the proxy: never less than written.
+                assert_eq!(seen, i64::from(n) + 1, "client {client} after write {n}");
+                let sum: i32 = c.query_one(&own, &[&n]).await.unwrap().get(0);
+                assert_eq!(
+                    sum,
+                    n + client,
+                    "client {client} ran another client's statement"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for (i, s) in samplers.into_iter().enumerate() {
+        let peak = s.await.unwrap();
+        assert!(
+            peak <= POOL_SIZE as i64,
+            "node {i} had {peak} connections to the test database (pool_size {POOL_SIZE})"
+        );
+    }
+    let check = connect().await;
+    assert_eq!(
+        first_value(&check, "SELECT count(*) FROM many").await,
+        "2000"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settings_never_leak_between_clients_sharing_connections() {
+    let c = cluster();
+    c.psql(
+        0,
+        "postgres",
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tp_reader') \
+         THEN CREATE ROLE tp_reader NOLOGIN; END IF; END $$; GRANT tp_reader TO app;",
+    )
+    .unwrap();
+    let p = start_proxy(&tx_config(2, ""));
+    let mut tasks = Vec::new();
+    for client in 0..40 {
+        let conninfo = p.conninfo("app", APP_PASSWORD, "app");
+        tasks.push(tokio::spawn(async move {
+            let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let name = format!("client_{client}");
+            let role = client % 2 == 0;
+            c.batch_execute(&format!("SET application_name = '{name}'"))
+                .await
+                .unwrap();
+            if role {
+                c.batch_execute("SET ROLE tp_reader").await.unwrap();
+            }
+            for _ in 0..20 {
+                let (app, user) = {
+                    let rows = c
+                        .simple_query("SELECT current_setting('application_name'), current_user")
+                        .await
+                        .unwrap();
+                    let r = rows
+                        .iter()
+                        .find_map(|m| match m {
+                            SimpleQueryMessage::Row(r) => Some(r),
+                            _ => None,
+                        })
+                        .unwrap();
+                    (r.get(0).unwrap().to_string(), r.get(1).unwrap().to_string())
+                };
+                assert_eq!(app, name);
+                assert_eq!(user, if role { "tp_reader" } else { "app" }, "{name}");
+                // A transaction that sets and rolls back leaves nothing behind.
+                c.batch_execute("BEGIN; SET application_name = 'rolled_back'; ROLLBACK")
+                    .await
+                    .unwrap();
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_set_in_a_rolled_back_transaction_is_not_replayed() {
+    let p = start_proxy(&tx_config(1, ""));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    a.batch_execute("BEGIN; SET work_mem = '7MB'; ROLLBACK; SET statement_timeout = '4s'")
+        .await
+        .unwrap();
+    for _ in 0..10 {
+        // One connection per node: both clients take turns on it.
+        assert_eq!(first_value(&a, "SHOW work_mem").await, "4MB");
+        assert_eq!(first_value(&a, "SHOW statement_timeout").await, "4s");
+        assert_eq!(first_value(&b, "SHOW statement_timeout").await, "0");
+        assert_eq!(
+            first_value(&a, "/* pgfresh:primary */ SHOW statement_timeout").await,
+            "4s"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_after_check_in_reaches_no_other_client() {
+    let p = start_proxy(&tx_config(1, ""));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    // A runs on the primary's only connection and gives it back.
+    a.batch_execute("/* pgfresh:primary */ SELECT 1")
+        .await
+        .unwrap();
+    let a_cancel = a.cancel_token();
+    let b_cancel = b.cancel_token();
+    let sleep = tokio::spawn(async move {
+        b.simple_query("/* pgfresh:primary */ SELECT pg_sleep(1.5)")
+            .await
+            .map(|_| ())
+    });
+    eventually("B's sleep is running", Duration::from_secs(20), || {
+        p.shared.pools.counts().iter().any(|c| c.lent > 0)
+    })
+    .await;
+    // A's cancel: A has nothing running, so nothing is cancelled.
+    a_cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    sleep
+        .await
+        .unwrap()
+        .expect("B's query must not be cancelled by A's cancel");
+    // Control: B's own cancel does reach B's query.
+    let b = p.connect().await;
+    let b_cancel_2 = b.cancel_token();
+    let _ = b_cancel;
+    let sleep = tokio::spawn(async move {
+        b.simple_query("/* pgfresh:primary */ SELECT pg_sleep(30)")
+            .await
+            .map(|_| ())
+    });
+    eventually(
+        "B's second sleep is running",
+        Duration::from_secs(20),
+        || p.shared.pools.counts().iter().any(|c| c.lent > 0),
+    )
+    .await;
+    b_cancel_2
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let err = sleep.await.unwrap().expect_err("cancelled");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbench_in_every_query_mode() {
+    own_database("tpbench").await;
+    let p = tx_proxy();
+    let env = p.libpq_env();
+    let pgbench = |args: &[&str]| {
+        let out = Command::new(pg_bin("pgbench"))
+            .args(args)
+            .envs(env.iter().cloned())
+            .env("PGDATABASE", "tpbench")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
+        text
+    };
+    pgbench(&["-i", "-s", "1", "-q"]);
+    for mode in ["simple", "extended", "prepared"] {
+        for extra in [&["-S"][..], &[][..]] {
+            // Twice as many clients as server connections per node. One thread per
+            // client: pgbench prepares synchronously, so a client waiting for a
+            // connection would stall the clients of its thread that hold one.
+            let mut args = vec!["-M", mode, "-c", "20", "-j", "20", "-t", "50"];
+            args.extend_from_slice(extra);
+            let text = pgbench(&args);
+            assert!(
+                text.contains("number of failed transactions: 0"),
+                "{args:?}:\n{text}"
+            );
+            assert!(
+                text.contains("number of transactions actually processed: 1000/1000"),
+                "{args:?}:\n{text}"
+            );
+        }
+    }
+}
+
+mod wire {
+    //! Raw protocol helpers for the prepared-statement tests.
+    use pgfresh_tests::raw::{cstr, msg};
+
+    pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+        let mut b = cstr(name);
+        b.extend(cstr(sql));
+        b.extend(0u16.to_be_bytes());
+        msg(b'P', &b)
+    }
+
+    /// Bind one text parameter to `statement` (unnamed portal), then Execute.
+    pub fn bind_execute(statement: &str, param: &str) -> Vec<u8> {
+        let mut b = cstr("");
+        b.extend(cstr(statement));
+        b.extend(0u16.to_be_bytes());
+        b.extend(1u16.to_be_bytes());
+        b.extend((param.len() as i32).to_be_bytes());
+        b.extend(param.as_bytes());
+        b.extend(0u16.to_be_bytes());
+        let mut out = msg(b'B', &b);
+        let mut e = cstr("");
+        e.extend(0i32.to_be_bytes());
+        out.extend(msg(b'E', &e));
+        out
+    }
+
+    pub fn close(name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        b.extend(cstr(name));
+        msg(b'C', &b)
+    }
+
+    pub fn describe(name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        b.extend(cstr(name));
+        msg(b'D', &b)
+    }
+
+    pub fn sync() -> Vec<u8> {
+        msg(b'S', &[])
+    }
+
+    /// The first column of the DataRows among `messages`, as text.
+    pub fn values(messages: &[(u8, Vec<u8>)]) -> Vec<String> {
+        messages
+            .iter()
+            .filter(|(t, _)| *t == b'D')
+            .map(|(_, b)| {
+                let len = i32::from_be_bytes(b[2..6].try_into().unwrap()) as usize;
+                String::from_utf8(b[6..6 + len].to_vec()).unwrap()
+            })
+            .collect()
+    }
+
+    /// The SQLSTATE of the first ErrorResponse among `messages`.
+    pub fn sqlstate(messages: &[(u8, Vec<u8>)]) -> Option<String> {
+        messages
+            .iter()
+            .find(|(t, _)| *t == b'E')
+            .and_then(|(_, b)| {
+                b.split(|x| *x == 0)
+                    .find_map(|f| f.strip_prefix(b"C"))
+                    .map(|c| String::from_utf8_lossy(c).to_string())
+            })
+    }
+}
+
+fn metrics_text() -> String {
+    pgfresh_proxy::admin::metrics_handle()
+        .map(|h| h.render())
+        .unwrap_or_default()
+}
+
+async fn raw_login(p: &ProxyHandle) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(&raw::startup("app_trust", "app"))
+        .await
+        .unwrap();
+    raw::read_until(&mut s, b'Z').await;
+    s
+}
+
+/// Send `bytes` and read up to the next ReadyForQuery.
+async fn exchange(s: &mut tokio::net::TcpStream, bytes: Vec<u8>) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&bytes).await.unwrap();
+    raw::read_until(s, b'Z').await
+}
+
+#[tokio::test]
+async fn clients_keep_their_own_statements_under_colliding_names() {
+    use wire::*;
+    // One connection per node: every statement of both clients lands on it.
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let mut b = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(&mut a, [parse("stmt", &select("a")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    let r = exchange(&mut b, [parse("stmt", &select("b")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    // The same text under another name shares the server statement: still answered.
+    let r = exchange(&mut b, [parse("same_as_a", &select("a")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    for _ in 0..3 {
+        let r = exchange(&mut a, [bind_execute("stmt", "x"), sync()].concat()).await;
+        assert_eq!(values(&r), ["ax"]);
+        let r = exchange(&mut b, [bind_execute("stmt", "x"), sync()].concat()).await;
+        assert_eq!(values(&r), ["bx"]);
+        let r = exchange(&mut b, [bind_execute("same_as_a", "y"), sync()].concat()).await;
+        assert_eq!(values(&r), ["ay"]);
+    }
+    // Close and redefine in one batch: every reply in order, the new text runs.
+    let r = exchange(
+        &mut a,
+        [
+            close("stmt"),
+            parse("stmt", &select("c")),
+            bind_execute("stmt", "z"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"312DCZ");
+    assert_eq!(values(&r), ["cz"]);
+    // B's statement of that name is untouched; Describe answers for B's.
+    let r = exchange(
+        &mut b,
+        [describe("stmt"), bind_execute("stmt", "w"), sync()].concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"tT2DCZ");
+    assert_eq!(values(&r), ["bw"]);
+    // Names a client never prepared, pgfresh's own included, do not exist for it.
+    for name in ["nope", "__pgfresh_1"] {
+        let r = exchange(&mut a, [bind_execute(name, "x"), sync()].concat()).await;
+        assert_eq!(
+            sqlstate(&r).as_deref(),
+            Some("26000"),
+            "{name}: {:?}",
+            raw::tags(&r)
+        );
+    }
+    // A failed Parse leaves nothing behind on the server: the same name parses again.
+    let r = exchange(&mut a, [parse("bad", "SELEC 1"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("42601"));
+    let r = exchange(
+        &mut a,
+        [parse("bad", &select("d")), bind_execute("bad", "v"), sync()].concat(),
+    )
+    .await;
+    assert_eq!(values(&r), ["dv"]);
+    // After an error the rest of the batch is skipped, replies made here included.
+    let r = exchange(
+        &mut b,
+        [
+            bind_execute("nope", "x"),
+            parse("stmt2", &select("a")),
+            close("stmt"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    let r = exchange(&mut b, [bind_execute("stmt", "still"), sync()].concat()).await;
+    assert_eq!(
+        values(&r),
+        ["bstill"],
+        "the skipped Close did not close B's statement"
+    );
+}
+
+#[tokio::test]
+async fn sql_prepare_and_execute_per_client() {
+    let p = start_proxy(&tx_config(1, ""));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    a.batch_execute("PREPARE q(int) AS SELECT $1 + 1")
+        .await
+        .unwrap();
+    b.batch_execute("PREPARE q(int) AS SELECT $1 + 100")
+        .await
+        .unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            first_value(&a, &format!("EXECUTE q({i})")).await,
+            (i + 1).to_string()
+        );
+        assert_eq!(
+            first_value(&b, &format!("EXECUTE q({i})")).await,
+            (i + 100).to_string()
+        );
+    }
+    a.batch_execute("DEALLOCATE q").await.unwrap();
+    assert!(a.batch_execute("EXECUTE q(1)").await.is_err());
+    assert_eq!(first_value(&b, "EXECUTE q(1)").await, "101");
+}
+
+#[tokio::test]
+async fn session_state_keeps_the_connection_until_it_is_gone() {
+    let p = start_proxy(&tx_config(1, "query_wait_timeout_ms = 300\n"));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    a.batch_execute("CREATE TEMP TABLE scratch(v int); INSERT INTO scratch VALUES (1)")
+        .await
+        .unwrap();
+    // A keeps the primary's only connection: B waits, then is told why.
+    let err = b
+        .batch_execute("/* pgfresh:primary */ SELECT 1")
+        .await
+        .expect_err("no connection is free");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err}"
+    );
+    let msg = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(msg.contains("query_wait_timeout"), "{msg}");
+    // A's temp table is there for every statement it runs meanwhile.
+    for _ in 0..5 {
+        assert_eq!(first_value(&a, "SELECT count(*) FROM scratch").await, "1");
+    }
+    let metrics = metrics_text();
+    assert!(
+        metrics.contains("pgfresh_pinned_sessions{reason=\"temp_table\"} 1"),
+        "{metrics}"
+    );
+    a.batch_execute("DISCARD TEMP").await.unwrap();
+    // The state is gone: the connection goes back and B gets it.
+    assert_eq!(first_value(&b, "/* pgfresh:primary */ SELECT 2").await, "2");
+    let metrics = metrics_text();
+    assert!(
+        metrics.contains("pgfresh_pinned_sessions{reason=\"temp_table\"} 0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_transaction_holding_a_connection_is_ended() {
+    let p = start_proxy(&tx_config(1, "idle_transaction_timeout_ms = 300\n"));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    a.batch_execute("BEGIN; /* pgfresh:primary */ SELECT 1")
+        .await
+        .unwrap();
+    // A sits in its transaction; B gets the connection once A is disconnected.
+    assert_eq!(first_value(&b, "/* pgfresh:primary */ SELECT 3").await, "3");
+    let err = a
+        .batch_execute("SELECT 1")
+        .await
+        .expect_err("A was disconnected");
+    assert!(err.is_closed() || err.code().is_some(), "{err}");
+}
+
+#[tokio::test]
+async fn connections_the_server_closed_while_pooled_are_replaced() {
+    own_database("tpdead").await;
+    let p = start_proxy(&tx_config(2, ""));
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tpdead");
+    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for _ in 0..10 {
+        first_value(&c, "/* pgfresh:primary */ SELECT 1").await;
+        first_value(&c, "SELECT 1").await;
+    }
+    let mut killed = 0;
+    for i in 0..3 {
+        let node = direct(i).await;
+        let n: i64 = node
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'tpdead'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        killed += n;
+        let mut left = 1;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while left > 0 && std::time::Instant::now() < deadline {
+            left = server_connections(&node, "tpdead").await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0, "node {i} still has connections");
+    }
+    assert!(killed > 0, "the pool held connections to terminate");
+    // Every statement succeeds: dead pooled connections are noticed before use.
+    for _ in 0..10 {
+        assert_eq!(first_value(&c, "/* pgfresh:primary */ SELECT 1").await, "1");
+        assert_eq!(first_value(&c, "SELECT 1").await, "1");
+    }
+}
+
+#[tokio::test]
+async fn read_only_transactions_stay_on_one_node() {
+    let p = tx_proxy();
+    let c = p.connect().await;
+    for _ in 0..5 {
+        c.batch_execute("BEGIN READ ONLY").await.unwrap();
+        let first = first_value(&c, "SELECT inet_server_port()").await;
+        for _ in 0..5 {
+            assert_eq!(first_value(&c, "SELECT inet_server_port()").await, first);
+        }
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+}
