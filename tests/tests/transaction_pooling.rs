@@ -18,9 +18,13 @@ fn tx_proxy() -> &'static ProxyHandle {
 }
 
 fn tx_config(pool_size: usize, pool_extra: &str) -> String {
+    tx_config_routing(pool_size, pool_extra, "")
+}
+
+fn tx_config_routing(pool_size: usize, pool_extra: &str, routing: &str) -> String {
     format!(
         "{}\n[pool]\npool_mode = \"transaction\"\npool_size = {pool_size}\n{pool_extra}\n",
-        config_text("")
+        config_text(routing)
     )
 }
 
@@ -662,4 +666,110 @@ async fn read_only_transactions_stay_on_one_node() {
         }
         c.batch_execute("COMMIT").await.unwrap();
     }
+}
+
+/// Writes by one client, each read at once by the writer and by another client, all
+/// sharing `p`'s connections; returns the reads that missed their write.
+async fn read_after_write_misses(p: &ProxyHandle, rounds: i32) -> (usize, usize) {
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("tp_raw");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    // The table itself is on every node before the run (the control run has no
+    // recency routing to send its statements to the primary).
+    wait_replicated_on(cluster(), &writer).await;
+    let ins = writer
+        .prepare(&format!("INSERT INTO {t} VALUES ($1)"))
+        .await
+        .unwrap();
+    let sel = format!("SELECT count(*) FROM {t} WHERE id = $1");
+    let sel_same = writer.prepare(&sel).await.unwrap();
+    let sel_other = reader.prepare(&sel).await.unwrap();
+    let (mut same, mut cross) = (0, 0);
+    for i in 0..rounds {
+        writer.execute(&ins, &[&i]).await.unwrap();
+        let n: i64 = writer.query_one(&sel_same, &[&i]).await.unwrap().get(0);
+        same += usize::from(n != 1);
+        let n: i64 = reader.query_one(&sel_other, &[&i]).await.unwrap().get(0);
+        cross += usize::from(n != 1);
+    }
+    (same, cross)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_after_write_holds_with_delayed_replicas() {
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 300).unwrap();
+    }
+    // Two connections per node: the writer's and the reader's units take turns on them.
+    let p = start_proxy(&tx_config(2, ""));
+    let (same, cross) = read_after_write_misses(&p, 100).await;
+    // Control: without recency routing the same run reads stale rows from the replicas.
+    let off = start_proxy(&tx_config_routing(
+        2,
+        "",
+        "enable_recent_access_routing = false",
+    ));
+    let (off_same, off_cross) = read_after_write_misses(&off, 20).await;
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 0).unwrap();
+    }
+    assert_eq!(
+        (same, cross),
+        (0, 0),
+        "read-after-write misses (same, cross)"
+    );
+    assert!(
+        off_same + off_cross > 0,
+        "the control run without recency routing never read stale: the test cannot fail"
+    );
+}
+
+#[tokio::test]
+async fn a_listening_client_keeps_its_connection_and_gets_notifications() {
+    use futures_util::StreamExt;
+    let p = start_proxy(&tx_config(2, ""));
+    let (listener, mut conn) = tokio_postgres::connect(
+        &p.conninfo("app", APP_PASSWORD, "app"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    listener.batch_execute("LISTEN tp_channel").await.unwrap();
+    let metrics = metrics_text();
+    assert!(
+        metrics.contains("pgfresh_pinned_sessions{reason=\"listen\"} 1"),
+        "{metrics}"
+    );
+    let notifier = p.connect().await;
+    for i in 0..3 {
+        // Other clients keep running on the remaining connection meanwhile.
+        notifier
+            .batch_execute(&format!("NOTIFY tp_channel, 'n{i}'"))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("notification delivered")
+            .expect("channel open");
+        assert_eq!(got, format!("n{i}"));
+    }
+    listener.batch_execute("UNLISTEN *").await.unwrap();
+    let metrics = metrics_text();
+    assert!(
+        metrics.contains("pgfresh_pinned_sessions{reason=\"listen\"} 0"),
+        "{metrics}"
+    );
 }

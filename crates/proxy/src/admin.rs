@@ -546,7 +546,7 @@ pub fn status_json(proxy: &Proxy) -> Value {
     let prom = metrics_handle().map(|h| h.render()).unwrap_or_default();
     let pools: Vec<Value> = pool_rows(shared)
         .into_iter()
-        .map(|p| json!({ "node": p.node, "user": p.user, "database": p.database, "active": p.active, "idle": p.idle, "pool_size": p.pool_size }))
+        .map(|p| json!({ "node": p.node, "user": p.user, "database": p.database, "active": p.active, "idle": p.idle, "waiting": p.waiting, "max_wait_ms": p.max_wait.as_millis() as u64, "pool_size": p.pool_size, "pool_mode": p.mode }))
         .collect();
     json!({
         "nodes": nodes,

@@ -1,6 +1,6 @@
 //! The admin console: the virtual database `pgfresh`, for users with `admin = true`,
 //! in the manner of pgbouncer's console (`psql -d pgfresh -U admin`).
-//! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW CLIENTS,
+//! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW CLIENTS, SHOW SERVERS,
 //! SHOW HOT, SHOW CONFIG, SHOW STATS, SHOW DEPENDENCIES, SHOW HELP, RELOAD and
 //! SET recent_access_ttl_ms = N. Several `;`-separated commands may be sent at once;
 //! the first error ends the string.
@@ -131,11 +131,15 @@ const HELP: &[(&str, &str)] = &[
     ),
     (
         "SHOW POOLS",
-        "server connection pools: active, idle and free connections",
+        "server connection pools per node, database and user (PgBouncer's columns first)",
     ),
     (
         "SHOW CLIENTS",
-        "client connections and the server connections they hold per node",
+        "client connections: state (active, waiting, idle), wait, pin reason",
+    ),
+    (
+        "SHOW SERVERS",
+        "server connections: lent (active) or pooled (idle), backend pid, statements kept",
     ),
     (
         "SHOW HOT",
@@ -221,23 +225,8 @@ fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
     let words: Vec<&str> = cmd.split_whitespace().collect();
     match words.as_slice() {
         ["show", "nodes"] => show_nodes(shared, out),
-        ["show", "pools"] => {
-            let rows = admin::pool_rows(shared)
-                .into_iter()
-                .map(|p| {
-                    vec![
-                        p.node,
-                        p.user,
-                        p.database,
-                        p.active.to_string(),
-                        p.idle.to_string(),
-                        p.free.to_string(),
-                        p.pool_size.to_string(),
-                    ]
-                })
-                .collect();
-            table(out, &["node", "user", "database", "active", "idle", "free", "pool_size"], rows);
-        }
+        ["show", "pools"] => show_pools(shared, out),
+        ["show", "servers"] => show_servers(shared, out),
         ["show", "clients"] => show_clients(shared, out),
         ["show", "hot"] => {
             let rows = shared
@@ -401,35 +390,147 @@ fn show_dependencies(shared: &Shared, only: Option<&str>, out: &mut BytesMut) {
     );
 }
 
+fn time(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// `SHOW POOLS`: one row per (node, database, user) pool. PgBouncer's columns first, with
+/// their meaning per pool: `cl_active` clients holding one of its connections,
+/// `cl_waiting` clients waiting for one, `sv_active`/`sv_idle` connections lent/pooled,
+/// `maxwait` the longest current wait. Clients holding no connection (transaction mode,
+/// between transactions) are in no pool's row; SHOW CLIENTS lists them.
+fn show_pools(shared: &Shared, out: &mut BytesMut) {
+    let rows = admin::pool_rows(shared)
+        .into_iter()
+        .map(|p| {
+            vec![
+                p.database,
+                p.user,
+                p.active.to_string(),
+                p.waiting.to_string(),
+                p.active.to_string(),
+                p.idle.to_string(),
+                "0".into(),
+                "0".into(),
+                "0".into(),
+                p.max_wait.as_secs().to_string(),
+                p.max_wait.subsec_micros().to_string(),
+                p.mode.to_string(),
+                p.node,
+                p.pool_size.to_string(),
+                p.free.to_string(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "database",
+            "user",
+            "cl_active",
+            "cl_waiting",
+            "sv_active",
+            "sv_idle",
+            "sv_used",
+            "sv_tested",
+            "sv_login",
+            "maxwait",
+            "maxwait_us",
+            "pool_mode",
+            "node",
+            "pool_size",
+            "free",
+        ],
+        rows,
+    );
+}
+
+/// `SHOW CLIENTS`: one row per client connection, PgBouncer's columns first.
 fn show_clients(shared: &Shared, out: &mut BytesMut) {
+    let rows = shared
+        .client_list
+        .snapshot()
+        .into_iter()
+        .map(|c| {
+            let waited = c.waited();
+            vec![
+                "C".into(),
+                c.user.clone(),
+                c.database.clone(),
+                c.state().as_str().into(),
+                opt(c.addr.map(|a| a.ip())),
+                opt(c.addr.map(|a| a.port())),
+                time(c.connected_at),
+                waited.as_secs().to_string(),
+                waited.subsec_micros().to_string(),
+                c.application_name.clone(),
+                c.pinned().unwrap_or_default().into(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "type",
+            "user",
+            "database",
+            "state",
+            "addr",
+            "port",
+            "connect_time",
+            "wait",
+            "wait_us",
+            "application_name",
+            "pinned",
+        ],
+        rows,
+    );
+}
+
+/// `SHOW SERVERS`: one row per server connection, PgBouncer's columns first.
+fn show_servers(shared: &Shared, out: &mut BytesMut) {
     let config = shared.config.snapshot();
-    let mut rows = Vec::new();
-    kv(&mut rows, "client_connections", shared.client_count());
-    kv(
-        &mut rows,
-        "max_client_connections",
-        config.proxy.max_client_connections,
+    let rows = shared
+        .pools
+        .servers()
+        .into_iter()
+        .map(|s| {
+            vec![
+                "S".into(),
+                s.user,
+                s.database,
+                s.state.into(),
+                s.host,
+                s.port.to_string(),
+                time(s.connected_at),
+                s.pid.to_string(),
+                config
+                    .nodes
+                    .get(s.node)
+                    .map(|n| n.name.clone())
+                    .unwrap_or_else(|| format!("#{}", s.node)),
+                s.for_.as_millis().to_string(),
+                opt(s.prepared),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "type",
+            "user",
+            "database",
+            "state",
+            "addr",
+            "port",
+            "connect_time",
+            "remote_pid",
+            "node",
+            "state_ms",
+            "prepared_statements",
+        ],
+        rows,
     );
-    kv(
-        &mut rows,
-        "primary_fallbacks_in_flight",
-        shared.fallbacks_in_flight.load(Ordering::Relaxed),
-    );
-    let mut per_node: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
-    for p in admin::pool_rows(shared) {
-        let e = per_node.entry(p.node).or_default();
-        e.0 += p.active;
-        e.1 += p.idle;
-    }
-    for (node, (active, idle)) in per_node {
-        kv(
-            &mut rows,
-            &format!("server_connections_active.{node}"),
-            active,
-        );
-        kv(&mut rows, &format!("server_connections_idle.{node}"), idle);
-    }
-    table(out, &["stat", "value"], rows);
 }
 
 fn show_stats(shared: &Shared, out: &mut BytesMut) {

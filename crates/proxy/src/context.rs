@@ -27,6 +27,8 @@ pub struct Shared {
     /// Function lists compiled from the config; rebuilt on reload.
     pub policy: ArcSwap<FunctionPolicy>,
     pub clients: AtomicUsize,
+    /// The clients now connected, for SHOW CLIENTS.
+    pub client_list: Arc<crate::clients::ClientRegistry>,
     /// Reads currently running on the primary because no replica could serve them.
     pub fallbacks_in_flight: AtomicUsize,
     pub shutdown: tokio::sync::watch::Receiver<bool>,

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod cancel;
 pub mod catalog;
 pub mod client;
+pub mod clients;
 pub mod console;
 pub mod context;
 pub mod deps;
@@ -173,6 +174,7 @@ impl Proxy {
             recency,
             balancer,
             clients: AtomicUsize::new(0),
+            client_list: Default::default(),
             fallbacks_in_flight: AtomicUsize::new(0),
             shutdown: shutdown_rx,
             ttl_source: ArcSwap::from_pointee(admin::TtlSource::file()),

@@ -53,6 +53,34 @@ struct Pool {
     lent_total: AtomicU64,
     /// Connections now lent out and running a unit or held by a session.
     lent: AtomicUsize,
+    /// The connections lent out now, by connection id (for SHOW SERVERS).
+    lent_conns: Mutex<HashMap<u64, LentConn>>,
+}
+
+/// A lent connection, as SHOW SERVERS shows it.
+#[derive(Clone, Debug)]
+struct LentConn {
+    pid: i32,
+    connected_at: std::time::SystemTime,
+    since: Instant,
+}
+
+/// One server connection, for SHOW SERVERS.
+#[derive(Clone, Debug)]
+pub struct ServerRow {
+    pub node: usize,
+    pub user: String,
+    pub database: String,
+    pub host: String,
+    pub port: u16,
+    /// `active` (lent to a client) or `idle` (in the pool).
+    pub state: &'static str,
+    pub pid: i32,
+    pub connected_at: std::time::SystemTime,
+    /// How long it has been in that state.
+    pub for_: Duration,
+    /// Prepared statements pgfresh keeps on it (idle connections; transaction mode).
+    pub prepared: Option<usize>,
 }
 
 /// All pools, plus a per-node generation counter bumped when a node changes role,
@@ -71,12 +99,17 @@ pub struct Leased {
     lent: Lent,
 }
 
-/// Counts a lease in its pool while it lasts.
-struct Lent(Arc<Pool>);
+/// Counts a lease in its pool while it lasts (the pool and the connection's id).
+struct Lent(Arc<Pool>, u64);
 
 impl Drop for Lent {
     fn drop(&mut self) {
         self.0.lent.fetch_sub(1, Ordering::Relaxed);
+        self.0
+            .lent_conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.1);
     }
 }
 
@@ -156,6 +189,7 @@ impl Pools {
                     waiting: Mutex::new(HashMap::new()),
                     lent_total: AtomicU64::new(0),
                     lent: AtomicUsize::new(0),
+                    lent_conns: Mutex::new(HashMap::new()),
                 })
             })
             .clone()
@@ -220,10 +254,22 @@ impl Pools {
         let lease = |conn: ServerConn, permit: OwnedSemaphorePermit| {
             pool.lent.fetch_add(1, Ordering::Relaxed);
             pool.lent_total.fetch_add(1, Ordering::Relaxed);
+            pool.lent_conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    conn.id,
+                    LentConn {
+                        pid: conn.key.pid,
+                        connected_at: conn.connected_at,
+                        since: Instant::now(),
+                    },
+                );
+            let id = conn.id;
             Leased {
                 conn,
                 permit,
-                lent: Lent(pool.clone()),
+                lent: Lent(pool.clone(), id),
             }
         };
         loop {
@@ -296,6 +342,53 @@ impl Pools {
         } else {
             leased.conn.terminate().await;
         }
+    }
+
+    /// Every server connection, lent or idle.
+    pub fn servers(&self) -> Vec<ServerRow> {
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows = Vec::new();
+        for (k, p) in pools.iter() {
+            let row = |state, pid, connected_at, for_, prepared| ServerRow {
+                node: k.node,
+                user: k.user.to_string(),
+                database: k.database.to_string(),
+                host: k.host.to_string(),
+                port: k.port,
+                state,
+                pid,
+                connected_at,
+                for_,
+                prepared,
+            };
+            for l in p
+                .lent_conns
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+            {
+                rows.push(row(
+                    "active",
+                    l.pid,
+                    l.connected_at,
+                    l.since.elapsed(),
+                    None,
+                ));
+            }
+            for i in p.idle.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                rows.push(row(
+                    "idle",
+                    i.conn.key.pid,
+                    i.conn.connected_at,
+                    i.since.elapsed(),
+                    Some(i.conn.statements.len()),
+                ));
+            }
+        }
+        rows.sort_by(|a, b| {
+            (a.node, &a.user, &a.database, a.pid).cmp(&(b.node, &b.user, &b.database, b.pid))
+        });
+        rows
     }
 
     /// Every pool's figures.

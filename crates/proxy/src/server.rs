@@ -25,8 +25,14 @@ pub struct Target {
     pub database: Arc<str>,
 }
 
+/// Numbers server connections for SHOW SERVERS.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// An authenticated, started server connection.
 pub struct ServerConn {
+    /// pgfresh's own number for this connection.
+    pub id: u64,
+    pub connected_at: std::time::SystemTime,
     pub target: Target,
     pub stream: TcpStream,
     pub rbuf: BytesMut,
@@ -79,6 +85,8 @@ impl ServerConn {
             .map_err(|e| err(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let mut conn = ServerConn {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            connected_at: std::time::SystemTime::now(),
             target: target.clone(),
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),

@@ -28,6 +28,7 @@ use tokio::net::TcpStream;
 
 use crate::cancel::{CancelSlot, CancelTarget};
 use crate::client::Login;
+use crate::clients::ClientState;
 use crate::context::{FallbackSlot, Shared};
 use crate::error::{Disposition, ProxyError};
 use crate::pool::Leased;
@@ -108,6 +109,8 @@ pub struct Session {
     /// Replies pgfresh made for the client (transaction mode) that are due after the
     /// server reply being relayed.
     due: Vec<Bytes>,
+    /// This client in SHOW CLIENTS.
+    listed: crate::clients::Listed,
 }
 
 impl Session {
@@ -144,6 +147,17 @@ impl Session {
         if state.route_primary {
             state.pins.insert(state::PinReason::RouteSetting);
         }
+        let application_name = login
+            .params
+            .iter()
+            .find(|(k, _)| k == "application_name")
+            .map_or("", |(_, v)| v.as_str());
+        let listed = shared.client_list.list(
+            &login.user.name,
+            &login.database,
+            client.peer_addr().ok(),
+            application_name,
+        );
         Self {
             limits: Limits {
                 max_message: config.proxy.max_message_bytes,
@@ -178,6 +192,7 @@ impl Session {
             mode: config.pool.pool_mode,
             pin_gauge: Default::default(),
             due: Vec::new(),
+            listed,
         }
     }
 
@@ -263,11 +278,13 @@ impl Session {
                     break;
                 }
             }
+            // Connections go back (transaction mode) before the reply that ended their
+            // unit reaches the client, so the client's next statement can find them.
+            self.checkin();
             self.flush_client().await?;
             if self.terminating && self.inflight.is_empty() {
                 return Ok(());
             }
-            self.checkin();
             let active = self.active;
             let server = active.and_then(|n| self.backends[n].as_ref());
             let server_reading = server.is_some();
@@ -507,11 +524,21 @@ impl Session {
             .shared
             .target(node, &self.login.user, &self.login.database)
             .ok_or(ProxyError::NoPrimary(None))?;
+        let before = self.listed.info.state();
+        self.listed.info.set_state(ClientState::Waiting);
         let leased = self
             .shared
             .pools
             .acquire(&target, &[], &Shared::pool_settings(&config))
-            .await?;
+            .await;
+        let leased = match leased {
+            Ok(l) => l,
+            Err(e) => {
+                self.listed.info.set_state(before);
+                return Err(e);
+            }
+        };
+        self.listed.info.set_state(ClientState::Active);
         self.backends[node] = Some(leased);
         self.set_active(node);
         Ok(())

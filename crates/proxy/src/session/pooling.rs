@@ -24,10 +24,10 @@ pub(super) struct PinGauge {
 }
 
 impl PinGauge {
-    /// Move the gauges from the reasons counted so far to `now`.
-    pub(super) fn sync(&mut self, now: &BTreeSet<PinReason>) {
+    /// Move the gauges from the reasons counted so far to `now`; true if they changed.
+    pub(super) fn sync(&mut self, now: &BTreeSet<PinReason>) -> bool {
         if self.counted == *now {
-            return;
+            return false;
         }
         for r in self.counted.difference(now) {
             metrics::gauge!("pgfresh_pinned_sessions", "reason" => r.as_str()).decrement(1.0);
@@ -36,6 +36,7 @@ impl PinGauge {
             metrics::gauge!("pgfresh_pinned_sessions", "reason" => r.as_str()).increment(1.0);
         }
         self.counted = now.clone();
+        true
     }
 
     pub(super) fn clear(&mut self) {
@@ -65,7 +66,10 @@ impl Session {
     /// still being forwarded means its connection is closed instead, so the cancel can
     /// never land on another client's query.
     pub(super) fn checkin(&mut self) {
-        self.pin_gauge.sync(&self.state.pins);
+        if self.pin_gauge.sync(&self.state.pins) {
+            let holding = self.state.pins.iter().find(|p| p.holds_connection());
+            self.listed.info.set_pinned(holding.map(PinReason::as_str));
+        }
         if self.mode != PoolMode::Transaction
             || self.backends.iter().all(Option::is_none)
             || !self.may_check_in()
@@ -87,6 +91,9 @@ impl Session {
             let cleanup = leased.conn.sql_prepared_cleanup();
             self.shared.pools.checkin(leased, cleanup);
         }
+        self.listed
+            .info
+            .set_state(crate::clients::ClientState::Idle);
     }
 
     /// Transaction mode: how long the client may stay silent while it holds a server
