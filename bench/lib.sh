@@ -39,6 +39,7 @@ wait_standbys_caught_up() {
 }
 
 # Writes a pgfresh config for the cluster: write_pgfresh_conf FILE LISTEN_PORT ADMIN_PORT PARSER(true|false) [EXTRA_ROUTING_LINES]
+# ($PGFRESH_POOL_SIZE and $PGFRESH_POOL_EXTRA go into [pool]; max_client_connections is 10000.)
 write_pgfresh_conf() {
     local file=$1 port=$2 admin=$3 parser=$4 extra=${5:-}
     cat >"$file" <<EOF
@@ -47,9 +48,11 @@ listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
 log_level = "${PGFRESH_LOG_LEVEL:-warn}"
 worker_threads = ${PGFRESH_WORKERS:-0}
+max_client_connections = 10000
 
 [pool]
-pool_size = 20
+pool_size = ${PGFRESH_POOL_SIZE:-20}
+${PGFRESH_POOL_EXTRA:-}
 
 [monitor]
 user = "postgres"

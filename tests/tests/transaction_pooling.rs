@@ -773,3 +773,40 @@ async fn a_listening_client_keeps_its_connection_and_gets_notifications() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psql_with_copy_meta_commands_and_errors() {
+    let p = tx_proxy();
+    let t = unique("tp_psql");
+    let rows: String = (0..5000).map(|i| format!("{i}\tvalue {i}\n")).collect();
+    let script = format!(
+        "CREATE TABLE {t}(id int primary key, v text);\n\
+         COPY {t} FROM STDIN;\n{rows}\\.\n\
+         \\d {t}\n\
+         SELECT count(*) FROM {t};\n\
+         BEGIN;\nINSERT INTO {t} VALUES (-1, 'in a transaction');\nSELECT count(*) FROM {t};\nCOMMIT;\n\
+         SELECT 1/0;\n\
+         SELECT max(id) FROM {t};\n"
+    );
+    let mut child = tokio::process::Command::new(pg_bin("psql"))
+        .args(["-X", "-A", "-t", "-q"])
+        .envs(p.libpq_env())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncWriteExt;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(script.as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.contains(&"5000"), "{stdout}\n{stderr}");
+    assert!(lines.contains(&"5001"), "{stdout}\n{stderr}");
+    assert!(lines.contains(&"4999"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("id|integer"), "\\d output: {stdout}");
+    assert!(stderr.contains("division by zero"), "{stderr}");
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Transaction pooling side by side: pgfresh (pool_mode = "transaction", parser on: reads to the
+# standbys) and PgBouncer (pool_mode = transaction, in front of the primary), both with 20 server
+# connections per node, at several client counts.
+#
+#   bench/txpool-compare.sh [options]
+#     -T SECONDS     duration of each run (default 15)
+#     -c "N N N"     client counts (default "8 64 500")
+#     -s SCALE       pgbench scale factor (default 10)
+#     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
+#     -o DIR         where results and logs go (default: a new temp dir)
+#     -B             skip `cargo build --release -p pgfresh`
+#
+# Workloads: select-only (`-S -M extended`) and TPC-B-like (`-N -M extended`; unnamed statements,
+# which PgBouncer 1.18 handles in transaction mode), pgbench with two
+# threads. Recorded per run: tps, average and 99th-percentile latency (from pgbench's
+# per-transaction log), failed transactions, the proxy's CPU time per statement (utime + stime
+# from /proc/PID/stat before and after, over the statements run: 1 per select-only transaction,
+# 7 per TPC-B-like one), and the most server connections of the benchmark user seen on any node
+# (pg_stat_activity, sampled twice a second). pgbench, the proxy and the three servers share the
+# machine: read CPU figures as relative within one run.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SECS=15 COUNTS="8 64 500" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
+while getopts "T:c:s:d:o:B" opt; do
+    case $opt in
+        T) SECS=$OPTARG ;;
+        c) COUNTS=$OPTARG ;;
+        s) SCALE=$OPTARG ;;
+        d) CLUSTER_DIR=$OPTARG ;;
+        o) OUTDIR=$OPTARG ;;
+        B) BUILD=0 ;;
+        *) sed -n 2,19p "$0"; exit 2 ;;
+    esac
+done
+
+cd "$HERE/.."
+if [ $BUILD = 1 ]; then
+    cargo build --release -p pgfresh
+fi
+OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-txpool.XXXXXX)}"
+mkdir -p "$OUTDIR"
+CLK_TCK=$(getconf CLK_TCK)
+ulimit -n 65536 2>/dev/null || true
+
+OWN_CLUSTER=0
+if [ -z "$CLUSTER_DIR" ]; then
+    "$HERE/cluster.sh" start | tee "$OUTDIR/cluster.txt"
+    CLUSTER_DIR=$(awk '/^cluster dir:/ { print $3 }' "$OUTDIR/cluster.txt")
+    OWN_CLUSTER=1
+fi
+# shellcheck disable=SC1091
+source "$CLUSTER_DIR/cluster.env"
+# shellcheck source=bench/lib.sh
+source "$HERE/lib.sh"
+
+PROXY_PID=""
+cleanup() {
+    if [ -n "$PROXY_PID" ]; then stop_pid "$PROXY_PID"; fi
+    if [ $OWN_CLUSTER = 1 ]; then "$HERE/cluster.sh" stop "$CLUSTER_DIR" >/dev/null; fi
+}
+trap cleanup EXIT
+
+# The servers must take 500 clients' worth of connections from direct setup work only.
+echo "== pgbench -i -s $SCALE on the primary"
+"$PG_BINDIR/pgbench" -i -q -s "$SCALE" -h 127.0.0.1 -p "$PRIMARY_PORT" -U app app >"$OUTDIR/init.log" 2>&1
+psql_node "$PRIMARY_PORT" "VACUUM ANALYZE" "CHECKPOINT" >/dev/null
+wait_standbys_caught_up
+
+# Most connections of user app seen on any node while the file $1 exists.
+sample_connections() {
+    local flag=$1 out=$2 max=0 n port
+    while [ -e "$flag" ]; do
+        for port in "$PRIMARY_PORT" "$STANDBY1_PORT" "$STANDBY2_PORT"; do
+            n=$(psql_node "$port" "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'" 2>/dev/null || echo 0)
+            if [ "${n:-0}" -gt "$max" ]; then max=$n; fi
+        done
+        echo "$max" >"$out"
+        sleep 0.5
+    done
+}
+
+RESULTS="$OUTDIR/results.tsv"
+printf "target\tworkload\tclients\ttransactions\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_us_per_stmt\tmax_server_conns_per_node\tloadavg_1m\n" >"$RESULTS"
+
+run_pgbench() {
+    local target=$1 port=$2 workload=$3 clients=$4; shift 4
+    local tag="${target}_${workload}_${clients}" before=0 after=0 rc=0
+    local log="$OUTDIR/$tag.log" txlog="$OUTDIR/txlog_$tag"
+    echo "== $target: $workload, $clients clients ($SECS s)"
+    psql_node "$PRIMARY_PORT" "CHECKPOINT" >/dev/null
+    local flag="$OUTDIR/sampling"; touch "$flag"
+    sample_connections "$flag" "$OUTDIR/$tag.conns" &
+    local sampler=$!
+    before=$(cpu_ticks_tree "$PROXY_PID")
+    timeout $((SECS + 120)) "$PG_BINDIR/pgbench" -n -c "$clients" -j 2 -T "$SECS" -M extended \
+        -l --log-prefix="$txlog" -h 127.0.0.1 -p "$port" -U app "$@" app >"$log" 2>&1 || rc=$?
+    after=$(cpu_ticks_tree "$PROXY_PID")
+    rm -f "$flag"; wait "$sampler" 2>/dev/null || true
+    local load; load=$(cut -d' ' -f1 /proc/loadavg)
+    if [ $rc -ne 0 ]; then
+        echo "   pgbench exited with $rc (log: $log):"; tail -5 "$log" | sed 's/^/   | /'
+    fi
+    local tx failed tps lat p99 stmts per conns
+    tx=$(awk -F': ' '/number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$log")
+    failed=$(awk -F': ' '/number of failed transactions/ { split($2, a, " "); print a[1] }' "$log")
+    tps=$(awk '/^tps = / { print $3 }' "$log")
+    lat=$(awk '/^latency average = / { print $4 }' "$log")
+    # Column 3 of pgbench's transaction log is the latency in microseconds.
+    p99=$(cat "$txlog".* 2>/dev/null | awk '{ print $3 }' | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", v[int(NR * 0.99)] / 1000; else print "n/a" }')
+    rm -f "$txlog".*
+    tx=${tx:-0}; failed=${failed:-0}; tps=${tps:-0}; lat=${lat:-nan}
+    stmts=$([ "$workload" = select ] && echo 1 || echo 7)
+    per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
+    conns=$(cat "$OUTDIR/$tag.conns" 2>/dev/null || echo "?")
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$clients" "$tx" "$failed" \
+        "$tps" "$lat" "$p99" "$per" "$conns" "$load" >>"$RESULTS"
+    echo "   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed proxy_cpu=${per}us/stmt server_conns<=$conns load=$load"
+}
+
+run_suite() {
+    local target=$1 port=$2 c
+    for c in $COUNTS; do
+        run_pgbench "$target" "$port" select "$c" -S
+        run_pgbench "$target" "$port" tpcb "$c" -N
+    done
+}
+
+# 1. pgfresh, transaction mode, 20 connections per node.
+port=$(free_port); admin=$(free_port)
+PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+    write_pgfresh_conf "$OUTDIR/pgfresh.toml" "$port" "$admin" true
+start_pgfresh "$OUTDIR/pgfresh.toml" "$OUTDIR/pgfresh.server.log"
+PROXY_PID=$PGFRESH_PID
+wait_accepting "$port"
+wait_replica_reads "$port"
+run_suite pgfresh-tx "$port"
+curl -fsS "http://127.0.0.1:$admin/metrics" >"$OUTDIR/pgfresh.metrics.txt" 2>/dev/null || true
+stop_pid "$PROXY_PID"; PROXY_PID=""
+
+# 2. PgBouncer, transaction mode, in front of the primary. It refuses to run as root.
+if command -v pgbouncer >/dev/null; then
+    port=$(free_port)
+    bdir="$CLUSTER_DIR/pgbouncer"
+    as_pg mkdir -p "$bdir"
+    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOF
+[databases]
+app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $bdir/userlist.txt
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 2000
+logfile = $bdir/pgbouncer.log
+EOF
+    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
+    if [ "$(id -u)" -eq 0 ]; then
+        setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+    else
+        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+    fi
+    PROXY_PID=$!
+    wait_accepting "$port"
+    run_suite pgbouncer-tx "$port"
+    stop_pid "$PROXY_PID"; PROXY_PID=""
+else
+    echo "pgbouncer is not installed (apt-get install -y pgbouncer): skipped"
+fi
+
+echo
+echo "results: $RESULTS"
+column -t -s $'\t' "$RESULTS"
