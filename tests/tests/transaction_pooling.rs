@@ -261,6 +261,28 @@ async fn a_set_in_a_rolled_back_transaction_is_not_replayed() {
     }
 }
 
+/// Wait until the primary runs a query containing `text`.
+async fn running_on_primary(text: &str) {
+    let node = direct(0).await;
+    let pattern = format!("%{text}%");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let n: i64 = node
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid()",
+                &[&pattern],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text} never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_cancel_after_check_in_reaches_no_other_client() {
     let p = start_proxy(&tx_config(1, ""));
@@ -277,10 +299,7 @@ async fn a_cancel_after_check_in_reaches_no_other_client() {
             .await
             .map(|_| ())
     });
-    eventually("B's sleep is running", Duration::from_secs(20), || {
-        p.shared.pools.counts().iter().any(|c| c.lent > 0)
-    })
-    .await;
+    running_on_primary("pg_sleep(1.5)").await;
     // A's cancel: A has nothing running, so nothing is cancelled.
     a_cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
     sleep
@@ -296,12 +315,7 @@ async fn a_cancel_after_check_in_reaches_no_other_client() {
             .await
             .map(|_| ())
     });
-    eventually(
-        "B's second sleep is running",
-        Duration::from_secs(20),
-        || p.shared.pools.counts().iter().any(|c| c.lent > 0),
-    )
-    .await;
+    running_on_primary("pg_sleep(30)").await;
     b_cancel_2
         .cancel_query(tokio_postgres::NoTls)
         .await

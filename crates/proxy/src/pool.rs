@@ -337,7 +337,10 @@ impl Pools {
             && (reset_query.is_empty()
                 || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
         if reusable {
-            leased.conn.forget_session_state(!reset_query.is_empty());
+            // Only DISCARD ALL is known to bring the connection back to its login defaults;
+            // after anything else its settings are unknown and replayed before use.
+            let reset = reset_query.to_ascii_uppercase().contains("DISCARD ALL");
+            leased.conn.forget_session_state(reset);
             push_idle(leased);
         } else {
             leased.conn.terminate().await;

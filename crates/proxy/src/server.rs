@@ -339,7 +339,8 @@ impl ServerConn {
         matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
 
-    /// After a reset query (DISCARD ALL) ran: no statements, default settings.
+    /// After a reset query ran: no statements; default settings when it was DISCARD ALL
+    /// (`reset`), otherwise unknown.
     pub fn forget_session_state(&mut self, reset: bool) {
         self.prepared.clear();
         self.statements.clear();
