@@ -824,3 +824,31 @@ async fn psql_with_copy_meta_commands_and_errors() {
     assert!(stdout.contains("id|integer"), "\\d output: {stdout}");
     assert!(stderr.contains("division by zero"), "{stderr}");
 }
+
+#[tokio::test]
+async fn deallocate_of_a_protocol_level_statement_works_in_both_modes() {
+    use wire::*;
+    let session = proxy();
+    let transaction = start_proxy(&tx_config(1, ""));
+    for p in [session, &transaction] {
+        let mut c = raw_login(p).await;
+        for round in 0..3 {
+            // A statement prepared with Parse, deallocated with SQL, as psycopg does past
+            // its prepared_max.
+            let r = exchange(&mut c, [parse("s1", "SELECT $1::int + 1"), sync()].concat()).await;
+            assert_eq!(raw::tags(&r), b"1Z");
+            let r = exchange(
+                &mut c,
+                [bind_execute("s1", &round.to_string()), sync()].concat(),
+            )
+            .await;
+            assert_eq!(values(&r), [(round + 1).to_string()]);
+            let q = pgfresh_tests::raw::msg(b'Q', &pgfresh_tests::raw::cstr("DEALLOCATE s1"));
+            let r = exchange(&mut c, q).await;
+            assert_eq!(raw::tags(&r), b"CZ", "DEALLOCATE s1: {:?}", sqlstate(&r));
+            // The statement is gone for the client.
+            let r = exchange(&mut c, [bind_execute("s1", "1"), sync()].concat()).await;
+            assert_eq!(sqlstate(&r).as_deref(), Some("26000"));
+        }
+    }
+}

@@ -114,6 +114,14 @@ impl Session {
                             previous,
                         });
                     }
+                    // DEALLOCATE of a protocol-level statement needs it where it runs.
+                    for s in &analysis.statements {
+                        if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(n))) = &s.session {
+                            if self.state.prepared.contains_key(n) {
+                                self.batch.uses_statements.push(n.clone());
+                            }
+                        }
+                    }
                     self.batch.parts.push(analysis);
                     self.batch.parses.push(name.to_string());
                     self.push_batch(frame.raw);

@@ -308,6 +308,13 @@ impl Session {
                 if let Some(u) = self.inflight.front_mut() {
                     u.replied = true;
                     u.events.pop_front();
+                    // An Execute stopped at its row limit (asyncpg's fetchval of
+                    // `INSERT … RETURNING`): the write is done, and the implicit
+                    // transaction commits at Sync without a CommandComplete.
+                    if tag == b's' && u.autocommit && (!u.writes.is_empty() || u.whole_db) {
+                        let (w, whole) = (u.writes.clone(), u.whole_db);
+                        self.mark(w, whole);
+                    }
                 }
                 Action::Forward
             }

@@ -38,7 +38,7 @@ impl Session {
     /// pgfresh itself. Returns true when the unit was answered.
     pub(super) fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
         let Some(sql) = &unit.simple_sql else {
-            return Local::No;
+            return self.answer_extended_deallocate(unit);
         };
         let [analysis] = unit.parts.as_slice() else {
             return Local::No;
@@ -73,6 +73,19 @@ impl Session {
                     self.state.pins.remove(&PinReason::RouteSetting);
                 }
                 self.out.push(build::command_complete("SET"));
+                self.out.push(build::ready_for_query(self.tx));
+                return Local::Answered;
+            }
+        }
+        if let Some(SessionEffect::Deallocate(Some(name))) = &stmt.session {
+            if self.deallocates_protocol_statement(name) {
+                if busy {
+                    return Local::Wait;
+                }
+                // Transaction mode: the statement lives on server connections under
+                // pgfresh's name, shared by content; the client's name is simply gone.
+                self.state.prepared.remove(name);
+                self.out.push(build::command_complete("DEALLOCATE"));
                 self.out.push(build::ready_for_query(self.tx));
                 return Local::Answered;
             }
@@ -115,6 +128,67 @@ impl Session {
             }
             _ => Local::No,
         }
+    }
+
+    /// Transaction mode: `DEALLOCATE name` of a protocol-level statement sent with the
+    /// extended protocol (psycopg's maintenance commands: unnamed Parse, Bind, Execute,
+    /// Sync), answered message by message as the server would.
+    fn answer_extended_deallocate(&mut self, unit: &ClientUnit) -> Local {
+        // The Parse and the Bind of the unnamed statement each bring its analysis.
+        let deallocated = |a: &Analysis| match a.statements.as_slice() {
+            [stmt] => match &stmt.session {
+                Some(SessionEffect::Deallocate(Some(name))) => Some(name.clone()),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(name) = unit.parts.first().and_then(|a| deallocated(a)) else {
+            return Local::No;
+        };
+        if !unit
+            .parts
+            .iter()
+            .all(|a| deallocated(a).as_deref() == Some(name.as_str()))
+        {
+            return Local::No;
+        }
+        let name = &name;
+        // Only the shape drivers send: an unnamed Parse, Bind, Describe of the portal,
+        // Execute, Sync (Flush anywhere).
+        let shape = unit.synced
+            && unit.frames.iter().all(|f| match f.first() {
+                Some(b'P') => f.get(5) == Some(&0),
+                Some(b'D') => f.get(5) == Some(&b'P'),
+                Some(b'B' | b'E' | b'S' | b'H') => true,
+                _ => false,
+            });
+        if !shape || !self.deallocates_protocol_statement(name) {
+            return Local::No;
+        }
+        if self.client_busy() {
+            return Local::Wait;
+        }
+        self.state.prepared.remove(name);
+        for f in &unit.frames {
+            match f.first() {
+                Some(b'P') => self.out.push(build::parse_complete()),
+                Some(b'B') => self.out.push(build::bind_complete()),
+                Some(b'D') => self.out.push(build::no_data()),
+                Some(b'E') => self.out.push(build::command_complete("DEALLOCATE")),
+                Some(b'S') => self.out.push(build::ready_for_query(self.tx)),
+                _ => {}
+            }
+        }
+        Local::Answered
+    }
+
+    /// `DEALLOCATE name` of one of the client's protocol-level statements, in transaction
+    /// mode, outside a failed transaction (where the server would refuse it).
+    fn deallocates_protocol_statement(&self, name: &str) -> bool {
+        self.mode == pgfresh_config::PoolMode::Transaction
+            && self.tx != TxStatus::Failed
+            && self.state.prepared.contains_key(name)
+            && !self.state.sql_prepared.contains_key(name)
     }
 
     /// Units of the client's are running: anything pgfresh answers itself must wait.

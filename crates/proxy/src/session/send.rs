@@ -185,7 +185,13 @@ impl Session {
                     .sql_prepared
                     .get(name)
                     .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
-                Some(SessionEffect::Deallocate(Some(name))) => Some((format!("sql:{name}"), None)),
+                Some(SessionEffect::Deallocate(Some(name))) => {
+                    // A protocol-level statement of that name goes too (session mode).
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.prepared.remove(name.as_str());
+                    }
+                    Some((format!("sql:{name}"), None))
+                }
                 Some(SessionEffect::Discard(DiscardKind::All))
                 | Some(SessionEffect::Deallocate(None)) => {
                     // Every prepared statement on the connection goes, other clients'
@@ -413,8 +419,13 @@ impl Session {
                     }
                     SessionEffect::Deallocate(Some(name)) => {
                         self.state.sql_prepared.remove(name);
+                        self.state.prepared.remove(name);
                     }
-                    SessionEffect::Deallocate(None) => self.state.sql_prepared.clear(),
+                    SessionEffect::Deallocate(None) => {
+                        // Protocol-level statements go too.
+                        self.state.sql_prepared.clear();
+                        self.state.prepared.clear();
+                    }
                     SessionEffect::Listen(_) => {
                         self.state.pins.insert(PinReason::Listen);
                     }
