@@ -37,8 +37,9 @@ pub struct ClientInfo {
     pub application_name: String,
     pub connected_at: SystemTime,
     state: AtomicU8,
-    /// When the current wait for a server connection began.
-    wait_since: Mutex<Option<Instant>>,
+    /// When the current wait for a server connection began, in microseconds since
+    /// [`epoch`] (meaningful while the state is Waiting).
+    wait_since_us: AtomicU64,
     /// Why the session keeps its connection (see `PinReason`), if it does.
     pinned: Mutex<Option<&'static str>>,
 }
@@ -53,20 +54,19 @@ impl ClientInfo {
     }
 
     pub fn set_state(&self, s: ClientState) {
-        if self.state.swap(s as u8, Ordering::Relaxed) == s as u8 {
-            return;
+        if s == ClientState::Waiting {
+            self.wait_since_us.store(now_us(), Ordering::Relaxed);
         }
-        let mut since = self.wait_since.lock().unwrap_or_else(|p| p.into_inner());
-        *since = (s == ClientState::Waiting).then(Instant::now);
+        self.state.store(s as u8, Ordering::Relaxed);
     }
 
     /// How long the client has been waiting for a server connection (zero if it is not).
     pub fn waited(&self) -> std::time::Duration {
-        self.wait_since
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .map(|t| t.elapsed())
-            .unwrap_or_default()
+        if self.state() != ClientState::Waiting {
+            return std::time::Duration::ZERO;
+        }
+        let since = self.wait_since_us.load(Ordering::Relaxed);
+        std::time::Duration::from_micros(now_us().saturating_sub(since))
     }
 
     pub fn set_pinned(&self, reason: Option<&'static str>) {
@@ -76,6 +76,16 @@ impl ClientInfo {
     pub fn pinned(&self) -> Option<&'static str> {
         *self.pinned.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A fixed point in time the wait starts are counted from.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_us() -> u64 {
+    epoch().elapsed().as_micros() as u64
 }
 
 #[derive(Default)]
@@ -117,7 +127,7 @@ impl ClientRegistry {
             application_name: application_name.to_string(),
             connected_at: SystemTime::now(),
             state: AtomicU8::new(ClientState::Idle as u8),
-            wait_since: Mutex::new(None),
+            wait_since_us: AtomicU64::new(0),
             pinned: Mutex::new(None),
         });
         self.clients

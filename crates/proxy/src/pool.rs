@@ -7,7 +7,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+
+use foldhash::fast::RandomState;
 use std::time::{Duration, Instant};
 
 use pgfresh_config::PoolMode;
@@ -54,7 +56,7 @@ struct Pool {
     /// Connections now lent out and running a unit or held by a session.
     lent: AtomicUsize,
     /// The connections lent out now, by connection id (for SHOW SERVERS).
-    lent_conns: Mutex<HashMap<u64, LentConn>>,
+    lent_conns: Mutex<HashMap<u64, LentConn, RandomState>>,
 }
 
 /// A lent connection, as SHOW SERVERS shows it.
@@ -87,8 +89,9 @@ pub struct ServerRow {
 /// so connections made before the change are closed instead of reused.
 #[derive(Default)]
 pub struct Pools {
-    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
-    generations: Mutex<HashMap<usize, Arc<AtomicU64>>>,
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>, RandomState>>,
+    /// Generation per node index (grown when a node is added).
+    generations: RwLock<Vec<AtomicU64>>,
     next_waiter: AtomicU64,
 }
 
@@ -149,20 +152,22 @@ impl Drop for Waiting<'_> {
 }
 
 impl Pools {
-    fn generation_cell(&self, node: usize) -> Arc<AtomicU64> {
-        let mut g = self.generations.lock().unwrap_or_else(|p| p.into_inner());
-        g.entry(node).or_default().clone()
-    }
-
     /// The current generation of a node.
     pub fn generation(&self, node: usize) -> u64 {
-        self.generation_cell(node).load(Ordering::Acquire)
+        let g = self.generations.read().unwrap_or_else(|p| p.into_inner());
+        g.get(node).map_or(0, |c| c.load(Ordering::Acquire))
     }
 
     /// Mark every connection to `node` as stale (role change, removal). Idle ones are
     /// dropped now; leased ones are dropped by their session at its next statement.
     pub fn invalidate_node(&self, node: usize) {
-        self.generation_cell(node).fetch_add(1, Ordering::AcqRel);
+        {
+            let mut g = self.generations.write().unwrap_or_else(|p| p.into_inner());
+            if g.len() <= node {
+                g.resize_with(node + 1, AtomicU64::default);
+            }
+            g[node].fetch_add(1, Ordering::AcqRel);
+        }
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         for (key, pool) in pools.iter() {
             if key.node == node {
@@ -189,14 +194,14 @@ impl Pools {
                     waiting: Mutex::new(HashMap::new()),
                     lent_total: AtomicU64::new(0),
                     lent: AtomicUsize::new(0),
-                    lent_conns: Mutex::new(HashMap::new()),
+                    lent_conns: Mutex::new(HashMap::default()),
                 })
             })
             .clone()
     }
 
     /// A slot in `pool`: at once if one is free, else in arrival order (the semaphore
-    /// is fair) up to the acquire timeout. The wait is recorded in
+    /// is fair) up to the acquire timeout. A wait (none was free) is recorded in
     /// `pgfresh_pool_wait_seconds`.
     async fn permit(
         &self,

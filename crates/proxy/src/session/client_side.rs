@@ -135,7 +135,7 @@ impl Session {
                         self.batch.parts.push(p.analysis.clone());
                         event = portal_event(p);
                     }
-                    if self.mode == PoolMode::Transaction {
+                    if self.mode == PoolMode::Transaction && !statement.is_empty() {
                         // The statement as it is now: a later Close or Parse in the same
                         // batch must not change what this Bind runs.
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
@@ -154,7 +154,7 @@ impl Session {
                     if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
                         self.batch.uses_statements.push(name.to_string());
                     }
-                    if kind == b'S' && self.mode == PoolMode::Transaction {
+                    if kind == b'S' && self.mode == PoolMode::Transaction && !name.is_empty() {
                         let p = self.state.prepared.get(name);
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
                     }

@@ -66,6 +66,17 @@ fn server_statement(
     Some(server_name(id))
 }
 
+/// Whether a unit needs no mapping at all: a complete batch (not continued after a Flush)
+/// that names no statement and uses no unnamed statement of an earlier unit. Its replies
+/// are all forwarded as they come.
+pub(super) fn plain_unit(unit: &ClientUnit) -> bool {
+    unit.synced
+        && unit.statement_refs.is_empty()
+        && unit.statement_undo.is_empty()
+        && !unit.uses_statements.iter().any(String::is_empty)
+        && !unit.parses.iter().any(|n| !n.is_empty())
+}
+
 impl Session {
     /// Map `unit`'s statements onto `node`'s connection (see the module comment).
     pub(super) fn rewrite_unit(&mut self, node: usize, unit: &ClientUnit) -> Rewritten {
@@ -123,7 +134,11 @@ impl Session {
                 Ok(FrontendMessage::Bind {
                     portal, statement, ..
                 }) => {
-                    let resolved = refs.next().flatten();
+                    let resolved = if statement.is_empty() {
+                        None
+                    } else {
+                        refs.next().flatten()
+                    };
                     let name =
                         server_statement(cache, statement, resolved, &mut out, unnamed.as_ref());
                     if statement.is_empty() {
@@ -136,7 +151,11 @@ impl Session {
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Describe { kind: b'S', name }) => {
-                    let resolved = refs.next().flatten();
+                    let resolved = if name.is_empty() {
+                        None
+                    } else {
+                        refs.next().flatten()
+                    };
                     let server =
                         server_statement(cache, name, resolved, &mut out, unnamed.as_ref());
                     if name.is_empty() {

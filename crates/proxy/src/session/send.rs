@@ -230,8 +230,12 @@ impl Session {
             self.watch_commit(node, &unit, continuing, &mut pre);
         }
         // Transaction mode: the unit's statements under the connection's names.
-        let rewritten = (!session_mode && unit.simple_sql.is_none() && !unit.force_primary)
-            .then(|| self.rewrite_unit(node, &unit));
+        // (A complete batch that names no statement goes as it is.)
+        let rewritten = (!session_mode
+            && unit.simple_sql.is_none()
+            && !unit.force_primary
+            && (continuing || !super::rewrite::plain_unit(&unit)))
+        .then(|| self.rewrite_unit(node, &unit));
         let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
         if pre.is_empty() {
             self.send_frames(node, frames).await?;
