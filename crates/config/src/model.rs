@@ -18,6 +18,8 @@ pub struct Config {
     #[serde(default)]
     pub routing: RoutingSection,
     #[serde(default)]
+    pub tls: TlsSection,
+    #[serde(default)]
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
     pub users: Vec<UserConfig>,
@@ -91,6 +93,78 @@ pub struct PoolSection {
     /// hold its server connection idle this long before the client is disconnected
     /// (0 = no limit).
     pub idle_transaction_timeout_ms: u64,
+}
+
+/// TLS toward clients (PgBouncer's names). Paths are read as given (relative ones from
+/// pgfresh's working directory).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// `None`: `prefer` when a certificate is configured, else `disable`.
+    pub client_tls_sslmode: Option<ClientTlsMode>,
+    /// The certificate chain pgfresh presents to clients (PEM).
+    pub client_tls_cert_file: String,
+    /// Its private key (PEM).
+    pub client_tls_key_file: String,
+    /// CA certificates client certificates must chain to (`verify-ca`, `verify-full`).
+    pub client_tls_ca_file: String,
+}
+
+impl TlsSection {
+    /// The mode in force: the configured one, or `prefer` with a certificate and
+    /// `disable` without.
+    pub fn client_mode(&self) -> ClientTlsMode {
+        self.client_tls_sslmode
+            .unwrap_or(if self.client_tls_cert_file.is_empty() {
+                ClientTlsMode::Disable
+            } else {
+                ClientTlsMode::Prefer
+            })
+    }
+}
+
+/// What pgfresh asks of clients' TLS (`client_tls_sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientTlsMode {
+    /// TLS is refused (SSLRequest is answered `N`).
+    Disable,
+    /// TLS when the client asks for it.
+    Allow,
+    /// TLS when the client asks for it (the same as `allow` on this side).
+    Prefer,
+    /// Only TLS connections are accepted (cancel requests excepted).
+    Require,
+    /// TLS with a client certificate that chains to `client_tls_ca_file`.
+    VerifyCa,
+    /// As `verify-ca`.
+    VerifyFull,
+}
+
+impl ClientTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientTlsMode::Disable => "disable",
+            ClientTlsMode::Allow => "allow",
+            ClientTlsMode::Prefer => "prefer",
+            ClientTlsMode::Require => "require",
+            ClientTlsMode::VerifyCa => "verify-ca",
+            ClientTlsMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Plain connections are refused.
+    pub fn required(self) -> bool {
+        matches!(
+            self,
+            ClientTlsMode::Require | ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull
+        )
+    }
+
+    /// Clients must present a certificate.
+    pub fn verifies_clients(self) -> bool {
+        matches!(self, ClientTlsMode::VerifyCa | ClientTlsMode::VerifyFull)
+    }
 }
 
 /// When a server connection goes back to the pool.

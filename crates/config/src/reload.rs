@@ -42,6 +42,8 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     // Read when a COMMIT is sent: a change applies to the next COMMIT of every session.
     ("routing.resolve_lost_commits", ReloadClass::Live),
     ("routing.", ReloadClass::Live),
+    // The acceptor is rebuilt; connections already open keep their session.
+    ("tls.", ReloadClass::Live),
     // Nodes can be added, removed, moved and re-weighted live.
     ("nodes", ReloadClass::Live),
     ("users", ReloadClass::Live),

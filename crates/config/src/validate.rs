@@ -63,10 +63,21 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         .parse::<SocketAddr>()
         .map_err(|e| ConfigError::invalid("proxy.listen", e.to_string()))?;
     if !c.proxy.admin_listen.is_empty() {
-        c.proxy
+        let admin = c
+            .proxy
             .admin_listen
             .parse::<SocketAddr>()
             .map_err(|e| ConfigError::invalid("proxy.admin_listen", e.to_string()))?;
+        let token = c.proxy.admin_token.as_deref().unwrap_or("");
+        if !admin.ip().is_loopback() && token.is_empty() {
+            return Err(ConfigError::invalid(
+                "proxy.admin_listen",
+                format!(
+                    "{admin} is reachable from other hosts; set proxy.admin_token so the HTTP API \
+                     (which can change routing) is not open to anyone who can connect"
+                ),
+            ));
+        }
     }
     if c.proxy.max_client_connections == 0 {
         return Err(ConfigError::invalid(
@@ -82,6 +93,28 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     if c.pool.pool_size == 0 {
         return Err(ConfigError::invalid("pool.pool_size", "must be at least 1"));
+    }
+    let tls = &c.tls;
+    let mode = tls.client_mode();
+    if mode != crate::ClientTlsMode::Disable
+        && (tls.client_tls_cert_file.is_empty() || tls.client_tls_key_file.is_empty())
+    {
+        return Err(ConfigError::invalid(
+            "tls.client_tls_sslmode",
+            format!(
+                "{} needs client_tls_cert_file and client_tls_key_file",
+                mode.as_str()
+            ),
+        ));
+    }
+    if mode.verifies_clients() && tls.client_tls_ca_file.is_empty() {
+        return Err(ConfigError::invalid(
+            "tls.client_tls_ca_file",
+            format!(
+                "client_tls_sslmode = {} needs the CA that client certificates chain to",
+                mode.as_str()
+            ),
+        ));
     }
     if c.pool.max_prepared_statements == 0 {
         return Err(ConfigError::invalid(

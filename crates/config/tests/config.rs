@@ -22,6 +22,25 @@ fn minimal_file_gets_defaults() {
     assert_eq!(c.nodes[0].weight, 1);
     assert!(c.routing.enable_query_parser);
     assert!(!c.routing.resolve_lost_commits, "off unless asked for");
+    assert_eq!(c.pool.pool_mode, PoolMode::Session);
+    assert_eq!(c.tls.client_mode(), ClientTlsMode::Disable);
+    let c = parse_str(&with(
+        "[tls]\nclient_tls_cert_file = \"c\"\nclient_tls_key_file = \"k\"\n",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.tls.client_mode(),
+        ClientTlsMode::Prefer,
+        "prefer once a certificate is set"
+    );
+    let c = parse_str(&with(
+        "[proxy]\nadmin_listen = \"0.0.0.0:9930\"\nadmin_token = \"t\"\n",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.proxy.admin_listen, "0.0.0.0:9930",
+        "a token opens other addresses"
+    );
 }
 
 #[test]
@@ -64,6 +83,23 @@ fn invalid_values_are_named() {
         (
             "[[users]]\nname = \"a\"\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$a:b\"\n",
             "users[0].server_password",
+        ),
+        ("[pool]\nmax_prepared_statements = 0\n", "pool.max_prepared_statements"),
+        (
+            "[pool]\npool_mode = \"statement\"\n",
+            "pool_mode",
+        ),
+        (
+            "[tls]\nclient_tls_sslmode = \"require\"\n",
+            "tls.client_tls_sslmode",
+        ),
+        (
+            "[tls]\nclient_tls_sslmode = \"verify-ca\"\nclient_tls_cert_file = \"c\"\nclient_tls_key_file = \"k\"\n",
+            "tls.client_tls_ca_file",
+        ),
+        (
+            "[proxy]\nadmin_listen = \"0.0.0.0:9930\"\n",
+            "proxy.admin_listen",
         ),
     ];
     for (extra, key) in cases {

@@ -32,7 +32,7 @@ pub struct Login {
     pub params: Vec<(String, String)>,
 }
 
-fn read_err(e: ReadError) -> ProxyError {
+pub(crate) fn read_err(e: ReadError) -> ProxyError {
     match e {
         ReadError::Closed | ReadError::Truncated => ProxyError::ClientGone,
         ReadError::Io(e) => ProxyError::ClientIo(e),
@@ -89,7 +89,8 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 async fn write<S: AsyncWrite + Unpin>(sock: &mut S, bytes: &[u8]) -> Result<(), ProxyError> {
-    sock.write_all(bytes).await.map_err(ProxyError::ClientIo)
+    sock.write_all(bytes).await.map_err(ProxyError::ClientIo)?;
+    sock.flush().await.map_err(ProxyError::ClientIo)
 }
 
 async fn read_password<S: AsyncRead + Unpin>(

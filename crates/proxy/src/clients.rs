@@ -36,6 +36,8 @@ pub struct ClientInfo {
     pub addr: Option<SocketAddr>,
     pub application_name: String,
     pub connected_at: SystemTime,
+    /// The client connected over TLS.
+    pub tls: bool,
     state: AtomicU8,
     /// When the current wait for a server connection began, in microseconds since
     /// [`epoch`] (meaningful while the state is Waiting).
@@ -118,6 +120,7 @@ impl ClientRegistry {
         database: &str,
         addr: Option<SocketAddr>,
         application_name: &str,
+        tls: bool,
     ) -> Listed {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let info = Arc::new(ClientInfo {
@@ -126,6 +129,7 @@ impl ClientRegistry {
             addr,
             application_name: application_name.to_string(),
             connected_at: SystemTime::now(),
+            tls,
             state: AtomicU8::new(ClientState::Idle as u8),
             wait_since_us: AtomicU64::new(0),
             pinned: Mutex::new(None),

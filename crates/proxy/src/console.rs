@@ -8,12 +8,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::tls::ClientStream;
 use bytes::{BufMut, BytesMut};
 use pgfresh_wire::{
     build, parse_frontend, sqlstate, ErrorResponse, FrontendMessage, Limits, Severity, TxStatus,
 };
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::admin;
 use crate::client::Login;
@@ -59,7 +59,7 @@ fn table(out: &mut BytesMut, cols: &[&str], rows: Vec<Vec<String>>) {
     out.extend_from_slice(&build::command_complete(&format!("SHOW {n}")));
 }
 
-pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, login: Login) {
+pub async fn run(mut sock: ClientStream, mut buf: BytesMut, shared: Arc<Shared>, login: Login) {
     if !login.user.admin {
         let e = ErrorResponse::fatal(
             sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
@@ -69,6 +69,7 @@ pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, lo
             ),
         );
         let _ = sock.write_all(&e.to_bytes()).await;
+        let _ = sock.flush().await;
         return;
     }
     let mut out = BytesMut::new();
@@ -86,7 +87,7 @@ pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, lo
         secret: 0,
     }));
     out.extend_from_slice(&build::ready_for_query(TxStatus::Idle));
-    if sock.write_all(&out).await.is_err() {
+    if sock.write_all(&out).await.is_err() || sock.flush().await.is_err() {
         return;
     }
     let limits = Limits {
@@ -114,11 +115,12 @@ pub async fn run(mut sock: TcpStream, mut buf: BytesMut, shared: Arc<Shared>, lo
                 let _ = sock
                     .write_all(&ErrorResponse::fatal(e.sqlstate(), e.to_string()).to_bytes())
                     .await;
+                let _ = sock.flush().await;
                 return;
             }
         }
         out.extend_from_slice(&build::ready_for_query(TxStatus::Idle));
-        if sock.write_all(&out).await.is_err() {
+        if sock.write_all(&out).await.is_err() || sock.flush().await.is_err() {
             return;
         }
     }
@@ -464,6 +466,7 @@ fn show_clients(shared: &Shared, out: &mut BytesMut) {
                 waited.as_secs().to_string(),
                 waited.subsec_micros().to_string(),
                 c.application_name.clone(),
+                c.tls.to_string(),
                 c.pinned().unwrap_or_default().into(),
             ]
         })
@@ -481,6 +484,7 @@ fn show_clients(shared: &Shared, out: &mut BytesMut) {
             "wait",
             "wait_us",
             "application_name",
+            "tls",
             "pinned",
         ],
         rows,

@@ -40,6 +40,8 @@ pub struct Shared {
     pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.
     pub ttl_source: ArcSwap<crate::admin::TtlSource>,
+    /// TLS toward clients, rebuilt when `[tls]` or its files change.
+    pub client_tls: crate::tls::ClientTls,
     /// Faults integration tests arm ([`Shared::arm_fault`]).
     #[doc(hidden)]
     pub faults: crate::session::lost_commit::Faults,

@@ -20,6 +20,9 @@ pub enum ProxyError {
     Startup(String),
     #[error("too many client connections")]
     TooManyClients,
+    /// A plain connection where `client_tls_sslmode` requires TLS.
+    #[error("SSL required: pgfresh accepts only TLS connections here (client_tls_sslmode = {0}); connect with sslmode=require or stronger")]
+    TlsRequired(&'static str),
     #[error("timed out waiting for a server connection to {node}")]
     PoolTimeout { node: String },
     /// Transaction mode: no server connection became free in time for a statement.
@@ -106,6 +109,7 @@ impl ProxyError {
             ClientProtocol(e) => e.sqlstate(),
             ClientGone | ClientIo(_) => sqlstate::CONNECTION_FAILURE,
             AuthFailed(_) => sqlstate::INVALID_PASSWORD,
+            TlsRequired(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             Startup(_) => sqlstate::PROTOCOL_VIOLATION,
             TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,

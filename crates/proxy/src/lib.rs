@@ -21,6 +21,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod statements;
+pub mod tls;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -182,8 +183,10 @@ impl Proxy {
             catalog: Default::default(),
             deps: deps::Dependencies::new(&c),
             faults: Default::default(),
+            client_tls: Default::default(),
         });
         shared.deps.attach(&shared);
+        shared.client_tls.refresh(&c.tls);
         let proxy = Proxy {
             shared,
             shutdown_tx,
@@ -198,10 +201,16 @@ impl Proxy {
         let mut stop = self.shared.shutdown.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut ticks = 0u64;
             let mut events = shared.balancer.subscribe();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        ticks += 1;
+                        if ticks % 4 == 0 {
+                            // Certificates replaced on disk are picked up within a second.
+                            shared.client_tls.refresh(&shared.config.snapshot().tls);
+                        }
                         shared.recency.sweep(10_000);
                         let stats = shared.recency.stats();
                         metrics::gauge!("pgfresh_hot_relations").set(shared.recency.len() as f64);
@@ -244,6 +253,7 @@ impl Proxy {
         shared.balancer.update_settings(monitor_settings(&c));
         shared.policy.store(Arc::new(function_policy(&c)));
         shared.deps.apply_config(&c);
+        shared.client_tls.refresh(&c.tls);
     }
 
     /// Apply the config's node list: new nodes are monitored (and join the read pool

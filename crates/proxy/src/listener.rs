@@ -10,10 +10,13 @@ use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use pgfresh_config::ClientTlsMode;
+
 use crate::client::{open, Opening};
 use crate::context::Shared;
 use crate::error::ProxyError;
 use crate::session::Session;
+use crate::tls::{self, ClientStream};
 
 /// Accept clients on `listener` until `shutdown` resolves. Running sessions are not
 /// waited for here; see [`crate::Proxy::run`].
@@ -41,6 +44,22 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
     }
 }
 
+/// Counts a TLS client in `pgfresh_tls_connections{side="client"}` while it lasts.
+struct TlsCount;
+
+impl TlsCount {
+    fn new() -> Self {
+        metrics::gauge!("pgfresh_tls_connections", "side" => "client").increment(1.0);
+        TlsCount
+    }
+}
+
+impl Drop for TlsCount {
+    fn drop(&mut self) {
+        metrics::gauge!("pgfresh_tls_connections", "side" => "client").decrement(1.0);
+    }
+}
+
 struct ClientCount(Arc<Shared>);
 
 impl Drop for ClientCount {
@@ -50,35 +69,50 @@ impl Drop for ClientCount {
     }
 }
 
-async fn handle_client(mut sock: TcpStream, shared: Arc<Shared>) {
+async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
     let config = shared.config.snapshot();
     let count = shared.clients.fetch_add(1, Ordering::AcqRel) + 1;
     metrics::gauge!("pgfresh_client_connections").increment(1.0);
     let _guard = ClientCount(shared.clone());
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let login_timeout = Duration::from_millis(config.proxy.client_login_timeout_ms);
-    let opened = tokio::time::timeout(
-        login_timeout,
-        open(&mut sock, &mut buf, &config, &shared.verifiers),
-    )
+    let tls = shared.client_tls.active();
+    let limits = pgfresh_wire::Limits {
+        max_message: config.proxy.max_message_bytes,
+        max_startup: 10 * 1024,
+    };
+    let opened = tokio::time::timeout(login_timeout, async {
+        let mut sock = tls::negotiate(sock, &mut buf, tls.as_deref(), &limits).await?;
+        match open(&mut sock, &mut buf, &config, &shared.verifiers).await {
+            Ok(o) => Ok((sock, o)),
+            Err(e) => Err((Some(sock), e)),
+        }
+    })
     .await;
-    let login = match opened {
+    let (sock, login) = match opened {
         Err(_) => {
-            reject(&mut sock, ProxyError::LoginTimeout).await;
+            // The socket went with the timed-out future: nothing to say.
+            reject(None, ProxyError::LoginTimeout).await;
             return;
         }
-        Ok(Err(e)) => {
-            reject(&mut sock, e).await;
+        Ok(Err((sock, e))) => {
+            reject(sock, e).await;
             return;
         }
-        Ok(Ok(Opening::Cancel(key))) => {
+        Ok(Ok((_, Opening::Cancel(key)))) => {
             shared.cancels.cancel(key).await;
             return;
         }
-        Ok(Ok(Opening::Session(login))) => login,
+        Ok(Ok((sock, Opening::Session(login)))) => (sock, login),
     };
+    let _tls_count = sock.is_tls().then(TlsCount::new);
+    let mode = tls.as_ref().map_or(ClientTlsMode::Disable, |t| t.mode);
+    if mode.required() && !sock.is_tls() {
+        reject(Some(sock), ProxyError::TlsRequired(mode.as_str())).await;
+        return;
+    }
     if count > config.proxy.max_client_connections {
-        reject(&mut sock, ProxyError::TooManyClients).await;
+        reject(Some(sock), ProxyError::TooManyClients).await;
         return;
     }
     if login.database == "pgfresh" {
@@ -94,10 +128,11 @@ async fn handle_client(mut sock: TcpStream, shared: Arc<Shared>) {
     }
 }
 
-async fn reject(sock: &mut TcpStream, e: ProxyError) {
+async fn reject(sock: Option<ClientStream>, e: ProxyError) {
     metrics::counter!("pgfresh_client_login_failures_total", "sqlstate" => e.sqlstate())
         .increment(1);
     tracing::info!(error = %e, "client rejected");
+    let Some(mut sock) = sock else { return };
     if !matches!(e, ProxyError::ClientGone | ProxyError::ClientIo(_)) {
         let _ = sock.write_all(&e.to_client()).await;
     }

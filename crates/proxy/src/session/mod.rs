@@ -21,10 +21,10 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tls::ClientStream;
 use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, CancelKey, Limits, TxStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::cancel::{CancelSlot, CancelTarget};
 use crate::client::Login;
@@ -58,7 +58,7 @@ pub struct DeferredBegin {
 
 pub struct Session {
     shared: Arc<Shared>,
-    client: TcpStream,
+    client: ClientStream,
     cbuf: BytesMut,
     limits: Limits,
     login: Login,
@@ -116,7 +116,7 @@ pub struct Session {
 impl Session {
     pub fn new(
         shared: Arc<Shared>,
-        client: TcpStream,
+        client: ClientStream,
         cbuf: BytesMut,
         login: Login,
         cancel_slot: CancelSlot,
@@ -155,8 +155,9 @@ impl Session {
         let listed = shared.client_list.list(
             &login.user.name,
             &login.database,
-            client.peer_addr().ok(),
+            client.peer_addr(),
             application_name,
+            client.is_tls(),
         );
         Self {
             limits: Limits {
@@ -246,7 +247,7 @@ impl Session {
             .write_all(&out)
             .await
             .map_err(ProxyError::ClientIo)?;
-        Ok(())
+        self.client.flush().await.map_err(ProxyError::ClientIo)
     }
 
     /// Run until the client leaves or an error ends the session.
@@ -257,6 +258,8 @@ impl Session {
                 Disposition::Silent => {}
                 _ => {
                     let _ = self.client.write_all(&e.to_client()).await;
+                    let _ = self.client.flush().await;
+                    let _ = self.client.flush().await;
                 }
             }
             tracing::debug!(user = %self.login.user.name, error = %e, "session ended with error");
@@ -466,6 +469,9 @@ impl Session {
     }
 
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
         let total: usize = self.out.iter().map(Bytes::len).sum();
         if self.out.len() > 1 && total <= 64 * 1024 {
             // Several small replies (a synthesized CommandComplete + ReadyForQuery, an
@@ -474,19 +480,20 @@ impl Session {
             for chunk in self.out.drain(..) {
                 buf.extend_from_slice(&chunk);
             }
-            return self
-                .client
+            self.client
                 .write_all(&buf)
                 .await
-                .map_err(ProxyError::ClientIo);
-        }
-        for chunk in self.out.drain(..) {
-            self.client
-                .write_all(&chunk)
-                .await
                 .map_err(ProxyError::ClientIo)?;
+        } else {
+            for chunk in self.out.drain(..) {
+                self.client
+                    .write_all(&chunk)
+                    .await
+                    .map_err(ProxyError::ClientIo)?;
+            }
         }
-        Ok(())
+        // TLS keeps what the socket did not take yet until flushed (plain TCP: nothing).
+        self.client.flush().await.map_err(ProxyError::ClientIo)
     }
 
     /// Make sure the session holds a connection to `node`, and record it as the
@@ -581,6 +588,7 @@ impl Session {
     pub async fn reject(mut self, e: ProxyError) {
         tracing::info!(user = %self.login.user.name, error = %e, "session start failed");
         let _ = self.client.write_all(&e.to_client()).await;
+        let _ = self.client.flush().await;
         self.release_all().await;
     }
 

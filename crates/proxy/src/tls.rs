@@ -1,0 +1,292 @@
+//! TLS toward clients: the acceptor built from `[tls]`, and the first packets of a
+//! connection (SSLRequest answered `S` and the handshake done on the same socket, or `N`).
+//!
+//! The acceptor is rebuilt when the config changes and when the certificate, key or CA
+//! files change on disk (checked every second); a file that cannot be loaded is
+//! reported and the running acceptor stays. Connections already open keep theirs.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwapOption;
+use bytes::BytesMut;
+use pgfresh_config::{ClientTlsMode, TlsSection};
+use pgfresh_wire::{build, decode_startup, Decoded, Limits, StartupPacket};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::error::ProxyError;
+use crate::io::fill;
+
+/// A client connection, plain or TLS.
+pub enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl ClientStream {
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp().peer_addr().ok()
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, ClientStream::Tls(_))
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            ClientStream::Plain(s) => s,
+            ClientStream::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// What the acceptor was built from: the section and each file's modification time and
+/// length, so a change on disk is noticed.
+#[derive(Clone, Debug, PartialEq)]
+struct Stamp {
+    section: TlsSection,
+    files: Vec<Option<(SystemTime, u64)>>,
+}
+
+fn stamp(section: &TlsSection) -> Stamp {
+    let files = [
+        &section.client_tls_cert_file,
+        &section.client_tls_key_file,
+        &section.client_tls_ca_file,
+    ]
+    .iter()
+    .map(|p| {
+        std::fs::metadata(p)
+            .ok()
+            .and_then(|m| Some((m.modified().ok()?, m.len())))
+    })
+    .collect();
+    Stamp {
+        section: section.clone(),
+        files,
+    }
+}
+
+/// The client-side TLS in force.
+pub struct Active {
+    pub mode: ClientTlsMode,
+    /// `None` with `disable`.
+    pub acceptor: Option<TlsAcceptor>,
+    stamp: Stamp,
+}
+
+#[derive(Default)]
+pub struct ClientTls {
+    current: ArcSwapOption<Active>,
+}
+
+fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("{path}: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{path}: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{path}: no certificate in the file"));
+    }
+    Ok(certs)
+}
+
+fn build_acceptor(section: &TlsSection, mode: ClientTlsMode) -> Result<TlsAcceptor, String> {
+    let chain = certs(&section.client_tls_cert_file)?;
+    let key_path = &section.client_tls_key_file;
+    let key = PrivateKeyDer::from_pem_file(Path::new(key_path))
+        .map_err(|e| format!("{key_path}: {e}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = if mode.verifies_clients() {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs(&section.client_tls_ca_file)? {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: {e}", section.client_tls_ca_file))?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| e.to_string())?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("certificate and key do not go together: {e}"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+impl ClientTls {
+    /// The TLS in force (`None` before the first successful load).
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.current.load_full()
+    }
+
+    /// Rebuild the acceptor if `section` or its files changed since the last load. A
+    /// load that fails keeps what runs and is reported (logged, counted) once per change.
+    pub fn refresh(&self, section: &TlsSection) {
+        let now = stamp(section);
+        let current = self.current.load();
+        if current.as_ref().is_some_and(|a| a.stamp == now) {
+            return;
+        }
+        let mode = section.client_mode();
+        let built = if mode == ClientTlsMode::Disable {
+            Ok(None)
+        } else {
+            build_acceptor(section, mode).map(Some)
+        };
+        match built {
+            Ok(acceptor) => {
+                if current.is_some() {
+                    tracing::info!(mode = mode.as_str(), "client TLS reloaded");
+                }
+                metrics::counter!("pgfresh_tls_reloads_total", "result" => "ok").increment(1);
+                self.current.store(Some(Arc::new(Active {
+                    mode,
+                    acceptor,
+                    stamp: now,
+                })));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "client TLS not (re)loaded; the running certificate stays");
+                metrics::counter!("pgfresh_tls_reloads_total", "result" => "error").increment(1);
+                // Remember the failed files so the error is reported once, not every second.
+                let keep = current.as_ref().map(|a| Active {
+                    mode: a.mode,
+                    acceptor: a.acceptor.clone(),
+                    stamp: now.clone(),
+                });
+                if let Some(k) = keep {
+                    self.current.store(Some(Arc::new(k)));
+                }
+            }
+        }
+    }
+}
+
+/// Answer the connection's first SSLRequest (and GSSENCRequest, always `N`) and return
+/// the stream the rest of the connection speaks. Nothing is consumed from `buf` but the
+/// requests answered. On error, the stream to tell the client on, if one is left.
+pub async fn negotiate(
+    mut sock: TcpStream,
+    buf: &mut BytesMut,
+    tls: Option<&Active>,
+    limits: &Limits,
+) -> Result<ClientStream, (Option<ClientStream>, ProxyError)> {
+    loop {
+        let mut peek = buf.clone();
+        let packet = match decode_startup(&mut peek, limits) {
+            Ok(Decoded::Incomplete { .. }) => {
+                if let Err(e) = fill(&mut sock, buf).await {
+                    return Err((Some(ClientStream::Plain(sock)), crate::client::read_err(e)));
+                }
+                continue;
+            }
+            Ok(Decoded::Frame(p)) => p,
+            Err(e) => return Err((Some(ClientStream::Plain(sock)), e.into())),
+        };
+        match packet {
+            StartupPacket::GssEncRequest => {
+                *buf = peek;
+                if let Err(e) = sock.write_all(&build::ssl_no()).await {
+                    return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
+                }
+            }
+            StartupPacket::SslRequest => {
+                *buf = peek;
+                let Some(acceptor) = tls.and_then(|t| t.acceptor.clone()) else {
+                    if let Err(e) = sock.write_all(&build::ssl_no()).await {
+                        return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
+                    }
+                    continue;
+                };
+                if !buf.is_empty() {
+                    // Bytes sent after SSLRequest and before the handshake could be
+                    // read as if they came over TLS: refused.
+                    metrics::counter!("pgfresh_tls_handshakes_total", "result" => "refused")
+                        .increment(1);
+                    return Err((
+                        Some(ClientStream::Plain(sock)),
+                        ProxyError::Startup(
+                            "unencrypted data after SSL request (sent before the TLS handshake)"
+                                .into(),
+                        ),
+                    ));
+                }
+                if let Err(e) = sock.write_all(b"S").await {
+                    return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
+                }
+                return match acceptor.accept(sock).await {
+                    Ok(s) => {
+                        metrics::counter!("pgfresh_tls_handshakes_total", "result" => "ok")
+                            .increment(1);
+                        Ok(ClientStream::Tls(Box::new(s)))
+                    }
+                    Err(e) => {
+                        metrics::counter!("pgfresh_tls_handshakes_total", "result" => "failed")
+                            .increment(1);
+                        tracing::info!(error = %e, "client TLS handshake failed");
+                        // Nothing more can be said to the client.
+                        Err((None, ProxyError::ClientGone))
+                    }
+                };
+            }
+            // A startup or cancel packet: the connection stays plain.
+            _ => return Ok(ClientStream::Plain(sock)),
+        }
+    }
+}
