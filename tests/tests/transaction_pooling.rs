@@ -852,3 +852,22 @@ async fn deallocate_of_a_protocol_level_statement_works_in_both_modes() {
         }
     }
 }
+
+#[tokio::test]
+async fn logins_need_no_server_connection_once_their_settings_are_known() {
+    let p = start_proxy(&tx_config(1, "query_wait_timeout_ms = 500\n"));
+    // The first login with these settings runs them on a connection and is remembered.
+    let holder = p.connect().await;
+    // The primary's only connection stays in this transaction meanwhile.
+    holder
+        .batch_execute("BEGIN; /* pgfresh:primary */ SELECT 1")
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        // Logging in would otherwise wait for that connection and time out.
+        let c = p.connect().await;
+        assert_eq!(first_value(&c, "SELECT 1").await, "1");
+        assert_eq!(first_value(&c, "SHOW client_encoding").await, "UTF8");
+    }
+    holder.batch_execute("COMMIT").await.unwrap();
+}

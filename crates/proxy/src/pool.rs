@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ProxyError;
 use crate::server::{ServerConn, Target};
+use crate::session::state::{needs_replay, SettingsList};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PoolKey {
@@ -57,7 +58,16 @@ struct Pool {
     lent: AtomicUsize,
     /// The connections lent out now, by connection id (for SHOW SERVERS).
     lent_conns: Mutex<HashMap<u64, LentConn, RandomState>>,
+    /// Transaction mode: the ParameterStatus set a login with these settings got, so
+    /// the next login with the same settings needs no connection (newest last).
+    logins: Mutex<Vec<(SettingsList, LoginParams)>>,
 }
+
+/// The ParameterStatus values a login reports to its client.
+pub type LoginParams = Arc<Vec<(String, String)>>;
+
+/// How many distinct login settings a pool remembers.
+const MAX_LOGINS: usize = 64;
 
 /// A lent connection, as SHOW SERVERS shows it.
 #[derive(Clone, Debug)]
@@ -172,6 +182,10 @@ impl Pools {
         for (key, pool) in pools.iter() {
             if key.node == node {
                 pool.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                pool.logins
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
             }
         }
     }
@@ -195,6 +209,7 @@ impl Pools {
                     lent_total: AtomicU64::new(0),
                     lent: AtomicUsize::new(0),
                     lent_conns: Mutex::new(HashMap::default()),
+                    logins: Mutex::new(Vec::new()),
                 })
             })
             .clone()
@@ -350,6 +365,39 @@ impl Pools {
         } else {
             leased.conn.terminate().await;
         }
+    }
+
+    /// Transaction mode: what a login with `settings` reported last time on this pool.
+    pub fn login_params(
+        &self,
+        target: &Target,
+        size: usize,
+        settings: &SettingsList,
+    ) -> Option<LoginParams> {
+        let pool = self.pool(target, size);
+        let logins = pool.logins.lock().unwrap_or_else(|p| p.into_inner());
+        logins
+            .iter()
+            .rev()
+            .find(|(s, _)| !needs_replay(Some(s), settings))
+            .map(|(_, p)| p.clone())
+    }
+
+    /// Remember what a login with `settings` reported.
+    pub fn remember_login_params(
+        &self,
+        target: &Target,
+        size: usize,
+        settings: &SettingsList,
+        params: LoginParams,
+    ) {
+        let pool = self.pool(target, size);
+        let mut logins = pool.logins.lock().unwrap_or_else(|p| p.into_inner());
+        logins.retain(|(s, _)| needs_replay(Some(s), settings));
+        if logins.len() >= MAX_LOGINS {
+            logins.remove(0);
+        }
+        logins.push((settings.clone(), params));
     }
 
     /// Every server connection, lent or idle.

@@ -32,6 +32,7 @@ use crate::clients::ClientState;
 use crate::context::{FallbackSlot, Shared};
 use crate::error::{Disposition, ProxyError};
 use crate::pool::Leased;
+use pgfresh_config::PoolMode;
 use state::SessionState;
 use unit::{ClientUnit, InFlight};
 
@@ -222,6 +223,25 @@ impl Session {
             .ok()
             .flatten()
             .ok_or_else(|| self.shared.no_primary())?;
+        // Transaction mode: a login with settings the pool has seen logged in needs no
+        // server connection; the client gets what that login reported.
+        let config = self.shared.config.snapshot();
+        let target = self
+            .shared
+            .target(primary, &self.login.user, &self.login.database);
+        let remembered = target
+            .as_ref()
+            .filter(|_| self.mode == PoolMode::Transaction);
+        if let Some(t) = remembered {
+            let size = config.pool.pool_size;
+            if let Some(params) = self
+                .shared
+                .pools
+                .login_params(t, size, self.state.settings())
+            {
+                return self.send_login_reply(key, &params).await;
+            }
+        }
         self.attach(primary).await?;
         let Some(leased) = self.backends[primary].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
@@ -235,9 +255,32 @@ impl Session {
             }
         }
         leased.conn.settings = Some(self.state.settings().clone());
-        let mut out = BytesMut::new();
-        let mut params: Vec<_> = leased.conn.params.iter().collect();
+        let mut params: Vec<(String, String)> = leased
+            .conn
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         params.sort();
+        let params = Arc::new(params);
+        if let Some(t) = remembered {
+            self.shared.pools.remember_login_params(
+                t,
+                config.pool.pool_size,
+                self.state.settings(),
+                params.clone(),
+            );
+        }
+        self.send_login_reply(key, &params).await
+    }
+
+    /// ParameterStatus for each of `params`, BackendKeyData and ReadyForQuery.
+    async fn send_login_reply(
+        &mut self,
+        key: CancelKey,
+        params: &[(String, String)],
+    ) -> Result<(), ProxyError> {
+        let mut out = BytesMut::new();
         for (k, v) in params {
             out.extend_from_slice(&build::parameter_status(k, v));
         }
