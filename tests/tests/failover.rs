@@ -8,15 +8,7 @@ use pgfresh_tests::*;
 async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_sessions() {
     let cluster = private_cluster();
     let p = start_proxy(&config_text_for(&cluster, ""));
-    let setup = p.connect().await;
-    setup
-        .batch_execute(
-            "CREATE TABLE f(id int primary key, v text); INSERT INTO f VALUES (1, 'one')",
-        )
-        .await
-        .unwrap();
-    wait_replicated_on(&cluster, &setup).await;
-    p.wait_cold(&["f"]).await;
+    table_f(&cluster, &p).await;
 
     // 1. A replica killing the backend that runs an autocommit read, before any row was
     //    sent: the read is answered from another node, the client sees no error.
@@ -53,8 +45,43 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
     assert_eq!(row.get::<_, String>(0), "one");
     assert!(killed, "the probe query never ran on a replica");
 
-    // 2. Failover: an idle session survives and its settings follow it; a session in a
-    //    transaction on the old primary gets an error.
+    failover_keeps_idle_sessions(&cluster, &p).await;
+    drop(p);
+    drop(cluster);
+}
+
+/// Table `f` with row 1, replicated and cold.
+async fn table_f(cluster: &pgfresh_localcluster::LocalCluster, p: &ProxyHandle) {
+    let setup = p.connect().await;
+    setup
+        .batch_execute(
+            "CREATE TABLE f(id int primary key, v text); INSERT INTO f VALUES (1, 'one')",
+        )
+        .await
+        .unwrap();
+    wait_replicated_on(cluster, &setup).await;
+    p.wait_cold(&["f"]).await;
+}
+
+#[tokio::test]
+async fn transaction_mode_failover_keeps_idle_sessions() {
+    let cluster = private_cluster();
+    let p = start_proxy(&format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 2\n",
+        config_text_for(&cluster, "")
+    ));
+    table_f(&cluster, &p).await;
+    failover_keeps_idle_sessions(&cluster, &p).await;
+    drop(p);
+    drop(cluster);
+}
+
+/// The primary stops and standby 1 is promoted: an idle session survives with its
+/// settings, a session in a transaction on the old primary gets an error.
+async fn failover_keeps_idle_sessions(
+    cluster: &pgfresh_localcluster::LocalCluster,
+    p: &ProxyHandle,
+) {
     let idle = p.connect().await;
     idle.batch_execute("SET application_name = 'survivor'")
         .await
@@ -111,6 +138,4 @@ async fn replica_failure_before_any_reply_is_retried_and_failover_keeps_idle_ses
         .unwrap()
         .get(0);
     assert_eq!(n, 3, "rows 1, 2 and 4; the uncommitted 3 is gone");
-    drop(p);
-    drop(cluster);
 }
