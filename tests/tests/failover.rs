@@ -1,4 +1,4 @@
-//! Failover and replica failures, on a private cluster this test may break.
+//! Failover and replica failures, each test on a private cluster it may break.
 
 use std::time::Duration;
 

@@ -871,3 +871,30 @@ async fn logins_need_no_server_connection_once_their_settings_are_known() {
     }
     holder.batch_execute("COMMIT").await.unwrap();
 }
+
+#[tokio::test]
+async fn a_batch_left_open_by_flush_holds_its_connection_only_so_long() {
+    use tokio::io::AsyncWriteExt;
+    let p = start_proxy(&tx_config(1, "idle_transaction_timeout_ms = 300\n"));
+    let mut a = raw_login(&p).await;
+    // asyncpg's way: Parse + Describe + Flush, answered, then nothing more.
+    let mut b = wire::parse("held", "/* pgfresh:primary */ SELECT $1::int");
+    b.extend(wire::describe("held"));
+    b.extend(pgfresh_tests::raw::msg(b'H', &[]));
+    a.write_all(&b).await.unwrap();
+    let r = raw::read_until(&mut a, b'T').await;
+    assert_eq!(raw::tags(&r), b"1tT");
+    // The batch holds the primary's only connection until A is disconnected.
+    let other = p.connect().await;
+    assert_eq!(
+        first_value(&other, "/* pgfresh:primary */ SELECT 5").await,
+        "5"
+    );
+    let r = raw::read_until(&mut a, b'E').await;
+    let (_, body) = r.last().unwrap();
+    assert!(
+        String::from_utf8_lossy(body).contains("25P03"),
+        "{:?}",
+        String::from_utf8_lossy(body)
+    );
+}

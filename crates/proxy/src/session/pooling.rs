@@ -100,10 +100,16 @@ impl Session {
     /// connection in an open transaction or an extended batch left open by a Flush
     /// (`idle_transaction_timeout_ms`), when that applies now.
     pub(super) fn idle_transaction_limit(&self) -> Option<Duration> {
+        // Waiting for the client only: a batch left open by a Flush has had every reply.
+        let open_batch_answered = self.open_unit_node.is_some()
+            && self
+                .inflight
+                .iter()
+                .all(|u| !u.closed && u.owed == 0 && u.expect.is_empty());
+        let idle_in_transaction = self.tx != TxStatus::Idle && self.inflight.is_empty();
         if self.mode != PoolMode::Transaction
-            || !self.inflight.is_empty()
             || !self.ready.is_empty()
-            || (self.tx == TxStatus::Idle && self.open_unit_node.is_none())
+            || !(open_batch_answered || idle_in_transaction)
             || !self.backends.iter().any(Option::is_some)
         {
             return None;
