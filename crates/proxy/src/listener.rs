@@ -81,30 +81,29 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
         max_message: config.proxy.max_message_bytes,
         max_startup: 10 * 1024,
     };
+    let mut stream = Some(ClientStream::Plain(sock));
     let opened = tokio::time::timeout(login_timeout, async {
-        let mut sock = tls::negotiate(sock, &mut buf, tls.as_deref(), &limits).await?;
-        match open(&mut sock, &mut buf, &config, &shared.verifiers).await {
-            Ok(o) => Ok((sock, o)),
-            Err(e) => Err((Some(sock), e)),
-        }
+        tls::negotiate(&mut stream, &mut buf, tls.as_deref(), &limits).await?;
+        let sock = stream.as_mut().ok_or(ProxyError::ClientGone)?;
+        open(sock, &mut buf, &config, &shared.verifiers).await
     })
     .await;
-    let (sock, login) = match opened {
+    let login = match opened {
         Err(_) => {
-            // The socket went with the timed-out future: nothing to say.
-            reject(None, ProxyError::LoginTimeout).await;
+            reject(stream, ProxyError::LoginTimeout).await;
             return;
         }
-        Ok(Err((sock, e))) => {
-            reject(sock, e).await;
+        Ok(Err(e)) => {
+            reject(stream, e).await;
             return;
         }
-        Ok(Ok((_, Opening::Cancel(key)))) => {
+        Ok(Ok(Opening::Cancel(key))) => {
             shared.cancels.cancel(key).await;
             return;
         }
-        Ok(Ok((sock, Opening::Session(login)))) => (sock, login),
+        Ok(Ok(Opening::Session(login))) => login,
     };
+    let Some(sock) = stream else { return };
     let _tls_count = sock.is_tls().then(TlsCount::new);
     let mode = tls.as_ref().map_or(ClientTlsMode::Disable, |t| t.mode);
     if mode.required() && !sock.is_tls() {

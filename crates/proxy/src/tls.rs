@@ -218,40 +218,40 @@ impl ClientTls {
     }
 }
 
-/// Answer the connection's first SSLRequest (and GSSENCRequest, always `N`) and return
-/// the stream the rest of the connection speaks. Nothing is consumed from `buf` but the
-/// requests answered. On error, the stream to tell the client on, if one is left.
+/// Answer the connection's first SSLRequest (and GSSENCRequest, always `N`); `stream`
+/// becomes what the rest of the connection speaks. Nothing is consumed from `buf` but the
+/// requests answered. A failed handshake leaves `stream` empty (nothing more can be said).
 pub async fn negotiate(
-    mut sock: TcpStream,
+    stream: &mut Option<ClientStream>,
     buf: &mut BytesMut,
     tls: Option<&Active>,
     limits: &Limits,
-) -> Result<ClientStream, (Option<ClientStream>, ProxyError)> {
+) -> Result<(), ProxyError> {
     loop {
+        let Some(ClientStream::Plain(sock)) = stream.as_mut() else {
+            return Ok(());
+        };
         let mut peek = buf.clone();
-        let packet = match decode_startup(&mut peek, limits) {
-            Ok(Decoded::Incomplete { .. }) => {
-                if let Err(e) = fill(&mut sock, buf).await {
-                    return Err((Some(ClientStream::Plain(sock)), crate::client::read_err(e)));
-                }
+        let packet = match decode_startup(&mut peek, limits)? {
+            Decoded::Incomplete { .. } => {
+                fill(sock, buf).await.map_err(crate::client::read_err)?;
                 continue;
             }
-            Ok(Decoded::Frame(p)) => p,
-            Err(e) => return Err((Some(ClientStream::Plain(sock)), e.into())),
+            Decoded::Frame(p) => p,
         };
         match packet {
             StartupPacket::GssEncRequest => {
                 *buf = peek;
-                if let Err(e) = sock.write_all(&build::ssl_no()).await {
-                    return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
-                }
+                sock.write_all(&build::ssl_no())
+                    .await
+                    .map_err(ProxyError::ClientIo)?;
             }
             StartupPacket::SslRequest => {
                 *buf = peek;
                 let Some(acceptor) = tls.and_then(|t| t.acceptor.clone()) else {
-                    if let Err(e) = sock.write_all(&build::ssl_no()).await {
-                        return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
-                    }
+                    sock.write_all(&build::ssl_no())
+                        .await
+                        .map_err(ProxyError::ClientIo)?;
                     continue;
                 };
                 if !buf.is_empty() {
@@ -259,34 +259,31 @@ pub async fn negotiate(
                     // read as if they came over TLS: refused.
                     metrics::counter!("pgfresh_tls_handshakes_total", "result" => "refused")
                         .increment(1);
-                    return Err((
-                        Some(ClientStream::Plain(sock)),
-                        ProxyError::Startup(
-                            "unencrypted data after SSL request (sent before the TLS handshake)"
-                                .into(),
-                        ),
+                    return Err(ProxyError::Startup(
+                        "unencrypted data after SSL request (sent before the TLS handshake)".into(),
                     ));
                 }
-                if let Err(e) = sock.write_all(b"S").await {
-                    return Err((Some(ClientStream::Plain(sock)), ProxyError::ClientIo(e)));
-                }
+                sock.write_all(b"S").await.map_err(ProxyError::ClientIo)?;
+                let Some(ClientStream::Plain(sock)) = stream.take() else {
+                    return Err(ProxyError::ClientGone);
+                };
                 return match acceptor.accept(sock).await {
                     Ok(s) => {
                         metrics::counter!("pgfresh_tls_handshakes_total", "result" => "ok")
                             .increment(1);
-                        Ok(ClientStream::Tls(Box::new(s)))
+                        *stream = Some(ClientStream::Tls(Box::new(s)));
+                        Ok(())
                     }
                     Err(e) => {
                         metrics::counter!("pgfresh_tls_handshakes_total", "result" => "failed")
                             .increment(1);
                         tracing::info!(error = %e, "client TLS handshake failed");
-                        // Nothing more can be said to the client.
-                        Err((None, ProxyError::ClientGone))
+                        Err(ProxyError::ClientGone)
                     }
                 };
             }
             // A startup or cancel packet: the connection stays plain.
-            _ => return Ok(ClientStream::Plain(sock)),
+            _ => return Ok(()),
         }
     }
 }
