@@ -540,6 +540,17 @@ async fn clients_keep_their_own_statements_under_colliding_names() {
         ["bstill"],
         "the skipped Close did not close B's statement"
     );
+    // Parsing a name the client already has is refused as PostgreSQL refuses it, and the
+    // statement stays what it was.
+    let r = exchange(&mut a, [parse("stmt", &select("e")), sync()].concat()).await;
+    assert_eq!(
+        sqlstate(&r).as_deref(),
+        Some("42P05"),
+        "{:?}",
+        raw::tags(&r)
+    );
+    let r = exchange(&mut a, [bind_execute("stmt", "y"), sync()].concat()).await;
+    assert_eq!(values(&r), ["cy"]);
 }
 
 #[tokio::test]

@@ -110,7 +110,24 @@ impl Session {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
                     let undo = undos.next();
-                    if cache.lookup(&content).is_some() {
+                    let existing = undo
+                        .as_ref()
+                        .and_then(|u| u.previous.as_ref())
+                        .map(|p| p.content.clone());
+                    if let Some(existing) = existing {
+                        // The client already has a statement by that name: PostgreSQL
+                        // answers 42P05 and skips the rest of the batch. Parse under the
+                        // existing statement's server name, which the server refuses
+                        // just so; the client's statement stays as it was (undo).
+                        let server = server_statement(cache, name, Some(existing), &mut out, None)
+                            .unwrap_or_else(|| PREFIX.to_string());
+                        out.frames.push(statements::parse(&server, &content));
+                        out.expect.push_back(Expect::Client {
+                            parse: None,
+                            sync: false,
+                            undo,
+                        });
+                    } else if cache.lookup(&content).is_some() {
                         out.expect.push_back(Expect::Synth {
                             reply: build::parse_complete(),
                             undo,
