@@ -237,10 +237,17 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             }
             _ => {}
         }
-        if u.password_is_verifier() && u.server_password.is_none() {
+        // A SCRAM verifier without server_password: pgfresh logs in to the nodes with the
+        // keys the client's own login proves (SCRAM pass-through), which only the same
+        // role, storing the same verifier, accepts.
+        if u.password_is_verifier()
+            && u.server_password.is_none()
+            && u.server_user.as_deref().is_some_and(|s| s != u.name)
+        {
             return Err(ConfigError::invalid(
                 key("server_password"),
-                "required when password is a SCRAM verifier (pgfresh must log in to the nodes)",
+                "required when password is a SCRAM verifier and server_user is another role \
+                 (SCRAM pass-through logs in as the client's own role only)",
             ));
         }
     }

@@ -81,7 +81,7 @@ fn invalid_values_are_named() {
             "routing.never_track",
         ),
         (
-            "[[users]]\nname = \"a\"\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$a:b\"\n",
+            "[[users]]\nname = \"a\"\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$a:b\"\nserver_user = \"b\"\n",
             "users[0].server_password",
         ),
         ("[pool]\nmax_prepared_statements = 0\n", "pool.max_prepared_statements"),

@@ -30,6 +30,9 @@ pub struct Login {
     pub database: String,
     /// Startup parameters other than user/database, in the client's order.
     pub params: Vec<(String, String)>,
+    /// The keys the client's SCRAM login proved, when its password is a stored verifier:
+    /// what SCRAM pass-through logs in to the nodes with.
+    pub passthrough: Option<Box<pgfresh_wire::auth::ScramKeys>>,
 }
 
 pub(crate) fn read_err(e: ReadError) -> ProxyError {
@@ -80,11 +83,12 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         // Same answer as a wrong password, as PostgreSQL gives, so user names cannot be probed.
         return Err(ProxyError::AuthFailed(user_name));
     };
-    authenticate(sock, buf, &user, &limits, verifiers).await?;
+    let passthrough = authenticate(sock, buf, &user, &limits, verifiers).await?;
     Ok(Opening::Session(Login {
         user,
         database,
         params,
+        passthrough,
     }))
 }
 
@@ -116,8 +120,9 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     user: &UserConfig,
     limits: &Limits,
     verifiers: &VerifierCache,
-) -> Result<(), ProxyError> {
+) -> Result<Option<Box<pgfresh_wire::auth::ScramKeys>>, ProxyError> {
     let failed = || ProxyError::AuthFailed(user.name.clone());
+    let mut keys = None;
     match user.auth {
         AuthMethod::Trust => {}
         AuthMethod::Md5 => {
@@ -141,9 +146,13 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             let last = read_password(sock, buf, limits).await?;
             let server_final = server.client_final(&last).map_err(|_| failed())?;
             write(sock, &build::auth_sasl_final(&server_final)).await?;
+            if user.password_is_verifier() {
+                keys = server.passthrough_keys().map(Box::new);
+            }
         }
     }
-    write(sock, &build::authentication_ok()).await
+    write(sock, &build::authentication_ok()).await?;
+    Ok(keys)
 }
 
 /// SCRAM verifiers per configured password. Deriving one from a plain password costs

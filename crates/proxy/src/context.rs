@@ -40,6 +40,10 @@ pub struct Shared {
     pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.
     pub ttl_source: ArcSwap<crate::admin::TtlSource>,
+    /// SCRAM pass-through keys per user name, from the latest client login that proved
+    /// them (users whose password is a verifier and who have no server_password).
+    pub passthrough:
+        std::sync::Mutex<std::collections::HashMap<String, pgfresh_wire::auth::ScramKeys>>,
     /// TLS toward clients, rebuilt when `[tls]` or its files change.
     pub client_tls: crate::tls::ClientTls,
     /// Faults integration tests arm ([`Shared::arm_fault`]).
@@ -109,6 +113,15 @@ impl Shared {
             port: n.spec.port,
             user: user.server_user().into(),
             password: user.server_password().map(Into::into),
+            passthrough: if user.server_password().is_none() && user.password_is_verifier() {
+                self.passthrough
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&user.name)
+                    .copied()
+            } else {
+                None
+            },
             database: database.into(),
         })
     }

@@ -184,6 +184,7 @@ impl Proxy {
             deps: deps::Dependencies::new(&c),
             faults: Default::default(),
             client_tls: Default::default(),
+            passthrough: Default::default(),
         });
         shared.deps.attach(&shared);
         shared.client_tls.refresh(&c.tls);

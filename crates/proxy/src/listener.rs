@@ -104,6 +104,13 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
         Ok(Ok(Opening::Session(login))) => login,
     };
     let Some(sock) = stream else { return };
+    if let Some(keys) = &login.passthrough {
+        shared
+            .passthrough
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(login.user.name.clone(), **keys);
+    }
     let _tls_count = sock.is_tls().then(TlsCount::new);
     let mode = tls.as_ref().map_or(ClientTlsMode::Disable, |t| t.mode);
     if mode.required() && !sock.is_tls() {

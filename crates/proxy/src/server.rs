@@ -22,6 +22,8 @@ pub struct Target {
     pub port: u16,
     pub user: Arc<str>,
     pub password: Option<Arc<str>>,
+    /// SCRAM pass-through keys, used when there is no password.
+    pub passthrough: Option<pgfresh_wire::auth::ScramKeys>,
     pub database: Arc<str>,
 }
 
@@ -54,6 +56,39 @@ pub struct ServerConn {
     /// The cluster generation the connection was made in; a role change makes it stale.
     pub generation: u64,
     pub tx: TxStatus,
+}
+
+/// A SCRAM login to a server: with the configured password, or with the keys a client's
+/// own login proved (pass-through).
+enum ScramLogin {
+    Password(ScramSha256),
+    Keys(pgfresh_wire::auth::ScramPassthrough),
+}
+
+impl ScramLogin {
+    fn first(&self) -> Vec<u8> {
+        match self {
+            ScramLogin::Password(s) => s.message().to_vec(),
+            ScramLogin::Keys(k) => k.initial_message(),
+        }
+    }
+
+    fn update(&mut self, server_first: &[u8]) -> Result<Vec<u8>, String> {
+        match self {
+            ScramLogin::Password(s) => {
+                s.update(server_first).map_err(|e| e.to_string())?;
+                Ok(s.message().to_vec())
+            }
+            ScramLogin::Keys(k) => k.update(server_first).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn finish(&mut self, server_final: &[u8]) -> Result<(), String> {
+        match self {
+            ScramLogin::Password(s) => s.finish(server_final).map_err(|e| e.to_string()),
+            ScramLogin::Keys(k) => k.finish(server_final).map_err(|e| e.to_string()),
+        }
+    }
 }
 
 /// Limits for server traffic: servers are trusted more than clients, but a corrupted
@@ -117,7 +152,7 @@ impl ServerConn {
         }
         let startup = build::startup(&params);
         self.send(&startup).await?;
-        let mut scram: Option<ScramSha256> = None;
+        let mut scram: Option<ScramLogin> = None;
         loop {
             let frame = self.read().await?;
             match parse_backend(&frame).map_err(|e| self.protocol(e.to_string()))? {
@@ -144,10 +179,17 @@ impl ServerConn {
                                 "no supported SASL mechanism in {mechanisms:?}"
                             )));
                         }
-                        let pw = self.password()?;
-                        let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
-                        let msg = build::sasl_initial_response("SCRAM-SHA-256", s.message());
-                        scram = Some(s);
+                        let login = match (&self.target.password, self.target.passthrough) {
+                            (None, Some(keys)) => {
+                                ScramLogin::Keys(pgfresh_wire::auth::ScramPassthrough::new(keys))
+                            }
+                            _ => ScramLogin::Password(ScramSha256::new(
+                                self.password()?.as_bytes(),
+                                ChannelBinding::unsupported(),
+                            )),
+                        };
+                        let msg = build::sasl_initial_response("SCRAM-SHA-256", &login.first());
+                        scram = Some(login);
                         self.send(&msg).await?;
                     }
                     Auth::SaslContinue(data) => {
@@ -155,8 +197,8 @@ impl ServerConn {
                         let s = scram
                             .as_mut()
                             .ok_or_else(|| self.protocol("unexpected SASL continue".into()))?;
-                        s.update(&data).map_err(|e| self.protocol(e.to_string()))?;
-                        let msg = build::sasl_response(s.message());
+                        let reply = s.update(&data).map_err(|e| self.protocol(e))?;
+                        let msg = build::sasl_response(&reply);
                         self.send(&msg).await?;
                     }
                     Auth::SaslFinal(data) => {

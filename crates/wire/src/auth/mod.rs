@@ -11,9 +11,11 @@
 //! Secrets are compared in constant time.
 
 mod client;
+mod passthrough;
 mod scram;
 
 pub use client::ScramClient;
+pub use passthrough::{ScramKeys, ScramPassthrough};
 pub use scram::{ScramServer, ScramVerifier, DEFAULT_ITERATIONS, SCRAM_SHA_256};
 
 use md5::{Digest, Md5};

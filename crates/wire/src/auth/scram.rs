@@ -22,7 +22,7 @@ const SERVER_NONCE_LEN: usize = 18;
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+pub(super) fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     // HMAC accepts keys of any length, so this cannot fail.
     let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
     for p in parts {
@@ -207,6 +207,8 @@ pub struct ScramServer {
     verifier: ScramVerifier,
     server_nonce: String,
     state: State,
+    /// The ClientKey the client proved it has, once the exchange is done.
+    client_key: Option<[u8; 32]>,
 }
 
 impl ScramServer {
@@ -219,7 +221,18 @@ impl ScramServer {
             verifier,
             server_nonce: STANDARD.encode(raw),
             state: State::AwaitingClientFirst,
+            client_key: None,
         }
+    }
+
+    /// After a successful exchange, the keys that let pgfresh log in to a server
+    /// storing the same verifier without the password (SCRAM pass-through): the
+    /// ClientKey recovered from the client's proof, and the verifier's ServerKey.
+    pub fn passthrough_keys(&self) -> Option<super::ScramKeys> {
+        self.client_key.map(|client_key| super::ScramKeys {
+            client_key,
+            server_key: self.verifier.server_key,
+        })
     }
 
     /// Whether the exchange completed successfully.
@@ -316,6 +329,7 @@ impl ScramServer {
             return Err(AuthError::InvalidProof);
         }
         let server_signature = hmac(&self.verifier.server_key, &[auth_message.as_bytes()]);
+        self.client_key = Some(client_key);
         self.state = State::Done;
         Ok(format!("v={}", STANDARD.encode(server_signature)).into_bytes())
     }
