@@ -139,6 +139,31 @@ pub async fn cut_off_standby(c: &LocalCluster, i: usize) {
     .await;
 }
 
+/// The value of one sample of this process's metrics, `series` written with its labels as
+/// Prometheus prints them (`name{label="value"}`); 0 when absent.
+pub fn metric_value(series: &str) -> f64 {
+    pgfresh_proxy::admin::metrics_handle()
+        .map(|h| h.render())
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A file of this test replaced by something that does not load: wait until pgfresh read
+/// and refused it (`errors`, a metric_value series, went up).
+pub async fn replace_with_garbage(path: &std::path::Path, garbage: &str, errors: &str) {
+    let before = metric_value(errors);
+    std::fs::write(path, garbage).unwrap();
+    eventually(
+        "the broken file was read and refused",
+        Duration::from_secs(30),
+        || metric_value(errors) > before,
+    )
+    .await;
+}
+
 /// Raw protocol frames, for tests that speak the wire protocol byte for byte.
 pub mod raw {
     /// A frame: type byte, length, body.

@@ -69,3 +69,108 @@ async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
+    let c = cluster();
+    c.psql(
+        0,
+        "postgres",
+        "DO $$ BEGIN \
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tp_file') THEN \
+             CREATE ROLE tp_file LOGIN PASSWORD 'file-secret'; END IF; \
+           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tp_plain') THEN \
+             CREATE ROLE tp_plain LOGIN PASSWORD 'plain-secret'; END IF; \
+         END $$; GRANT CONNECT ON DATABASE app TO tp_file, tp_plain;",
+    )
+    .unwrap();
+    for i in 1..3 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while c
+            .psql(
+                i,
+                "postgres",
+                "SELECT count(*) FROM pg_roles WHERE rolname IN ('tp_file', 'tp_plain')",
+            )
+            .unwrap()
+            .trim()
+            != "2"
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "standby {i} never got the roles"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let verifier = c
+        .psql(
+            0,
+            "postgres",
+            "SELECT rolpassword FROM pg_authid WHERE rolname = 'tp_file'",
+        )
+        .unwrap()
+        .trim()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("userlist.txt");
+    std::fs::write(&file, format!("\"tp_file\" \"{verifier}\"\n")).unwrap();
+    let p = start_proxy(&format!(
+        "{}\n[auth]\nauth_file = \"{}\"\n",
+        config_text(""),
+        file.display()
+    ));
+    // The file's verifier checks the client's password; the nodes take the client's keys.
+    let a = p.connect_as("tp_file", "file-secret", "app").await.unwrap();
+    let (user, _) = row(
+        &a,
+        "/* pgfresh:primary */ SELECT current_user::text, inet_server_port()",
+    )
+    .await;
+    assert_eq!(user, "tp_file");
+    let (user, _) = row(&a, "SELECT current_user::text, inet_server_port()").await;
+    assert_eq!(user, "tp_file");
+    assert!(p.connect_as("tp_file", "wrong", "app").await.is_err());
+    assert!(
+        p.connect_as("tp_plain", "plain-secret", "app")
+            .await
+            .is_err(),
+        "not in the file yet"
+    );
+
+    // A user added to the file can log in within a second or so; a plain password there
+    // is also what pgfresh logs in to the nodes with.
+    std::fs::write(
+        &file,
+        format!("\"tp_file\" \"{verifier}\"\n\"tp_plain\" \"plain-secret\"\n"),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let b = loop {
+        if let Ok(b) = p.connect_as("tp_plain", "plain-secret", "app").await {
+            break b;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new user never got in"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (user, _) = row(
+        &b,
+        "/* pgfresh:primary */ SELECT current_user::text, inet_server_port()",
+    )
+    .await;
+    assert_eq!(user, "tp_plain");
+
+    // A file that does not parse is refused; the users read before stay.
+    replace_with_garbage(
+        &file,
+        "this is not a userlist\n",
+        "pgfresh_auth_file_loads_total{result=\"error\"}",
+    )
+    .await;
+    p.connect_as("tp_plain", "plain-secret", "app")
+        .await
+        .expect("users from the last good file stay");
+}

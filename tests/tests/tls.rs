@@ -246,21 +246,10 @@ async fn certificates_rotate_while_sessions_stay_connected() {
     session.simple_query("SELECT 2").await.unwrap();
 
     // A broken certificate file is refused; the second certificate stays in force.
-    let refused = || {
-        pgfresh_proxy::admin::metrics_handle()
-            .map(|h| h.render())
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("pgfresh_tls_reloads_total{result=\"error\"} "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let before = refused();
-    std::fs::write(&cert, "not a certificate").unwrap();
-    eventually(
-        "the broken file was read and refused",
-        Duration::from_secs(30),
-        || refused() > before,
+    replace_with_garbage(
+        &cert,
+        "not a certificate",
+        "pgfresh_tls_reloads_total{result=\"error\"}",
     )
     .await;
     let (ok, out) = psql(&p, &root(&second), "SELECT 1");

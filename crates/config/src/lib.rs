@@ -11,6 +11,7 @@ pub mod model;
 pub mod reload;
 pub mod validate;
 
+pub mod userlist;
 pub use handle::{ConfigHandle, FileWatch, ReloadOutcome};
 pub use model::*;
 pub use reload::{describe, diff, redacted, reload_class, ChangedKey, ReloadClass};

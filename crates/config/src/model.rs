@@ -20,6 +20,8 @@ pub struct Config {
     #[serde(default)]
     pub tls: TlsSection,
     #[serde(default)]
+    pub auth: AuthSection,
+    #[serde(default)]
     pub nodes: Vec<NodeConfig>,
     #[serde(default)]
     pub users: Vec<UserConfig>,
@@ -93,6 +95,16 @@ pub struct PoolSection {
     /// hold its server connection idle this long before the client is disconnected
     /// (0 = no limit).
     pub idle_transaction_timeout_ms: u64,
+}
+
+/// Where users come from besides `[[users]]` (PgBouncer's names).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthSection {
+    /// A PgBouncer userlist.txt: `"user" "secret"` per line, the secret a SCRAM-SHA-256
+    /// verifier, an md5 hash (`md5` + 32 hex digits) or a plain password. Re-read within
+    /// a second of a change; `[[users]]` wins over it.
+    pub auth_file: String,
 }
 
 /// TLS toward clients (PgBouncer's names). Paths are read as given (relative ones from
@@ -397,12 +409,23 @@ pub struct UserConfig {
     pub admin: bool,
 }
 
+/// `md5` followed by 32 hex digits.
+pub fn is_md5_hash(s: &str) -> bool {
+    s.strip_prefix("md5")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn default_auth() -> AuthMethod {
     AuthMethod::ScramSha256
 }
 
 impl UserConfig {
     /// True when `password` is a stored SCRAM verifier rather than plain text.
+    /// `password` is an md5 hash (`md5` + 32 hex digits), as PostgreSQL stores it.
+    pub fn password_is_md5(&self) -> bool {
+        self.password.as_deref().is_some_and(is_md5_hash)
+    }
+
     pub fn password_is_verifier(&self) -> bool {
         self.password
             .as_deref()

@@ -44,6 +44,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("routing.", ReloadClass::Live),
     // The acceptor is rebuilt; connections already open keep their session.
     ("tls.", ReloadClass::Live),
+    ("auth.", ReloadClass::Live),
     // Nodes can be added, removed, moved and re-weighted live.
     ("nodes", ReloadClass::Live),
     ("users", ReloadClass::Live),

@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 use pgfresh_config::{AuthMethod, Config, UserConfig};
 use pgfresh_wire::auth::{
-    md5_verify_password, parse_sasl_initial_response, ScramServer, ScramVerifier,
+    md5_verify, md5_verify_password, parse_sasl_initial_response, ScramServer, ScramVerifier,
 };
 use pgfresh_wire::{
     build, decode_startup, parse_frontend, CancelKey, Decoded, FrontendMessage, Limits,
@@ -50,6 +50,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     buf: &mut BytesMut,
     config: &Config,
     verifiers: &VerifierCache,
+    auth_file: &crate::auth_file::AuthFile,
 ) -> Result<Opening, ProxyError> {
     let limits = Limits {
         max_message: config.proxy.max_message_bytes,
@@ -79,7 +80,11 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         .filter(|(k, _)| k != "user" && k != "database")
         .cloned()
         .collect();
-    let Some(user) = config.user(&user_name).cloned() else {
+    let user = config
+        .user(&user_name)
+        .cloned()
+        .or_else(|| auth_file.user(&user_name));
+    let Some(user) = user else {
         // Same answer as a wrong password, as PostgreSQL gives, so user names cannot be probed.
         return Err(ProxyError::AuthFailed(user_name));
     };
@@ -130,7 +135,13 @@ async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             let salt: [u8; 4] = rand::random();
             write(sock, &build::auth_md5(salt)).await?;
             let answer = read_password(sock, buf, limits).await?;
-            if !md5_verify_password(&user.name, password, salt, &answer) {
+            let ok = if user.password_is_md5() {
+                // A stored md5 hash (auth_file) checks the answer as PostgreSQL does.
+                md5_verify(password, salt, &answer)
+            } else {
+                md5_verify_password(&user.name, password, salt, &answer)
+            };
+            if !ok {
                 return Err(failed());
             }
         }

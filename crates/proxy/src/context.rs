@@ -44,6 +44,8 @@ pub struct Shared {
     /// them (users whose password is a verifier and who have no server_password).
     pub passthrough:
         std::sync::Mutex<std::collections::HashMap<String, pgfresh_wire::auth::ScramKeys>>,
+    /// Users from `[auth] auth_file`.
+    pub auth_file: crate::auth_file::AuthFile,
     /// TLS toward clients, rebuilt when `[tls]` or its files change.
     pub client_tls: crate::tls::ClientTls,
     /// Faults integration tests arm ([`Shared::arm_fault`]).

@@ -5,6 +5,7 @@
 //! future, so tests bind port 0 in-process.
 
 pub mod admin;
+pub mod auth_file;
 pub mod cancel;
 pub mod catalog;
 pub mod client;
@@ -185,9 +186,11 @@ impl Proxy {
             faults: Default::default(),
             client_tls: Default::default(),
             passthrough: Default::default(),
+            auth_file: Default::default(),
         });
         shared.deps.attach(&shared);
         shared.client_tls.refresh(&c.tls);
+        shared.auth_file.refresh(&c.auth.auth_file);
         let proxy = Proxy {
             shared,
             shutdown_tx,
@@ -209,8 +212,11 @@ impl Proxy {
                     _ = tick.tick() => {
                         ticks += 1;
                         if ticks % 4 == 0 {
-                            // Certificates replaced on disk are picked up within a second.
-                            shared.client_tls.refresh(&shared.config.snapshot().tls);
+                            // Certificates and auth_file replaced on disk are picked up
+                            // within a second.
+                            let c = shared.config.snapshot();
+                            shared.client_tls.refresh(&c.tls);
+                            shared.auth_file.refresh(&c.auth.auth_file);
                         }
                         shared.recency.sweep(10_000);
                         let stats = shared.recency.stats();
@@ -255,6 +261,7 @@ impl Proxy {
         shared.policy.store(Arc::new(function_policy(&c)));
         shared.deps.apply_config(&c);
         shared.client_tls.refresh(&c.tls);
+        shared.auth_file.refresh(&c.auth.auth_file);
     }
 
     /// Apply the config's node list: new nodes are monitored (and join the read pool

@@ -165,11 +165,15 @@ impl ServerConn {
                     }
                     Auth::Md5Password { salt } => {
                         let pw = self.password()?;
-                        let hash = postgres_protocol::authentication::md5_hash(
-                            self.target.user.as_bytes(),
-                            pw.as_bytes(),
-                            salt,
-                        );
+                        // A stored md5 hash (auth_file) answers as well as the password.
+                        let hash = pgfresh_wire::auth::md5_response_from_stored(&pw, salt)
+                            .unwrap_or_else(|| {
+                                postgres_protocol::authentication::md5_hash(
+                                    self.target.user.as_bytes(),
+                                    pw.as_bytes(),
+                                    salt,
+                                )
+                            });
                         let msg = build::password_message(&[hash.as_bytes(), b"\0"].concat());
                         self.send(&msg).await?;
                     }
@@ -182,6 +186,15 @@ impl ServerConn {
                         let login = match (&self.target.password, self.target.passthrough) {
                             (None, Some(keys)) => {
                                 ScramLogin::Keys(pgfresh_wire::auth::ScramPassthrough::new(keys))
+                            }
+                            (Some(pw), _) if pgfresh_config::is_md5_hash(pw) => {
+                                return Err(ProxyError::ServerConnect {
+                                    node: self.target.node_name.to_string(),
+                                    reason: format!(
+                                        "the node asks for SCRAM-SHA-256 and only an md5 hash is known for user {} (auth_file); give its SCRAM verifier or password instead",
+                                        self.target.user
+                                    ),
+                                });
                             }
                             _ => ScramLogin::Password(ScramSha256::new(
                                 self.password()?.as_bytes(),

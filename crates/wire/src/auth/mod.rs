@@ -117,17 +117,21 @@ pub fn md5_stored_hash(user: &str, password: &str) -> String {
 /// against a stored md5 secret (`"md5"` + 32 hex digits) and the `salt` sent
 /// in the challenge. Returns `false` for a malformed secret.
 pub fn md5_verify(stored: &str, salt: [u8; 4], response: &[u8]) -> bool {
-    let Some(inner) = stored.strip_prefix("md5") else {
-        return false;
-    };
+    md5_response_from_stored(stored, salt)
+        .is_some_and(|expected| ct_eq(expected.as_bytes(), strip_nul(response)))
+}
+
+/// The answer to an md5 challenge from a stored md5 secret (`"md5"` + 32 hex digits)
+/// instead of the password: `"md5" + md5(hex + salt)`. `None` for a malformed secret.
+pub fn md5_response_from_stored(stored: &str, salt: [u8; 4]) -> Option<String> {
+    let inner = stored.strip_prefix("md5")?;
     if inner.len() != 32 || !inner.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return false;
+        return None;
     }
     let mut md5 = Md5::new();
     md5.update(inner.to_ascii_lowercase().as_bytes());
     md5.update(salt);
-    let expected = format!("md5{}", hex(&md5.finalize()));
-    ct_eq(expected.as_bytes(), strip_nul(response))
+    Some(format!("md5{}", hex(&md5.finalize())))
 }
 
 /// Checks a client's md5 `response` against a plain password.
@@ -153,6 +157,18 @@ pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_md5_answer_from_the_stored_hash_is_the_answer_from_the_password() {
+        let salt = [1, 2, 3, 4];
+        let stored = md5_stored_hash("alice", "secret");
+        assert_eq!(
+            md5_response_from_stored(&stored, salt).unwrap(),
+            md5_password_hash("alice", "secret", salt)
+        );
+        assert!(md5_response_from_stored("md5short", salt).is_none());
+        assert!(md5_response_from_stored("plain", salt).is_none());
+    }
+
     use super::*;
 
     #[test]
