@@ -14,6 +14,38 @@ async fn row(c: &tokio_postgres::Client, sql: &str) -> (String, i32) {
     (r.get(0), r.get(1))
 }
 
+/// Login roles with these (name, password) pairs on the cluster, once every standby has them.
+async fn roles(roles: &[(&str, &str)]) {
+    let c = cluster();
+    for (name, password) in roles {
+        c.psql(
+            0,
+            "postgres",
+            &format!(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN \
+                   CREATE ROLE {name} LOGIN PASSWORD '{password}'; END IF; END $$; \
+                 GRANT CONNECT ON DATABASE app TO {name};"
+            ),
+        )
+        .unwrap();
+    }
+    let names: Vec<String> = roles.iter().map(|(n, _)| format!("'{n}'")).collect();
+    let count = format!(
+        "SELECT count(*) FROM pg_roles WHERE rolname IN ({})",
+        names.join(", ")
+    );
+    for i in 1..3 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while c.psql(i, "postgres", &count).unwrap().trim() != roles.len().to_string() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "standby {i} never got the roles"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 #[tokio::test]
 async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
     let verifier = cluster()
@@ -72,37 +104,8 @@ async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
 
 #[tokio::test]
 async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
+    roles(&[("tp_file", "file-secret"), ("tp_plain", "plain-secret")]).await;
     let c = cluster();
-    c.psql(
-        0,
-        "postgres",
-        "DO $$ BEGIN \
-           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tp_file') THEN \
-             CREATE ROLE tp_file LOGIN PASSWORD 'file-secret'; END IF; \
-           IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tp_plain') THEN \
-             CREATE ROLE tp_plain LOGIN PASSWORD 'plain-secret'; END IF; \
-         END $$; GRANT CONNECT ON DATABASE app TO tp_file, tp_plain;",
-    )
-    .unwrap();
-    for i in 1..3 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while c
-            .psql(
-                i,
-                "postgres",
-                "SELECT count(*) FROM pg_roles WHERE rolname IN ('tp_file', 'tp_plain')",
-            )
-            .unwrap()
-            .trim()
-            != "2"
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "standby {i} never got the roles"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
     let verifier = c
         .psql(
             0,
@@ -173,4 +176,50 @@ async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
     p.connect_as("tp_plain", "plain-secret", "app")
         .await
         .expect("users from the last good file stay");
+}
+
+#[tokio::test]
+async fn users_unknown_to_pgfresh_are_looked_up_with_auth_query() {
+    roles(&[("tp_query", "query-secret")]).await;
+    // The test config's admin user logs in to the nodes as the superuser, which may read
+    // pg_shadow (the default auth_query).
+    let p = start_proxy(&format!(
+        "{}\n[auth]\nauth_user = \"admin\"\n",
+        config_text("")
+    ));
+    let found = "pgfresh_auth_lookups_total{result=\"found\"}";
+    let cached = "pgfresh_auth_lookups_total{result=\"cached\"}";
+    let (found_before, cached_before) = (metric_value(found), metric_value(cached));
+    for _ in 0..3 {
+        // The verifier from pg_shadow checks the password; the nodes take the client's keys.
+        let q = p
+            .connect_as("tp_query", "query-secret", "app")
+            .await
+            .unwrap();
+        let (user, _) = row(
+            &q,
+            "/* pgfresh:primary */ SELECT current_user::text, inet_server_port()",
+        )
+        .await;
+        assert_eq!(user, "tp_query");
+        let (user, _) = row(&q, "SELECT current_user::text, inet_server_port()").await;
+        assert_eq!(user, "tp_query");
+    }
+    assert!(
+        metric_value(found) > found_before,
+        "looked up on the primary"
+    );
+    assert!(
+        metric_value(cached) > cached_before,
+        "then answered from the cache"
+    );
+    assert!(p.connect_as("tp_query", "wrong", "app").await.is_err());
+    let Err(err) = p.connect_as("tp_nobody", "x", "app").await else {
+        panic!("an unknown user is refused");
+    };
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PASSWORD),
+        "{err:?}"
+    );
 }

@@ -98,13 +98,28 @@ pub struct PoolSection {
 }
 
 /// Where users come from besides `[[users]]` (PgBouncer's names).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuthSection {
     /// A PgBouncer userlist.txt: `"user" "secret"` per line, the secret a SCRAM-SHA-256
     /// verifier, an md5 hash (`md5` + 32 hex digits) or a plain password. Re-read within
     /// a second of a change; `[[users]]` wins over it.
     pub auth_file: String,
+    /// A `[[users]]` entry pgfresh logs in as (with its server credentials) to look up
+    /// users that are neither in `[[users]]` nor in `auth_file` with `auth_query`.
+    pub auth_user: String,
+    /// Returns (name, secret) for the user `$1`; the secret as in `auth_file`.
+    pub auth_query: String,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        Self {
+            auth_file: String::new(),
+            auth_user: String::new(),
+            auth_query: "SELECT usename, passwd FROM pg_shadow WHERE usename = $1".into(),
+        }
+    }
 }
 
 /// TLS toward clients (PgBouncer's names). Paths are read as given (relative ones from

@@ -43,22 +43,27 @@ pub fn parse(text: &str) -> Result<Vec<UserConfig>, String> {
         if name.is_empty() {
             return Err(format!("line {}: empty user name", n + 1));
         }
-        // md5 hashes check md5 logins; a verifier or a plain password, SCRAM logins.
-        let auth = if is_md5_hash(&secret) {
-            AuthMethod::Md5
-        } else {
-            AuthMethod::ScramSha256
-        };
-        users.push(UserConfig {
-            name,
-            password: Some(secret),
-            auth,
-            server_user: None,
-            server_password: None,
-            admin: false,
-        });
+        users.push(user_with_secret(name, secret));
     }
     Ok(users)
+}
+
+/// A user known by `secret` (as PostgreSQL stores it, or a plain password): md5 hashes
+/// check md5 logins; a verifier or a plain password, SCRAM logins.
+pub fn user_with_secret(name: String, secret: String) -> UserConfig {
+    let auth = if is_md5_hash(&secret) {
+        AuthMethod::Md5
+    } else {
+        AuthMethod::ScramSha256
+    };
+    UserConfig {
+        name,
+        password: Some(secret),
+        auth,
+        server_user: None,
+        server_password: None,
+        admin: false,
+    }
 }
 
 #[cfg(test)]

@@ -116,6 +116,23 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if !c.auth.auth_user.is_empty() {
+        let Some(u) = c.user(&c.auth.auth_user) else {
+            return Err(ConfigError::invalid(
+                "auth.auth_user",
+                format!("{:?} is not a [[users]] entry", c.auth.auth_user),
+            ));
+        };
+        if u.server_password().is_none() {
+            return Err(ConfigError::invalid(
+                "auth.auth_user",
+                "its [[users]] entry needs a password pgfresh can log in to the nodes with",
+            ));
+        }
+        if c.auth.auth_query.trim().is_empty() {
+            return Err(ConfigError::invalid("auth.auth_query", "empty"));
+        }
+    }
     if c.pool.max_prepared_statements == 0 {
         return Err(ConfigError::invalid(
             "pool.max_prepared_statements",

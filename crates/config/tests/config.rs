@@ -101,6 +101,7 @@ fn invalid_values_are_named() {
             "[proxy]\nadmin_listen = \"0.0.0.0:9930\"\n",
             "proxy.admin_listen",
         ),
+        ("[auth]\nauth_user = \"nobody\"\n", "auth.auth_user"),
     ];
     for (extra, key) in cases {
         let err = parse_str(&with(extra)).unwrap_err();

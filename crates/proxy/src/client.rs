@@ -49,8 +49,7 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
     sock: &mut S,
     buf: &mut BytesMut,
     config: &Config,
-    verifiers: &VerifierCache,
-    auth_file: &crate::auth_file::AuthFile,
+    shared: &crate::context::Shared,
 ) -> Result<Opening, ProxyError> {
     let limits = Limits {
         max_message: config.proxy.max_message_bytes,
@@ -80,15 +79,19 @@ pub async fn open<S: AsyncRead + AsyncWrite + Unpin>(
         .filter(|(k, _)| k != "user" && k != "database")
         .cloned()
         .collect();
-    let user = config
+    // [[users]] first, then auth_file, then auth_query.
+    let mut user = config
         .user(&user_name)
         .cloned()
-        .or_else(|| auth_file.user(&user_name));
+        .or_else(|| shared.auth_file.user(&user_name));
+    if user.is_none() {
+        user = shared.auth_query.user(shared, &database, &user_name).await;
+    }
     let Some(user) = user else {
         // Same answer as a wrong password, as PostgreSQL gives, so user names cannot be probed.
         return Err(ProxyError::AuthFailed(user_name));
     };
-    let passthrough = authenticate(sock, buf, &user, &limits, verifiers).await?;
+    let passthrough = authenticate(sock, buf, &user, &limits, &shared.verifiers).await?;
     Ok(Opening::Session(Login {
         user,
         database,

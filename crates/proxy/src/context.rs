@@ -46,6 +46,8 @@ pub struct Shared {
         std::sync::Mutex<std::collections::HashMap<String, pgfresh_wire::auth::ScramKeys>>,
     /// Users from `[auth] auth_file`.
     pub auth_file: crate::auth_file::AuthFile,
+    /// Users looked up with `[auth] auth_query`.
+    pub auth_query: crate::auth_query::AuthQuery,
     /// TLS toward clients, rebuilt when `[tls]` or its files change.
     pub client_tls: crate::tls::ClientTls,
     /// Faults integration tests arm ([`Shared::arm_fault`]).

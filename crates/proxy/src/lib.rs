@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod auth_file;
+pub mod auth_query;
 pub mod cancel;
 pub mod catalog;
 pub mod client;
@@ -187,6 +188,7 @@ impl Proxy {
             client_tls: Default::default(),
             passthrough: Default::default(),
             auth_file: Default::default(),
+            auth_query: Default::default(),
         });
         shared.deps.attach(&shared);
         shared.client_tls.refresh(&c.tls);

@@ -85,14 +85,7 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
     let opened = tokio::time::timeout(login_timeout, async {
         tls::negotiate(&mut stream, &mut buf, tls.as_deref(), &limits).await?;
         let sock = stream.as_mut().ok_or(ProxyError::ClientGone)?;
-        open(
-            sock,
-            &mut buf,
-            &config,
-            &shared.verifiers,
-            &shared.auth_file,
-        )
-        .await
+        open(sock, &mut buf, &config, &shared).await
     })
     .await;
     let login = match opened {

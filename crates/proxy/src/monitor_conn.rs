@@ -1,5 +1,6 @@
-//! pgfresh's own connections to a node as the `[monitor]` user: catalog reads (function
-//! volatility, dependencies) and lost-commit checks. Never taken from the client pools.
+//! pgfresh's own connections to a node as the `[monitor]` user (catalog reads: function
+//! volatility, dependencies; lost-commit checks) or as `[auth] auth_user` (`auth_query`).
+//! Never taken from the client pools.
 
 use std::time::Duration;
 
@@ -22,6 +23,29 @@ impl MonitorConn {
         application: &str,
     ) -> Result<MonitorConn, String> {
         let config = shared.config.snapshot();
+        let monitor = &config.monitor;
+        let db = db.unwrap_or(&monitor.database);
+        Self::open_as(
+            shared,
+            node,
+            db,
+            application,
+            &monitor.user,
+            &monitor.password,
+        )
+        .await
+    }
+
+    /// As [`MonitorConn::open`], logging in as `user` with `password`.
+    pub async fn open_as(
+        shared: &Shared,
+        node: Option<usize>,
+        db: &str,
+        application: &str,
+        user: &str,
+        password: &str,
+    ) -> Result<MonitorConn, String> {
+        let config = shared.config.snapshot();
         let node = match node {
             Some(n) => n,
             None => shared.balancer.primary().ok_or("no primary is known")?,
@@ -32,9 +56,9 @@ impl MonitorConn {
         let mut pg = tokio_postgres::Config::new();
         pg.host(&spec.host)
             .port(spec.port)
-            .user(&config.monitor.user)
-            .password(&config.monitor.password)
-            .dbname(db.unwrap_or(&config.monitor.database))
+            .user(user)
+            .password(password)
+            .dbname(db)
             .application_name(application)
             .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
         drop(view);
