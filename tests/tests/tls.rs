@@ -177,20 +177,23 @@ fn verify_ca_requires_a_client_certificate_from_the_ca() {
     assert!(!ok, "a certificate from another CA: {out}");
 }
 
-/// A tokio-postgres client over TLS, trusting `ca`.
-async fn tls_client(p: &ProxyHandle, ca: &Path) -> tokio_postgres::Client {
+/// A rustls client configuration trusting `ca`.
+fn client_config(ca: &Path) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(ca).unwrap();
     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+/// A tokio-postgres client over TLS, trusting `ca`.
+async fn tls_client(p: &ProxyHandle, ca: &Path) -> tokio_postgres::Client {
+    let config = client_config(ca);
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(config);
     let (client, conn) = tokio_postgres::connect(
         &format!(
@@ -281,5 +284,46 @@ async fn bytes_sent_between_ssl_request_and_handshake_are_refused() {
     assert!(
         text.contains("unencrypted data after SSL request"),
         "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_api_can_use_the_same_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path(), "a");
+    let text = tls_config("prefer", &pki.server_cert, &pki.server_key, None).replacen(
+        "[proxy]\n",
+        "[proxy]\nadmin_tls = true\n",
+        1,
+    );
+    let p = start_proxy(&text);
+    let config = client_config(&pki.ca);
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .expect("TLS to the admin API");
+    tls.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("pgfresh_"), "{answer}");
+    // Plain HTTP gets no answer.
+    let mut plain = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    plain
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), plain.read_to_end(&mut answer)).await;
+    assert!(
+        !String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "plain HTTP was served"
     );
 }

@@ -36,6 +36,8 @@ pub struct ProxySection {
     pub admin_listen: String,
     /// Bearer token required by the admin API's PUT endpoints and status when set.
     pub admin_token: Option<String>,
+    /// Serve the admin HTTP API over TLS with `[tls]`'s client certificate.
+    pub admin_tls: bool,
     /// Client connections accepted at once; past it new clients get SQLSTATE 53300.
     pub max_client_connections: usize,
     /// A client that has not finished startup and authentication by then is dropped.
@@ -57,6 +59,7 @@ impl Default for ProxySection {
             listen: "127.0.0.1:6432".into(),
             admin_listen: "127.0.0.1:9930".into(),
             admin_token: None,
+            admin_tls: false,
             max_client_connections: 1000,
             client_login_timeout_ms: 15_000,
             shutdown_timeout_ms: 30_000,

@@ -20,6 +20,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("proxy.listen", ReloadClass::Restart),
     ("proxy.admin_listen", ReloadClass::Restart),
     ("proxy.admin_token", ReloadClass::Live),
+    ("proxy.admin_tls", ReloadClass::Live),
     ("proxy.max_client_connections", ReloadClass::Live),
     ("proxy.client_login_timeout_ms", ReloadClass::Live),
     ("proxy.shutdown_timeout_ms", ReloadClass::Live),

@@ -95,6 +95,15 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(ConfigError::invalid("pool.pool_size", "must be at least 1"));
     }
     let tls = &c.tls;
+    if c.proxy.admin_tls
+        && (tls.client_tls_cert_file.is_empty()
+            || tls.client_mode() == crate::ClientTlsMode::Disable)
+    {
+        return Err(ConfigError::invalid(
+            "proxy.admin_tls",
+            "needs [tls] client_tls_cert_file and client_tls_key_file (the same certificate serves the admin API)",
+        ));
+    }
     let mode = tls.client_mode();
     if mode != crate::ClientTlsMode::Disable
         && (tls.client_tls_cert_file.is_empty() || tls.client_tls_key_file.is_empty())

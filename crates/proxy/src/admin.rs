@@ -103,12 +103,36 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
         };
         let proxy = proxy.clone();
         tokio::spawn(async move {
+            // admin_tls: the client certificate of [tls] serves the API too.
+            let acceptor = proxy.shared.config.snapshot().proxy.admin_tls.then(|| {
+                proxy
+                    .shared
+                    .client_tls
+                    .active()
+                    .and_then(|t| t.acceptor.clone())
+            });
+            let stream = match acceptor {
+                None => crate::tls::ClientStream::Plain(sock),
+                Some(None) => {
+                    tracing::warn!(
+                        "admin_tls is on but no certificate is loaded; connection refused"
+                    );
+                    return;
+                }
+                Some(Some(acceptor)) => match acceptor.accept(sock).await {
+                    Ok(s) => crate::tls::ClientStream::Tls(Box::new(s)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "admin TLS handshake failed");
+                        return;
+                    }
+                },
+            };
             let svc = hyper::service::service_fn(move |req| {
                 let proxy = proxy.clone();
                 async move { Ok::<_, Infallible>(handle(req, &proxy).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(sock), svc)
+                .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
     }
