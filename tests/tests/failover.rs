@@ -139,3 +139,45 @@ async fn failover_keeps_idle_sessions(
         .get(0);
     assert_eq!(n, 3, "rows 1, 2 and 4; the uncommitted 3 is gone");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_during_a_failover_wait_for_the_new_primary() {
+    let cluster = private_cluster();
+    // A monitor that polls once a second: for a moment after the primary dies, pgfresh
+    // still takes it for the primary, and logins find it refusing connections.
+    let text = config_text_for(&cluster, "").replacen(
+        "sr_check_period_ms = 50",
+        "sr_check_period_ms = 1000\nhealth_timeout_ms = 2000",
+        1,
+    );
+    assert!(text.contains("sr_check_period_ms = 1000"));
+    let p = start_proxy(&text);
+    p.connect().await;
+    cluster.stop_node(0).unwrap();
+    // Clients log in while the primary is gone and nothing is promoted yet.
+    let logins: Vec<_> = (0..4)
+        .map(|_| {
+            let conninfo = p.conninfo("app", APP_PASSWORD, "app");
+            tokio::spawn(async move {
+                let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                c.query_one("/* pgfresh:primary */ SELECT inet_server_port()", &[])
+                    .await
+                    .map(|r| r.get::<_, i32>(0))
+            })
+        })
+        .collect();
+    cluster.promote(1).unwrap();
+    cluster.repoint_standby(2, 1).unwrap();
+    // Each login waited for the new primary instead of handing the client the old one's
+    // "connection refused".
+    for login in logins {
+        let port = login
+            .await
+            .unwrap()
+            .expect("the login waited for the new primary");
+        assert_eq!(port, cluster.port(1) as i32);
+    }
+    drop(p);
+    drop(cluster);
+}

@@ -204,25 +204,12 @@ impl Session {
         if let Some(e) = self.startup_error.take() {
             return Err(e);
         }
-        // Right after start-up (or during a failover) the monitor may not have named a
-        // primary yet: wait for it, within the login timeout that bounds this call.
-        let balancer = &self.shared.balancer;
-        let wait = async {
-            loop {
-                let mut events = balancer.subscribe();
-                if let Some(p) = balancer.primary() {
-                    return Some(p);
-                }
-                if events.recv().await.is_err() {
-                    return None;
-                }
-            }
-        };
-        let primary = tokio::time::timeout(Duration::from_secs(5), wait)
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| self.shared.no_primary())?;
+        let login_timeout =
+            Duration::from_millis(self.shared.config.snapshot().proxy.client_login_timeout_ms);
+        // Leave a margin so the client hears why, before the listener's own deadline.
+        let deadline =
+            std::time::Instant::now() + login_timeout.saturating_sub(Duration::from_millis(250));
+        let primary = self.primary_for_login(deadline).await?;
         // Transaction mode: a login with settings the pool has seen logged in needs no
         // server connection; the client gets what that login reported.
         let config = self.shared.config.snapshot();
@@ -242,7 +229,7 @@ impl Session {
                 return self.send_login_reply(key, &params).await;
             }
         }
-        self.attach(primary).await?;
+        let primary = self.attach_primary_for_login(primary, deadline).await?;
         let Some(leased) = self.backends[primary].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
@@ -272,6 +259,60 @@ impl Session {
             );
         }
         self.send_login_reply(key, &params).await
+    }
+
+    /// The primary, once the monitor names one (right after start-up, or during a
+    /// failover, it may not have yet), waiting until `deadline` at most.
+    async fn primary_for_login(&self, deadline: std::time::Instant) -> Result<usize, ProxyError> {
+        let balancer = &self.shared.balancer;
+        let wait = async {
+            loop {
+                let mut events = balancer.subscribe();
+                if let Some(p) = balancer.primary() {
+                    return Some(p);
+                }
+                if events.recv().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        tokio::time::timeout_at(deadline.into(), wait)
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| self.shared.no_primary())
+    }
+
+    /// Connect to the primary for a login. A primary that refuses connections or is
+    /// shutting down may be going away in a failover: the login waits for the monitor
+    /// to name a primary that takes it (until `deadline`), instead of failing at once.
+    async fn attach_primary_for_login(
+        &mut self,
+        mut primary: usize,
+        deadline: std::time::Instant,
+    ) -> Result<usize, ProxyError> {
+        loop {
+            let mut events = self.shared.balancer.subscribe();
+            let err = match self.attach(primary).await {
+                Ok(()) => return Ok(primary),
+                Err(e) => e,
+            };
+            let transient = match &err {
+                ProxyError::ServerConnect { .. } => true,
+                ProxyError::ServerLogin { code, .. } => code.starts_with("57P"),
+                _ => false,
+            };
+            if !transient || std::time::Instant::now() >= deadline {
+                return Err(err);
+            }
+            tracing::info!(error = %err, "the primary does not take connections; the login waits for the cluster to settle");
+            // A role change, or a moment, before trying the primary the monitor names then.
+            let pause = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .min(Duration::from_millis(200));
+            let _ = tokio::time::timeout(pause, events.recv()).await;
+            primary = self.primary_for_login(deadline).await?;
+        }
     }
 
     /// ParameterStatus for each of `params`, BackendKeyData and ReadyForQuery.
