@@ -232,7 +232,7 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
         if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == standbys {
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(POLL_EVERY);
     }
     p
 }
@@ -381,16 +381,29 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// How often the polling helpers check their condition.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
 /// Poll `f` until it returns true or the deadline passes.
 pub async fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    poll(what, timeout, || std::future::ready(f().then_some(()))).await
+}
+
+/// Poll the asynchronous `check` until it yields a value, at most `timeout`; the test
+/// fails naming `what` when the deadline passes.
+pub async fn poll<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> F,
+) -> T {
     let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return;
+    loop {
+        if let Some(v) = check().await {
+            return v;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(POLL_EVERY).await;
     }
-    panic!("timed out waiting for {what}");
 }
 
 impl ProxyHandle {

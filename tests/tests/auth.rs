@@ -34,15 +34,15 @@ async fn roles(roles: &[(&str, &str)]) {
         "SELECT count(*) FROM pg_roles WHERE rolname IN ({})",
         names.join(", ")
     );
+    let want = roles.len().to_string();
     for i in 1..3 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while c.psql(i, "postgres", &count).unwrap().trim() != roles.len().to_string() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "standby {i} never got the roles"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let (count, want) = (&count, &want);
+        poll(
+            "the standbys have the roles",
+            Duration::from_secs(30),
+            || async move { (c.psql(i, "postgres", count).unwrap().trim() == want).then_some(()) },
+        )
+        .await;
     }
 }
 
@@ -75,19 +75,17 @@ async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
     .await;
     assert_eq!((user.as_str(), port), ("app", node_port(0) as i32));
     // A replica's connection logs in the same way.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (user, port) = row(&c, "SELECT current_user::text, inet_server_port()").await;
-        assert_eq!(user, "app");
-        if port != node_port(0) as i32 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no read reached a replica"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let c = &c;
+    poll(
+        "a read on a replica",
+        Duration::from_secs(30),
+        || async move {
+            let (user, port) = row(c, "SELECT current_user::text, inet_server_port()").await;
+            assert_eq!(user, "app");
+            (port != node_port(0) as i32).then_some(())
+        },
+    )
+    .await;
     // A wrong password proves nothing and gets nothing.
     let wrong = tokio_postgres::connect(
         &p.conninfo("app", "not-the-password", "app"),
@@ -148,17 +146,13 @@ async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
         format!("\"tp_file\" \"{verifier}\"\n\"tp_plain\" \"plain-secret\"\n"),
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let b = loop {
-        if let Ok(b) = p.connect_as("tp_plain", "plain-secret", "app").await {
-            break b;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new user never got in"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let p = &p;
+    let b = poll(
+        "the new user gets in",
+        Duration::from_secs(30),
+        || async move { p.connect_as("tp_plain", "plain-secret", "app").await.ok() },
+    )
+    .await;
     let (user, _) = row(
         &b,
         "/* pgfresh:primary */ SELECT current_user::text, inet_server_port()",

@@ -231,18 +231,12 @@ async fn certificates_rotate_while_sessions_stay_connected() {
             pki.ca.display()
         )
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (ok, _) = psql(&p, &root(&second), "SELECT 1");
-        if ok {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the new certificate is served",
+        Duration::from_secs(30),
+        || psql(&p, &root(&second), "SELECT 1").0,
+    )
+    .await;
     let (ok, out) = psql(&p, &root(&first), "SELECT 1");
     assert!(!ok, "the old certificate is still served: {out}");
     // The session made before the rotation goes on.

@@ -76,26 +76,23 @@ async fn own_database(name: &str) {
     c.psql(0, "postgres", &format!("CREATE DATABASE {name} OWNER app"))
         .unwrap();
     for i in 1..3 {
-        let node = direct(i).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let n: i64 = node
-                .query_one(
-                    "SELECT count(*) FROM pg_database WHERE datname = $1",
-                    &[&name],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if n == 1 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "standby {i} never got {name}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let node = &direct(i).await;
+        poll(
+            "the standbys have the database",
+            Duration::from_secs(30),
+            || async move {
+                let n: i64 = node
+                    .query_one(
+                        "SELECT count(*) FROM pg_database WHERE datname = $1",
+                        &[&name],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                (n == 1).then_some(())
+            },
+        )
+        .await;
     }
 }
 
@@ -128,9 +125,11 @@ async fn five_hundred_clients_share_ten_connections_per_node() {
         samplers.push(tokio::spawn(async move {
             let node = direct(i).await;
             let mut peak = 0;
+            // A sample every 20 ms while the clients run.
+            let mut every = tokio::time::interval(Duration::from_millis(20));
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                every.tick().await;
                 peak = peak.max(server_connections(&node, "tpmany").await);
-                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             peak
         }));
@@ -263,24 +262,20 @@ async fn a_set_in_a_rolled_back_transaction_is_not_replayed() {
 
 /// Wait until the primary runs a query containing `text`.
 async fn running_on_primary(text: &str) {
-    let node = direct(0).await;
-    let pattern = format!("%{text}%");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let node = &direct(0).await;
+    let pattern = &format!("%{text}%");
+    poll(text, Duration::from_secs(30), || async move {
         let n: i64 = node
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid()",
-                &[&pattern],
+                &[pattern],
             )
             .await
             .unwrap()
             .get(0);
-        if n > 0 {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{text} never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        (n > 0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -663,13 +658,13 @@ async fn connections_the_server_closed_while_pooled_are_replaced() {
             .unwrap()
             .get(0);
         killed += n;
-        let mut left = 1;
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while left > 0 && std::time::Instant::now() < deadline {
-            left = server_connections(&node, "tpdead").await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(left, 0, "node {i} still has connections");
+        let node = &node;
+        poll(
+            "the terminated connections are gone",
+            Duration::from_secs(20),
+            || async move { (server_connections(node, "tpdead").await == 0).then_some(()) },
+        )
+        .await;
     }
     assert!(killed > 0, "the pool held connections to terminate");
     // Every statement succeeds: dead pooled connections are noticed before use.
