@@ -1,6 +1,7 @@
 # Shared helpers for the benchmark scripts (sourced, not run).
 #
-# Expects cluster.env (from bench/cluster.sh start) to be sourced first.
+# The node helpers expect cluster.env (from bench/cluster.sh start) to be sourced first;
+# bench_cluster does that.
 
 BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PGFRESH_BIN="${PGFRESH_BIN:-$BENCH_ROOT/target/release/pgfresh}"
@@ -139,4 +140,33 @@ cpu_ticks_tree() {
         total=$((total + $(cpu_ticks_tree "$child")))
     done
     echo "$total"
+}
+
+# The benchmark cluster: the one in $CLUSTER_DIR (made by cluster.sh), or a new one that
+# bench_cleanup removes. Sources its cluster.env. Needs HERE and OUTDIR.
+bench_cluster() {
+    OWN_CLUSTER=0
+    if [ -z "${CLUSTER_DIR:-}" ]; then
+        "$HERE/cluster.sh" start | tee "$OUTDIR/cluster.txt"
+        CLUSTER_DIR=$(awk '/^cluster dir:/ { print $3 }' "$OUTDIR/cluster.txt")
+        OWN_CLUSTER=1
+    fi
+    # shellcheck disable=SC1091
+    source "$CLUSTER_DIR/cluster.env"
+    PROXY_PID=""
+    trap bench_cleanup EXIT
+}
+
+# Stop the proxy under test ($PROXY_PID) and remove the cluster bench_cluster made.
+bench_cleanup() {
+    if [ -n "${PROXY_PID:-}" ]; then stop_pid "$PROXY_PID"; fi
+    if [ "${OWN_CLUSTER:-0}" = 1 ]; then "$HERE/cluster.sh" stop "$CLUSTER_DIR" >/dev/null; fi
+}
+
+# pgbench's tables at scale $SCALE on the primary, vacuumed and on every standby.
+bench_pgbench_init() {
+    echo "== pgbench -i -s $SCALE on the primary"
+    "$PG_BINDIR/pgbench" -i -q -s "$SCALE" -h 127.0.0.1 -p "$PRIMARY_PORT" -U app app >"$OUTDIR/init.log" 2>&1
+    psql_node "$PRIMARY_PORT" "VACUUM ANALYZE" "CHECKPOINT" >/dev/null
+    wait_standbys_caught_up
 }

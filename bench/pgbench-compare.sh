@@ -44,28 +44,11 @@ OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-pgbench.XXXXXX)}"
 mkdir -p "$OUTDIR"
 CLK_TCK=$(getconf CLK_TCK)
 
-OWN_CLUSTER=0
-if [ -z "$CLUSTER_DIR" ]; then
-    "$HERE/cluster.sh" start | tee "$OUTDIR/cluster.txt"
-    CLUSTER_DIR=$(awk '/^cluster dir:/ { print $3 }' "$OUTDIR/cluster.txt")
-    OWN_CLUSTER=1
-fi
-# shellcheck disable=SC1091
-source "$CLUSTER_DIR/cluster.env"
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
+bench_cluster
 
-PROXY_PID=""
-cleanup() {
-    if [ -n "$PROXY_PID" ]; then stop_pid "$PROXY_PID"; fi
-    if [ $OWN_CLUSTER = 1 ]; then "$HERE/cluster.sh" stop "$CLUSTER_DIR" >/dev/null; fi
-}
-trap cleanup EXIT
-
-echo "== pgbench -i -s $SCALE on the primary"
-"$PG_BINDIR/pgbench" -i -q -s "$SCALE" -h 127.0.0.1 -p "$PRIMARY_PORT" -U app app >"$OUTDIR/init.log" 2>&1
-psql_node "$PRIMARY_PORT" "VACUUM ANALYZE" "CHECKPOINT" >/dev/null
-wait_standbys_caught_up
+bench_pgbench_init
 
 RESULTS="$OUTDIR/results.tsv"
 printf "target\tmode\tclients\tseconds\ttransactions\tfailed\ttps\tlatency_ms\tproxy_cpu_s\tproxy_cpu_us_per_tx\tloadavg_1m\n" >"$RESULTS"

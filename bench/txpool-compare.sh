@@ -44,29 +44,11 @@ mkdir -p "$OUTDIR"
 CLK_TCK=$(getconf CLK_TCK)
 ulimit -n 65536 2>/dev/null || true
 
-OWN_CLUSTER=0
-if [ -z "$CLUSTER_DIR" ]; then
-    "$HERE/cluster.sh" start | tee "$OUTDIR/cluster.txt"
-    CLUSTER_DIR=$(awk '/^cluster dir:/ { print $3 }' "$OUTDIR/cluster.txt")
-    OWN_CLUSTER=1
-fi
-# shellcheck disable=SC1091
-source "$CLUSTER_DIR/cluster.env"
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
+bench_cluster
 
-PROXY_PID=""
-cleanup() {
-    if [ -n "$PROXY_PID" ]; then stop_pid "$PROXY_PID"; fi
-    if [ $OWN_CLUSTER = 1 ]; then "$HERE/cluster.sh" stop "$CLUSTER_DIR" >/dev/null; fi
-}
-trap cleanup EXIT
-
-# The servers must take 500 clients' worth of connections from direct setup work only.
-echo "== pgbench -i -s $SCALE on the primary"
-"$PG_BINDIR/pgbench" -i -q -s "$SCALE" -h 127.0.0.1 -p "$PRIMARY_PORT" -U app app >"$OUTDIR/init.log" 2>&1
-psql_node "$PRIMARY_PORT" "VACUUM ANALYZE" "CHECKPOINT" >/dev/null
-wait_standbys_caught_up
+bench_pgbench_init
 
 # Most connections of user app seen on any node while the file $1 exists.
 sample_connections() {
