@@ -354,6 +354,21 @@ impl ProxyHandle {
         Ok(client)
     }
 
+    /// Run pgbench through the proxy against database `db`; its output. The test fails
+    /// with the output when pgbench does.
+    pub fn pgbench(&self, db: &str, args: &[&str]) -> String {
+        let out = std::process::Command::new(pg_bin("pgbench"))
+            .args(args)
+            .envs(self.libpq_env())
+            .env("PGDATABASE", db)
+            .output()
+            .expect("run pgbench");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
+        text
+    }
+
     /// Environment and arguments for psql/pgbench against the proxy.
     pub fn libpq_env(&self) -> Vec<(&'static str, String)> {
         vec![

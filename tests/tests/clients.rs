@@ -129,19 +129,7 @@ fn pgbench_all_query_modes_without_failures() {
         .unwrap();
     c.psql(0, "postgres", "CREATE DATABASE bench OWNER app")
         .unwrap();
-    let env = proxy().libpq_env();
-    let pgbench = |args: &[&str]| {
-        let out = Command::new(pg_bin("pgbench"))
-            .args(args)
-            .envs(env.iter().cloned())
-            .env("PGDATABASE", "bench")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
-        text
-    };
+    let pgbench = |args: &[&str]| proxy().pgbench("bench", args);
     pgbench(&["-i", "-s", "1", "-q"]);
     for mode in ["simple", "extended", "prepared"] {
         for extra in [&["-S"][..], &["-N"][..], &[][..]] {

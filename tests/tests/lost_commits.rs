@@ -277,26 +277,13 @@ fn process_cpu_ticks() -> u64 {
 #[tokio::test]
 #[ignore]
 async fn measure_xid_probe_cost() {
-    use std::process::Command;
     let c = cluster();
     c.psql(0, "postgres", "DROP DATABASE IF EXISTS lostbench")
         .unwrap();
     c.psql(0, "postgres", "CREATE DATABASE lostbench OWNER app")
         .unwrap();
     let p = start_proxy(&config(false));
-    let env = p.libpq_env();
-    let pgbench = |args: &[&str]| {
-        let out = Command::new(pg_bin("pgbench"))
-            .args(args)
-            .envs(env.iter().cloned())
-            .env("PGDATABASE", "lostbench")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
-        text
-    };
+    let pgbench = |args: &[&str]| p.pgbench("lostbench", args);
     pgbench(&["-i", "-s", "1", "-q"]);
     let secs = std::env::var("LOST_BENCH_SECS").unwrap_or_else(|_| "8".into());
     let tick_us = 1_000_000.0 / 100.0; // CLK_TCK = 100 on Linux

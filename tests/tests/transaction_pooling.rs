@@ -2,7 +2,6 @@
 //! connections, each client's settings and prepared statements intact on whatever
 //! connection its next transaction lands, and routing guarantees unchanged.
 
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -327,19 +326,7 @@ async fn a_cancel_after_check_in_reaches_no_other_client() {
 async fn pgbench_in_every_query_mode() {
     own_database("tpbench").await;
     let p = tx_proxy();
-    let env = p.libpq_env();
-    let pgbench = |args: &[&str]| {
-        let out = Command::new(pg_bin("pgbench"))
-            .args(args)
-            .envs(env.iter().cloned())
-            .env("PGDATABASE", "tpbench")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "pgbench {args:?}:\n{text}");
-        text
-    };
+    let pgbench = |args: &[&str]| p.pgbench("tpbench", args);
     pgbench(&["-i", "-s", "1", "-q"]);
     for mode in ["simple", "extended", "prepared"] {
         for extra in [&["-S"][..], &[][..]] {
