@@ -185,8 +185,7 @@ impl Session {
                     return Action::Forward;
                 };
                 if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
-                    let (w, whole) = (u.writes.clone(), u.whole_db);
-                    self.mark(w, whole);
+                    self.mark_autocommit_write();
                 } else if is_commit {
                     u.committed = true;
                     let whole = u.whole_db || self.tx_writes.whole_db;
@@ -308,13 +307,12 @@ impl Session {
                 if let Some(u) = self.inflight.front_mut() {
                     u.replied = true;
                     u.events.pop_front();
+                }
+                if tag == b's' {
                     // An Execute stopped at its row limit (asyncpg's fetchval of
                     // `INSERT … RETURNING`): the write is done, and the implicit
                     // transaction commits at Sync without a CommandComplete.
-                    if tag == b's' && u.autocommit && (!u.writes.is_empty() || u.whole_db) {
-                        let (w, whole) = (u.writes.clone(), u.whole_db);
-                        self.mark(w, whole);
-                    }
+                    self.mark_autocommit_write();
                 }
                 Action::Forward
             }
@@ -387,6 +385,18 @@ impl Session {
             .as_ref()
             .and_then(|l| l.conn.rbuf.get(start..end))
             .unwrap_or(&[])
+    }
+
+    /// The front unit, outside a transaction, wrote: its writes are committed with its
+    /// statement, so they are marked now.
+    fn mark_autocommit_write(&mut self) {
+        let Some(u) = self.inflight.front() else {
+            return;
+        };
+        if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
+            let (w, whole) = (u.writes.clone(), u.whole_db);
+            self.mark(w, whole);
+        }
     }
 
     /// Mark relations as written, before the reply that confirms the write is
