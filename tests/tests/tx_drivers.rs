@@ -280,4 +280,33 @@ async fn a_write_stopped_at_its_row_limit_is_marked() {
         hot(&t),
         "{t} was written (Execute stopped at its row limit, then Sync committed) but is not marked"
     );
+    // And what that guards: with the replicas 300 ms behind, another client reads each
+    // row inserted this way at once (reads go to a replica unless the table is hot).
+    p.wait_cold(&[&t]).await;
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 300).unwrap();
+    }
+    let mut misses = 0;
+    for id in 10..20 {
+        s.write_all(&wire::run(
+            &format!("INSERT INTO {t} VALUES ({id}) RETURNING id"),
+            1,
+        ))
+        .await
+        .unwrap();
+        raw::read_until(&mut s, b'Z').await;
+        let n: i64 = c
+            .query_one(&format!("SELECT count(*) FROM {t} WHERE id = {id}"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        misses += usize::from(n != 1);
+    }
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 0).unwrap();
+    }
+    assert_eq!(
+        misses, 0,
+        "reads right after a row-limited insert missed it"
+    );
 }
