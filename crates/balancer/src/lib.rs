@@ -69,7 +69,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use eligibility::{Ineligible, Role};
-pub use monitor::{check_login, describe_pg_error, LoginCheck};
+pub use monitor::{check_login, describe_connect_error, describe_pg_error, LoginCheck};
 pub use select::Candidate;
 pub use settings::{LagTarget, LoadBalance, MonitorSettings, NodeId, NodeSpec};
 pub use timeline::{HistoryError, Switch, TimelineHistory, Translation};

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pgfresh_lsn::Lsn;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout, Instant};
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::patroni::PatroniPoller;
@@ -62,6 +62,8 @@ struct Conn {
     driver: JoinHandle<()>,
     /// The login it was opened with; a settings change that alters it reconnects.
     login: (String, String, String),
+    /// Encrypted (TLS negotiated with the node's `server_tls_sslmode`).
+    tls: bool,
 }
 
 impl Drop for Conn {
@@ -271,7 +273,9 @@ async fn poll(
         .await
         .map_err(|_| format!("poll timed out after {:?}", s.health_timeout))?
         .map_err(|e| format!("poll failed: {}", describe_pg_error(&e)))?;
-    parse_row(&row)
+    let mut sample = parse_row(&row)?;
+    sample.tls = Some(c.tls);
+    Ok(sample)
 }
 
 async fn connect(
@@ -287,10 +291,17 @@ async fn connect(
         .dbname(&s.database)
         .application_name("pgfresh-monitor")
         .connect_timeout(s.connect_timeout);
-    let (client, connection) = timeout(s.connect_timeout, cfg.connect(NoTls))
-        .await
-        .map_err(|_| format!("connect timed out after {:?}", s.connect_timeout))?
-        .map_err(|e| format!("connect failed: {}", describe_pg_error(&e)))?;
+    let pgfresh_nodetls::pg::Connected {
+        client,
+        connection,
+        tls,
+    } = timeout(
+        s.connect_timeout,
+        pgfresh_nodetls::pg::connect(&mut cfg, &spec.tls),
+    )
+    .await
+    .map_err(|_| format!("connect timed out after {:?}", s.connect_timeout))?
+    .map_err(|e| format!("connect failed: {}", describe_connect_error(&e)))?;
     let driver = tokio::spawn(async move {
         // The connection ends with an error when the server goes away; the next poll
         // notices through the client and reconnects.
@@ -323,7 +334,16 @@ async fn connect(
         statement,
         driver,
         login,
+        tls,
     })
+}
+
+/// [`describe_pg_error`] for a connection attempt, which can also fail on its TLS files.
+pub fn describe_connect_error(e: &pgfresh_nodetls::pg::ConnectError) -> String {
+    match e {
+        pgfresh_nodetls::pg::ConnectError::Postgres(e) => describe_pg_error(e),
+        other => other.to_string(),
+    }
 }
 
 /// What went wrong, in the server's own words when the server answered: its message and
@@ -354,6 +374,8 @@ pub struct LoginCheck {
     pub in_recovery: bool,
     /// The server's `server_version` setting.
     pub server_version: String,
+    /// The connection was encrypted.
+    pub tls: bool,
 }
 
 /// Logs in to `spec` with the monitor's credentials, as the monitor does, and asks for the
@@ -379,6 +401,7 @@ pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCh
         server_version: row
             .try_get(1)
             .map_err(|e| format!("unexpected result: {e}"))?,
+        tls: conn.tls,
     })
 }
 
@@ -402,6 +425,7 @@ fn parse_row(row: &Row) -> Result<Sample, String> {
         receiver_status: row.try_get(6).map_err(err)?,
         timeline: timeline.and_then(|t| u32::try_from(t).ok()),
         control_timeline: control_timeline.and_then(|t| u32::try_from(t).ok()),
+        tls: None,
     })
 }
 

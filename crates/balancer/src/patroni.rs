@@ -229,6 +229,7 @@ pub(crate) fn parse_status(body: &[u8], now: SystemTime) -> Result<Sample, Strin
             receiver_status: None,
             timeline,
             control_timeline: None,
+            tls: None,
         });
     }
     let streaming = match status.replication_state.as_deref() {
@@ -258,6 +259,7 @@ pub(crate) fn parse_status(body: &[u8], now: SystemTime) -> Result<Sample, Strin
         receiver_status,
         timeline,
         control_timeline: None,
+        tls: None,
     })
 }
 
@@ -378,6 +380,7 @@ mod tests {
                 receiver_status: None,
                 timeline: Some(3),
                 control_timeline: None,
+                tls: None,
             }
         );
         // Older releases call the primary "master".
@@ -408,6 +411,7 @@ mod tests {
                 receiver_status: Some("streaming".into()),
                 timeline: Some(12),
                 control_timeline: None,
+                tls: None,
             }
         );
     }

@@ -26,6 +26,8 @@ pub struct NodeSpec {
     /// SQL polls, and `host`/`port` and the monitor login are not used to watch it (see
     /// [`crate::patroni`]).
     pub patroni_url: Option<String>,
+    /// TLS toward the node, for the monitor and for every other connection to it.
+    pub tls: std::sync::Arc<pgfresh_nodetls::Settings>,
 }
 
 /// How a replica is picked among the eligible ones.

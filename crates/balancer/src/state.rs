@@ -36,6 +36,8 @@ pub(crate) struct Sample {
     /// Standbys without a WAL receiver timeline only: the newer of the last restartpoint's
     /// and the minimum recovery point's timelines (a lower bound of the replay timeline).
     pub(crate) control_timeline: Option<u32>,
+    /// The monitor's connection is encrypted (`None`: not a SQL poll).
+    pub(crate) tls: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -344,6 +346,7 @@ impl State {
                 lag_bytes,
                 lag_ms,
                 paused,
+                tls: sample.and_then(|s| s.tls),
                 streaming,
                 timeline: shown_timeline,
                 eligible,
@@ -386,6 +389,7 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
                 lag_bytes: None,
                 lag_ms: None,
                 paused: false,
+                tls: None,
                 streaming: false,
                 timeline: None,
                 eligible: false,
@@ -421,6 +425,7 @@ pub(crate) mod tests {
                 port: 1,
                 weight: 1,
                 patroni_url: None,
+                tls: Default::default(),
             })
             .collect()
     }
@@ -436,6 +441,7 @@ pub(crate) mod tests {
             receiver_status: None,
             timeline: Some(tl),
             control_timeline: None,
+            tls: None,
         }
     }
 
@@ -450,6 +456,7 @@ pub(crate) mod tests {
             receiver_status: Some("streaming".into()),
             timeline: Some(tl),
             control_timeline: None,
+            tls: None,
         }
     }
 

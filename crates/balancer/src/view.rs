@@ -44,6 +44,9 @@ pub struct NodeStatus {
     pub lag_ms: Option<u64>,
     /// WAL replay is paused.
     pub paused: bool,
+    /// The monitor's connection to the node is encrypted; `None` while it has none (or
+    /// the node is watched through Patroni).
+    pub tls: Option<bool>,
     /// On a standby: the WAL receiver reports `streaming`.
     pub streaming: bool,
     /// On the primary: its insert timeline (from `pg_walfile_name(pg_current_wal_lsn())`,

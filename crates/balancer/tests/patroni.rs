@@ -129,6 +129,7 @@ fn specs(nodes: &[FakePatroni]) -> Vec<NodeSpec> {
             port: 1,
             weight: 1,
             patroni_url: Some(format!("http://{}", n.addr)),
+            tls: Default::default(),
         })
         .collect()
 }
@@ -312,6 +313,7 @@ async fn unusable_url_and_unreachable_api_are_failed_polls() {
         port: 1,
         weight: 1,
         patroni_url: Some(url),
+        tls: Default::default(),
     };
     let b = Balancer::start(
         vec![

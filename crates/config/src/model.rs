@@ -138,6 +138,41 @@ pub struct TlsSection {
     pub client_tls_key_file: String,
     /// CA certificates client certificates must chain to (`verify-ca`, `verify-full`).
     pub client_tls_ca_file: String,
+    /// TLS toward the nodes (every connection: pools, monitor, catalog reader,
+    /// `auth_query`, cancel requests); `[[nodes]]` may override it and the three files.
+    pub server_tls_sslmode: ServerTlsMode,
+    /// CA certificates nodes' certificates must chain to (`verify-ca`, `verify-full`).
+    pub server_tls_ca_file: String,
+    /// A client certificate (PEM) pgfresh presents to nodes; empty for none.
+    pub server_tls_cert_file: String,
+    /// Its private key (PEM).
+    pub server_tls_key_file: String,
+}
+
+/// What pgfresh asks of the nodes' TLS (`server_tls_sslmode`, PgBouncer's meanings).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerTlsMode {
+    /// Never TLS.
+    Disable,
+    /// TLS when the node offers it; its certificate is not checked.
+    #[default]
+    Prefer,
+    /// Always TLS; the certificate is not checked.
+    Require,
+    /// Always TLS; the certificate must chain to `server_tls_ca_file`.
+    VerifyCa,
+    /// As `verify-ca`, and the certificate must name the node's `host`.
+    VerifyFull,
+}
+
+/// The TLS settings in force for one node: its own `server_tls_*` keys, else `[tls]`'s.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerTls {
+    pub mode: ServerTlsMode,
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
 }
 
 impl TlsSection {
@@ -390,6 +425,32 @@ pub struct NodeConfig {
     /// Take role and lag from the Patroni REST API instead of SQL polls.
     #[serde(default)]
     pub patroni_url: Option<String>,
+    /// This node's `server_tls_sslmode` (else `[tls]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_tls_sslmode: Option<ServerTlsMode>,
+    /// This node's `server_tls_ca_file` (else `[tls]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_tls_ca_file: Option<String>,
+    /// This node's `server_tls_cert_file` (else `[tls]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_tls_cert_file: Option<String>,
+    /// This node's `server_tls_key_file` (else `[tls]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_tls_key_file: Option<String>,
+}
+
+impl NodeConfig {
+    /// The TLS settings for this node, its own keys over `[tls]`'s.
+    pub fn server_tls(&self, tls: &TlsSection) -> ServerTls {
+        let pick =
+            |own: &Option<String>, global: &String| own.clone().unwrap_or_else(|| global.clone());
+        ServerTls {
+            mode: self.server_tls_sslmode.unwrap_or(tls.server_tls_sslmode),
+            ca_file: pick(&self.server_tls_ca_file, &tls.server_tls_ca_file),
+            cert_file: pick(&self.server_tls_cert_file, &tls.server_tls_cert_file),
+            key_file: pick(&self.server_tls_key_file, &tls.server_tls_key_file),
+        }
+    }
 }
 
 fn one() -> u32 {

@@ -125,6 +125,9 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             ),
         ));
     }
+    for n in &c.nodes {
+        validate_server_tls(n, &n.server_tls(tls))?;
+    }
     if !c.auth.auth_user.is_empty() {
         let Some(u) = c.user(&c.auth.auth_user) else {
             return Err(ConfigError::invalid(
@@ -275,6 +278,38 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
                 "required when password is a SCRAM verifier and server_user is another role \
                  (SCRAM pass-through logs in as the client's own role only)",
             ));
+        }
+    }
+    Ok(())
+}
+
+/// A node's TLS settings: the verify modes need a CA, a client certificate needs its
+/// key, and every file named must be readable now (its content is checked when the
+/// first connection is made, and a later broken file keeps the last good one).
+fn validate_server_tls(n: &crate::NodeConfig, t: &crate::ServerTls) -> Result<(), ConfigError> {
+    use crate::ServerTlsMode::{VerifyCa, VerifyFull};
+    let key = |k: &str| format!("nodes.{}.{k}", n.name);
+    if matches!(t.mode, VerifyCa | VerifyFull) && t.ca_file.is_empty() {
+        return Err(ConfigError::invalid(
+            key("server_tls_ca_file"),
+            "server_tls_sslmode verify-ca and verify-full need the CA the node's certificate chains to",
+        ));
+    }
+    if t.cert_file.is_empty() != t.key_file.is_empty() {
+        return Err(ConfigError::invalid(
+            key("server_tls_cert_file"),
+            "server_tls_cert_file and server_tls_key_file go together: give both or neither",
+        ));
+    }
+    for (name, path) in [
+        ("server_tls_ca_file", &t.ca_file),
+        ("server_tls_cert_file", &t.cert_file),
+        ("server_tls_key_file", &t.key_file),
+    ] {
+        if !path.is_empty() {
+            if let Err(e) = std::fs::File::open(path) {
+                return Err(ConfigError::invalid(key(name), format!("{path}: {e}")));
+            }
         }
     }
     Ok(())

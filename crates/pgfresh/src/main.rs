@@ -175,8 +175,9 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
         match &n.result {
             Ok(ok) => {
                 let role = if ok.in_recovery { "standby" } else { "primary" };
+                let tls = if ok.tls { "TLS" } else { "no TLS" };
                 println!(
-                    "node {} ({}): ok, {role}, PostgreSQL {}",
+                    "node {} ({}): ok, {role}, PostgreSQL {}, {tls}",
                     n.name, n.address, ok.server_version
                 );
             }

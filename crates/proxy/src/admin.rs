@@ -548,6 +548,8 @@ fn node_json(n: &pgfresh_balancer::NodeStatus) -> Value {
         "outstanding": n.outstanding,
         "last_poll_age_ms": n.last_poll_ok.map(|t| t.elapsed().as_millis() as u64),
         "last_error": n.last_error,
+        "server_tls_sslmode": n.spec.tls.mode.as_str(),
+        "monitor_tls": n.tls,
     })
 }
 

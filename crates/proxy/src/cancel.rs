@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pgfresh_wire::{build, CancelKey};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 /// Where a cancel for one client goes right now.
@@ -13,6 +12,8 @@ use tokio::net::TcpStream;
 pub struct CancelTarget {
     pub host: Arc<str>,
     pub port: u16,
+    /// The node's TLS settings: a cancel key is a secret, sent as the queries are.
+    pub tls: Arc<pgfresh_nodetls::Settings>,
     pub key: CancelKey,
 }
 
@@ -102,11 +103,18 @@ impl CancelRegistry {
 /// closes the connection once it has signalled the backend).
 async fn forward(t: &CancelTarget) {
     let deliver = async {
-        let mut s = TcpStream::connect((&*t.host, t.port)).await?;
-        s.write_all(&build::cancel_request(t.key)).await?;
-        let mut sink = [0u8; 64];
-        while tokio::io::AsyncReadExt::read(&mut s, &mut sink).await? > 0 {}
-        std::io::Result::Ok(())
+        let tcp = TcpStream::connect((&*t.host, t.port))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut s = pgfresh_nodetls::connect(tcp, &t.tls, &t.host).await?;
+        s.write_all(&build::cancel_request(t.key))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut sink = bytes::BytesMut::new();
+        while s.read_some(&mut sink).await.map_err(|e| e.to_string())? > 0 {
+            sink.clear();
+        }
+        Ok::<(), String>(())
     };
     match tokio::time::timeout(std::time::Duration::from_secs(5), deliver).await {
         Ok(Ok(())) => metrics::counter!("pgfresh_cancel_requests_total").increment(1),

@@ -325,6 +325,7 @@ fn show_nodes(shared: &Shared, out: &mut BytesMut) {
                     n.ineligible_reason.map_or("out", |r| r.as_str()).into()
                 },
                 n.last_error.clone().unwrap_or_default(),
+                opt(n.tls),
             ]
         })
         .collect();
@@ -343,6 +344,7 @@ fn show_nodes(shared: &Shared, out: &mut BytesMut) {
             "outstanding",
             "read_pool",
             "last_error",
+            "tls",
         ],
         rows,
     );
@@ -515,6 +517,7 @@ fn show_servers(shared: &Shared, out: &mut BytesMut) {
                     .unwrap_or_else(|| format!("#{}", s.node)),
                 s.for_.as_millis().to_string(),
                 opt(s.prepared),
+                s.tls.to_string(),
             ]
         })
         .collect();
@@ -532,6 +535,7 @@ fn show_servers(shared: &Shared, out: &mut BytesMut) {
             "node",
             "state_ms",
             "prepared_statements",
+            "tls",
         ],
         rows,
     );

@@ -115,6 +115,7 @@ impl Shared {
             node_name: n.spec.name.as_str().into(),
             host: n.spec.host.as_str().into(),
             port: n.spec.port,
+            tls: n.spec.tls.clone(),
             user: user.server_user().into(),
             password: user.server_password().map(Into::into),
             passthrough: if user.server_password().is_none() && user.password_is_verifier() {

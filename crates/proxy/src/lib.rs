@@ -78,8 +78,27 @@ fn node_specs(c: &Config) -> Vec<NodeSpec> {
             port: n.port,
             weight: n.weight,
             patroni_url: n.patroni_url.clone(),
+            tls: std::sync::Arc::new(node_tls(&n.server_tls(&c.tls))),
         })
         .collect()
+}
+
+/// The nodetls settings for a node's `server_tls_*` keys.
+fn node_tls(t: &pgfresh_config::ServerTls) -> pgfresh_nodetls::Settings {
+    use pgfresh_config::ServerTlsMode as C;
+    use pgfresh_nodetls::Mode as M;
+    pgfresh_nodetls::Settings {
+        mode: match t.mode {
+            C::Disable => M::Disable,
+            C::Prefer => M::Prefer,
+            C::Require => M::Require,
+            C::VerifyCa => M::VerifyCa,
+            C::VerifyFull => M::VerifyFull,
+        },
+        ca_file: t.ca_file.clone(),
+        cert_file: t.cert_file.clone(),
+        key_file: t.key_file.clone(),
+    }
 }
 
 /// One node's answer to [`check_monitor_logins`].

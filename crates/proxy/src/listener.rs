@@ -44,22 +44,6 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
     }
 }
 
-/// Counts a TLS client in `pgfresh_tls_connections{side="client"}` while it lasts.
-struct TlsCount;
-
-impl TlsCount {
-    fn new() -> Self {
-        metrics::gauge!("pgfresh_tls_connections", "side" => "client").increment(1.0);
-        TlsCount
-    }
-}
-
-impl Drop for TlsCount {
-    fn drop(&mut self) {
-        metrics::gauge!("pgfresh_tls_connections", "side" => "client").decrement(1.0);
-    }
-}
-
 struct ClientCount(Arc<Shared>);
 
 impl Drop for ClientCount {
@@ -111,7 +95,7 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
             .unwrap_or_else(|p| p.into_inner())
             .insert(login.user.name.clone(), **keys);
     }
-    let _tls_count = sock.is_tls().then(TlsCount::new);
+    let _tls_count = sock.is_tls().then(|| crate::tls::TlsCount::new("client"));
     let mode = tls.as_ref().map_or(ClientTlsMode::Disable, |t| t.mode);
     if mode.required() && !sock.is_tls() {
         reject(Some(sock), ProxyError::TlsRequired(mode.as_str())).await;

@@ -53,6 +53,7 @@ impl MonitorConn {
         let view = shared.balancer.view();
         let spec = &view.node(node).ok_or("node not configured")?.spec;
         let address = format!("{}:{}", spec.host, spec.port);
+        let tls = spec.tls.clone();
         let mut pg = tokio_postgres::Config::new();
         pg.host(&spec.host)
             .port(spec.port)
@@ -62,15 +63,17 @@ impl MonitorConn {
             .application_name(application)
             .connect_timeout(Duration::from_millis(config.monitor.connect_timeout_ms));
         drop(view);
-        let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(|e| {
-            format!(
-                "connect to {address}: {}",
-                pgfresh_balancer::describe_pg_error(&e)
-            )
-        })?;
+        let c = pgfresh_nodetls::pg::connect(&mut pg, &tls)
+            .await
+            .map_err(|e| {
+                format!(
+                    "connect to {address}: {}",
+                    pgfresh_balancer::describe_connect_error(&e)
+                )
+            })?;
         Ok(MonitorConn {
-            client,
-            task: tokio::spawn(conn),
+            client: c.client,
+            task: tokio::spawn(c.connection),
         })
     }
 

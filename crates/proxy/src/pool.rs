@@ -74,6 +74,7 @@ const MAX_LOGINS: usize = 64;
 struct LentConn {
     pid: i32,
     connected_at: std::time::SystemTime,
+    tls: bool,
     since: Instant,
 }
 
@@ -89,6 +90,8 @@ pub struct ServerRow {
     pub state: &'static str,
     pub pid: i32,
     pub connected_at: std::time::SystemTime,
+    /// Encrypted (`server_tls_sslmode`).
+    pub tls: bool,
     /// How long it has been in that state.
     pub for_: Duration,
     /// Prepared statements pgfresh keeps on it (idle connections; transaction mode).
@@ -282,6 +285,7 @@ impl Pools {
                     LentConn {
                         pid: conn.key.pid,
                         connected_at: conn.connected_at,
+                        tls: conn.stream.is_tls(),
                         since: Instant::now(),
                     },
                 );
@@ -294,7 +298,7 @@ impl Pools {
         };
         loop {
             let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let Some(idle) = idle else { break };
+            let Some(mut idle) = idle else { break };
             let expired = !s.idle_timeout.is_zero() && idle.since.elapsed() > s.idle_timeout;
             if idle.conn.generation == generation && !expired && idle.conn.still_open() {
                 return Ok(lease(idle.conn, permit));
@@ -324,7 +328,7 @@ impl Pools {
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
-            && leased.conn.wbuf.is_empty()
+            && leased.conn.unsent() == 0
             && leased.conn.rbuf.is_empty();
         if !reusable {
             tokio::spawn(leased.conn.terminate());
@@ -353,7 +357,7 @@ impl Pools {
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
-            && leased.conn.wbuf.is_empty()
+            && leased.conn.unsent() == 0
             && (reset_query.is_empty()
                 || matches!(leased.conn.run_quiet(reset_query).await, Ok(Ok(()))));
         if reusable {
@@ -405,7 +409,7 @@ impl Pools {
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         let mut rows = Vec::new();
         for (k, p) in pools.iter() {
-            let row = |state, pid, connected_at, for_, prepared| ServerRow {
+            let row = |state, pid, connected_at, tls, for_, prepared| ServerRow {
                 node: k.node,
                 user: k.user.to_string(),
                 database: k.database.to_string(),
@@ -414,6 +418,7 @@ impl Pools {
                 state,
                 pid,
                 connected_at,
+                tls,
                 for_,
                 prepared,
             };
@@ -427,6 +432,7 @@ impl Pools {
                     "active",
                     l.pid,
                     l.connected_at,
+                    l.tls,
                     l.since.elapsed(),
                     None,
                 ));
@@ -436,6 +442,7 @@ impl Pools {
                     "idle",
                     i.conn.key.pid,
                     i.conn.connected_at,
+                    i.conn.stream.is_tls(),
                     i.since.elapsed(),
                     Some(i.conn.statements.len()),
                 ));

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use pgfresh_nodetls::ServerStream;
 use pgfresh_wire::{build, parse_backend, Auth, BackendMessage, CancelKey, Limits, TxStatus};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
-use crate::io::{read_frame, ReadError, Side};
+use crate::io::{try_frame, ReadError, Side};
 
 /// Where a node is and who we log in as.
 #[derive(Clone, Debug)]
@@ -20,6 +20,8 @@ pub struct Target {
     pub node_name: Arc<str>,
     pub host: Arc<str>,
     pub port: u16,
+    /// TLS toward the node (`server_tls_*`).
+    pub tls: Arc<pgfresh_nodetls::Settings>,
     pub user: Arc<str>,
     pub password: Option<Arc<str>>,
     /// SCRAM pass-through keys, used when there is no password.
@@ -36,7 +38,7 @@ pub struct ServerConn {
     pub id: u64,
     pub connected_at: std::time::SystemTime,
     pub target: Target,
-    pub stream: TcpStream,
+    pub stream: ServerStream,
     pub rbuf: BytesMut,
     /// Bytes queued for the server that it has not accepted yet (see [`ServerConn::queue`]).
     pub wbuf: BytesMut,
@@ -56,6 +58,8 @@ pub struct ServerConn {
     /// The cluster generation the connection was made in; a role change makes it stale.
     pub generation: u64,
     pub tx: TxStatus,
+    /// Counted in `pgfresh_tls_connections{side="server"}` while open, when encrypted.
+    _tls_count: Option<crate::tls::TlsCount>,
 }
 
 /// A SCRAM login to a server: with the configured password, or with the keys a client's
@@ -119,6 +123,14 @@ impl ServerConn {
             .map_err(|_| err("connect timed out".into()))?
             .map_err(|e| err(e.to_string()))?;
         let _ = stream.set_nodelay(true);
+        let stream = tokio::time::timeout(
+            connect_timeout,
+            pgfresh_nodetls::connect(stream, &target.tls, &target.host),
+        )
+        .await
+        .map_err(|_| err("TLS negotiation timed out".into()))?
+        .map_err(err)?;
+        let tls_count = stream.is_tls().then(|| crate::tls::TlsCount::new("server"));
         let mut conn = ServerConn {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             connected_at: std::time::SystemTime::now(),
@@ -133,6 +145,7 @@ impl ServerConn {
             settings: Some(Default::default()),
             generation,
             tx: TxStatus::Idle,
+            _tls_count: tls_count,
         };
         tokio::time::timeout(login_timeout, conn.login(startup_params))
             .await
@@ -294,6 +307,13 @@ impl ServerConn {
         self.stream.write_all(bytes).await.map_err(|e| self.lost(e))
     }
 
+    /// Bytes given to this connection that the node has not been sent yet (queued, or
+    /// encrypted records the socket has not taken): the session waits for the socket to
+    /// become writable while this is not 0.
+    pub fn unsent(&self) -> usize {
+        self.wbuf.len() + usize::from(self.stream.has_unsent())
+    }
+
     /// Queue bytes for the server without waiting: as much as the socket takes now is
     /// written at once, the rest stays in `wbuf` for the session loop to write when
     /// the socket is writable. The session keeps reading the server meanwhile, so a
@@ -312,6 +332,7 @@ impl ServerConn {
 
     /// Write as much of `wbuf` as the socket takes without waiting.
     pub fn flush_some(&mut self) -> std::io::Result<()> {
+        self.stream.flush_unsent()?;
         while !self.wbuf.is_empty() {
             let n = match self.stream.try_write(&self.wbuf) {
                 Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
@@ -324,7 +345,7 @@ impl ServerConn {
         Ok(())
     }
 
-    fn write_now(&self, mut bytes: &[u8]) -> std::io::Result<usize> {
+    fn write_now(&mut self, mut bytes: &[u8]) -> std::io::Result<usize> {
         let mut written = 0;
         while !bytes.is_empty() {
             match self.stream.try_write(bytes) {
@@ -342,17 +363,22 @@ impl ServerConn {
 
     /// Read one frame (used outside the relay loop: login, reset, injected queries).
     pub async fn read(&mut self) -> Result<pgfresh_wire::Frame, ProxyError> {
-        read_frame(
-            &mut self.stream,
-            &mut self.rbuf,
-            &server_limits(),
-            Side::Backend,
-        )
-        .await
-        .map_err(|e| match e {
-            ReadError::Frame(f) => self.protocol(f.to_string()),
-            other => self.lost(other),
-        })
+        loop {
+            match try_frame(&mut self.rbuf, &server_limits(), Side::Backend) {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) => {}
+                Err(f) => return Err(self.protocol(f.to_string())),
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+                self.rbuf.reserve(16 * 1024);
+            }
+            match self.stream.read_some(&mut self.rbuf).await {
+                Ok(0) if self.rbuf.is_empty() => return Err(self.lost(ReadError::Closed)),
+                Ok(0) => return Err(self.lost(ReadError::Truncated)),
+                Ok(_) => {}
+                Err(e) => return Err(self.lost(e)),
+            }
+        }
     }
 
     /// Run a simple query and discard its results; Err carries the server's error
@@ -389,9 +415,8 @@ impl ServerConn {
 
     /// The server has not closed this idle connection or sent anything on it (a server
     /// sends an idle connection nothing but a FATAL before it closes it).
-    pub fn still_open(&self) -> bool {
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    pub fn still_open(&mut self) -> bool {
+        self.stream.still_open()
     }
 
     /// After a reset query ran: no statements; default settings when it was DISCARD ALL
@@ -427,6 +452,6 @@ impl ServerConn {
     pub async fn terminate(mut self) {
         let t: Bytes = build::terminate();
         let _ = self.stream.write_all(&t).await;
-        let _ = self.stream.shutdown().await;
+        self.stream.shutdown().await;
     }
 }

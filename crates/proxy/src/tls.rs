@@ -287,3 +287,20 @@ pub async fn negotiate(
         }
     }
 }
+
+/// Counts an encrypted connection in `pgfresh_tls_connections{side}` while it lasts
+/// (`side` is `client` or `server`).
+pub struct TlsCount(&'static str);
+
+impl TlsCount {
+    pub fn new(side: &'static str) -> Self {
+        metrics::gauge!("pgfresh_tls_connections", "side" => side).increment(1.0);
+        TlsCount(side)
+    }
+}
+
+impl Drop for TlsCount {
+    fn drop(&mut self) {
+        metrics::gauge!("pgfresh_tls_connections", "side" => self.0).decrement(1.0);
+    }
+}

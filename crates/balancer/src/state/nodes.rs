@@ -124,6 +124,7 @@ mod tests {
             port,
             weight,
             patroni_url: None,
+            tls: Default::default(),
         }
     }
 

@@ -19,6 +19,7 @@ pub fn specs(c: &LocalCluster) -> Vec<NodeSpec> {
             port: n.port,
             weight: 1,
             patroni_url: None,
+            tls: Default::default(),
         })
         .collect()
 }

@@ -375,7 +375,7 @@ impl Session {
             let active = self.active;
             let server = active.and_then(|n| self.backends[n].as_ref());
             let server_reading = server.is_some();
-            let pending = server.map_or(0, |s| s.conn.wbuf.len());
+            let pending = server.map_or(0, |s| s.conn.unsent());
             // Backpressure: while the server has not taken what was queued for it, the
             // client is not read further (its replies are still relayed).
             let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
@@ -644,6 +644,7 @@ impl Session {
                 .target = Some(CancelTarget {
                 host: l.conn.target.host.clone(),
                 port: l.conn.target.port,
+                tls: l.conn.target.tls.clone(),
                 key: l.conn.key,
             });
         }

@@ -58,7 +58,7 @@ impl Session {
                 .backends
                 .iter()
                 .flatten()
-                .all(|l| l.conn.tx == TxStatus::Idle && l.conn.wbuf.is_empty())
+                .all(|l| l.conn.tx == TxStatus::Idle && l.conn.unsent() == 0)
     }
 
     /// Transaction mode: give every connection the session holds back to its pool

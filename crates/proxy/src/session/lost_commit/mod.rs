@@ -469,7 +469,7 @@ impl Session {
             let Some(l) = self.backends[node].as_mut() else {
                 return Ok(());
             };
-            if l.conn.wbuf.is_empty() {
+            if l.conn.unsent() == 0 {
                 break;
             }
             let _ = l.conn.stream.writable().await;
