@@ -9,6 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgfresh_tests::admin::console_ok;
 use pgfresh_tests::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 
@@ -320,4 +321,207 @@ async fn the_admin_api_can_use_the_same_certificate() {
         !String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
         "plain HTTP was served"
     );
+}
+
+/// The test config for `c` with nodes named by `host`, and `[tls] server_tls_sslmode =
+/// mode` with the CA of `pki`.
+fn server_tls_config(
+    c: &pgfresh_localcluster::LocalCluster,
+    host: &str,
+    mode: &str,
+    pki: &Pki,
+) -> String {
+    format!(
+        "{}\n[tls]\nserver_tls_sslmode = \"{mode}\"\nserver_tls_ca_file = \"{}\"\n",
+        config_text_for(c, "").replace("host = \"127.0.0.1\"", &format!("host = \"{host}\"")),
+        pki.ca.display()
+    )
+}
+
+/// Whether each of the server connections on node `i` that match `filter` (on
+/// `pg_stat_activity a`) is encrypted, as the server sees it (`pg_stat_ssl`).
+fn encrypted_on_server(
+    c: &pgfresh_localcluster::LocalCluster,
+    i: usize,
+    filter: &str,
+) -> Vec<String> {
+    let out = c
+        .psql(
+            i,
+            "postgres",
+            &format!(
+                "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE {filter} ORDER BY pid"
+            ),
+        )
+        .unwrap();
+    out.lines().map(str::to_string).collect()
+}
+
+/// Nodes with `ssl = on` that refuse plain TCP logins (`hostnossl … reject`): pgfresh
+/// with `server_tls_sslmode = verify-full` reaches them all over TLS — the monitor, the
+/// client pools on the primary and a replica, the catalog reader and cancel requests —
+/// and the servers' own `pg_stat_ssl` says so. A wrong host name fails verify-full and
+/// passes verify-ca; `disable` is refused by the servers (the control: without TLS none
+/// of this works).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_reached_over_tls_with_verify_full() {
+    let c = private_cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path(), "nodes");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    // A STABLE function made before pgfresh starts: once the catalog reader has read
+    // pg_proc (over TLS), calls of it may go to a replica.
+    c.psql(
+        0,
+        "app",
+        "CREATE FUNCTION tls_where() RETURNS bool STABLE LANGUAGE sql AS 'SELECT pg_is_in_recovery()'; \
+         ALTER FUNCTION tls_where() OWNER TO app",
+    )
+    .unwrap();
+    c.enable_ssl(&read(&pki.server_cert), &read(&pki.server_key), true)
+        .unwrap();
+
+    // start_proxy returns once the monitor sees the primary and both standbys.
+    let p = start_proxy(&server_tls_config(&c, "localhost", "verify-full", &pki));
+    for i in 0..3 {
+        let monitors = encrypted_on_server(&c, i, "a.application_name = 'pgfresh-monitor'");
+        assert!(
+            !monitors.is_empty() && monitors.iter().all(|s| s == "t"),
+            "node {i}: {monitors:?}"
+        );
+    }
+    let (nodes, _) = console_ok(&p, "SHOW NODES");
+    assert_eq!(nodes.len(), 3);
+    for n in &nodes {
+        assert_eq!(n.last().map(String::as_str), Some("true"), "{n:?}");
+    }
+
+    let client = p.connect().await;
+    let t = unique("tls_nodes");
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+        ))
+        .await
+        .unwrap();
+    // pg_stat_ssl is a catalog view, read on the primary; a replica is asked from outside.
+    let row = client
+        .query_one(
+            "SELECT s.ssl FROM pg_stat_ssl s WHERE s.pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        row.get::<_, bool>(0),
+        "the primary's pool connection is encrypted"
+    );
+    client
+        .simple_query("/* pgfresh:replica */ SELECT 1")
+        .await
+        .unwrap();
+    let mut app_on_standbys = encrypted_on_server(&c, 1, "a.usename = 'app'");
+    app_on_standbys.extend(encrypted_on_server(&c, 2, "a.usename = 'app'"));
+    assert!(
+        !app_on_standbys.is_empty() && app_on_standbys.iter().all(|s| s == "t"),
+        "{app_on_standbys:?}"
+    );
+    let (servers, _) = console_ok(&p, "SHOW SERVERS");
+    assert!(servers.len() >= 2, "{servers:?}");
+    for s in &servers {
+        assert_eq!(s.last().map(String::as_str), Some("true"), "{s:?}");
+    }
+
+    // The catalog reader: the STABLE function goes to a replica once pg_proc was read.
+    poll(
+        "the catalog reader to read pg_proc",
+        Duration::from_secs(60),
+        || async {
+            let row = client.query_one("SELECT tls_where()", &[]).await.unwrap();
+            row.get::<_, bool>(0).then_some(())
+        },
+    )
+    .await;
+
+    // A cancel reaches the node (over TLS as well).
+    let slow = p.connect().await;
+    let cancel = slow.cancel_token();
+    let sleep = "/* pgfresh:primary */ SELECT pg_sleep(60)";
+    let sleeper = tokio::spawn(async move { slow.simple_query(sleep).await.map(drop) });
+    poll(
+        "the sleep to run on the primary",
+        Duration::from_secs(30),
+        || async {
+            let running = c
+                .psql(
+                    0,
+                    "postgres",
+                    &format!("SELECT count(*) FROM pg_stat_activity WHERE query = '{sleep}'"),
+                )
+                .unwrap();
+            (running == "1").then_some(())
+        },
+    )
+    .await;
+    cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let err = sleeper.await.unwrap().expect_err("the sleep was cancelled");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err}"
+    );
+
+    // Large messages both ways through the encrypted relay: a 16 MiB parameter echoed
+    // back byte for byte while it is still being sent, and a 64 MB result.
+    let big: String = (0..16 * 1024 * 1024u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let row = client.query_one("SELECT $1::text", &[&big]).await.unwrap();
+    assert!(row.get::<_, &str>(0) == big, "the echo is exact");
+    let row = client
+        .query_one(
+            "SELECT length(repeat('x', 64000000))::int, repeat('y', 64000000)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), 64_000_000);
+    assert_eq!(row.get::<_, &str>(1).len(), 64_000_000);
+
+    // A host name the certificate does not carry fails verify-full, on the monitor's
+    // connections as on every other.
+    let wrong = start_proxy_unready(&server_tls_config(&c, "127.0.0.1", "verify-full", &pki));
+    poll(
+        "the monitor to report the name mismatch",
+        Duration::from_secs(60),
+        || async {
+            let view = wrong.shared.balancer.view();
+            let e = view.nodes[0].last_error.clone()?;
+            e.contains("not valid for name").then_some(e)
+        },
+    )
+    .await;
+    drop(wrong);
+    // verify-ca checks the chain only.
+    let by_ca = start_proxy(&server_tls_config(&c, "127.0.0.1", "verify-ca", &pki));
+    by_ca
+        .connect()
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    drop(by_ca);
+    // Without TLS the servers refuse pgfresh.
+    let plain = start_proxy_unready(&server_tls_config(&c, "localhost", "disable", &pki));
+    poll(
+        "the servers to refuse a plain monitor",
+        Duration::from_secs(60),
+        || async {
+            let view = plain.shared.balancer.view();
+            let e = view.nodes[0].last_error.clone()?;
+            e.contains("no encryption").then_some(e)
+        },
+    )
+    .await;
 }

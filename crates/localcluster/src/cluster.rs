@@ -174,6 +174,53 @@ impl LocalCluster {
             .map(drop)
     }
 
+    /// Turns TLS on in every node: `cert_pem` and `key_pem` become `server.crt` and
+    /// `server.key` in each data directory (owned by the servers' OS user, mode 0600),
+    /// `ssl = on` is set and the nodes reload. With `require`, TCP logins other than
+    /// replication must then use TLS (`hostnossl … reject` first in `pg_hba.conf`); the
+    /// superuser's Unix-socket logins ([`LocalCluster::psql`]) are not affected.
+    pub fn enable_ssl(
+        &self,
+        cert_pem: &str,
+        key_pem: &str,
+        require: bool,
+    ) -> Result<(), ClusterError> {
+        use std::os::unix::fs::PermissionsExt;
+        for node in &self.nodes {
+            for (name, text) in [("server.crt", cert_pem), ("server.key", key_pem)] {
+                let path = node.data_dir.join(name);
+                write_file(&path, text, false)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).map_err(|e| {
+                    ClusterError::io(format!("setting permissions on {}", path.display()), e)
+                })?;
+                if let Some(user) = &self.tools.run_as {
+                    let (uid, gid) = process::user_ids(user)?;
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| {
+                        ClusterError::io(format!("giving {} to {user}", path.display()), e)
+                    })?;
+                }
+            }
+            if require {
+                let hba = node.data_dir.join("pg_hba.conf");
+                let old = fs::read_to_string(&hba)
+                    .map_err(|e| ClusterError::io(format!("reading {}", hba.display()), e))?;
+                let lines =
+                    "hostnossl all all 127.0.0.1/32 reject\nhostnossl all all ::1/128 reject\n";
+                write_file(&hba, &format!("{lines}{old}"), false)?;
+            }
+        }
+        for i in 0..self.nodes.len() {
+            self.psql(i, "postgres", "ALTER SYSTEM SET ssl = on")?;
+            self.psql(i, "postgres", "SELECT pg_reload_conf()")?;
+        }
+        for i in 0..self.nodes.len() {
+            poll_until(&format!("node {i} to turn TLS on"), SERVER_TIMEOUT, || {
+                Ok(self.psql(i, "postgres", "SHOW ssl")? == "on")
+            })?;
+        }
+        Ok(())
+    }
+
     /// Waits until node `i` has replayed the current primary's WAL position as of this call.
     /// Returns at once when `i` is the primary.
     pub fn wait_caught_up(&self, i: usize, timeout: Duration) -> Result<(), ClusterError> {
