@@ -15,6 +15,8 @@
 // each client looks at the server connection it runs on from inside a transaction: its
 // statements are there under pgfresh's names (__pgfresh_N), pgjdbc's own (S_N) are not.
 //
+// With PGFRESH_TEST_TLS=1 in the environment it connects with sslmode=require.
+//
 // Prints "OK <checks>" and exits 0 when every check passed.
 
 import java.sql.Connection;
@@ -51,6 +53,10 @@ public class JdbcTx {
         p.setProperty("prepareThreshold", "1");
         p.setProperty("connectTimeout", "10");
         p.setProperty("socketTimeout", String.valueOf(TIMEOUT_S));
+        // PGFRESH_TEST_TLS=1: TLS without certificate checks.
+        if ("1".equals(System.getenv("PGFRESH_TEST_TLS"))) {
+            p.setProperty("sslmode", "require");
+        }
         if (cid % 2 == 1) {
             p.setProperty("preparedStatementCacheQueries", "0");
         }

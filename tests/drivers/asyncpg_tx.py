@@ -14,10 +14,13 @@ end each client looks at the server connection it runs on from inside a transact
 its statements are there under pgfresh's names (__pgfresh_N), asyncpg's own
 (__asyncpg_stmt_N__) are not.
 
+With PGFRESH_TEST_TLS=1 in the environment it connects with ssl="require".
+
 Prints "OK <checks>" and exits 0 when every check passed.
 """
 
 import asyncio
+import os
 import sys
 import traceback
 
@@ -54,6 +57,7 @@ async def connect(cache_size=100):
         timeout=10,
         command_timeout=TIMEOUT,
         statement_cache_size=cache_size,
+        **({"ssl": "require"} if os.environ.get("PGFRESH_TEST_TLS") == "1" else {}),
     )
 
 

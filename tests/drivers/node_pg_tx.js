@@ -11,6 +11,8 @@
 // client looks at the server connection it runs on from inside a transaction: its
 // statements are there under pgfresh's names (__pgfresh_N), 'ins' and 'q_own' are not.
 //
+// With PGFRESH_TEST_TLS=1 in the environment it connects over TLS (no certificate checks).
+//
 // Prints "OK <checks>" and exits 0 when every check passed.
 
 'use strict';
@@ -40,6 +42,8 @@ async function connect() {
     database,
     connectionTimeoutMillis: 10000,
     query_timeout: TIMEOUT_MS,
+    // PGFRESH_TEST_TLS=1: TLS without certificate checks (sslmode=require).
+    ssl: process.env.PGFRESH_TEST_TLS === '1' ? { rejectUnauthorized: false } : false,
   });
   await c.connect();
   return c;

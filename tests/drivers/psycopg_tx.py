@@ -17,9 +17,12 @@ client looks at the server connection it runs on from inside a transaction: the
 statements it prepared are there under pgfresh's names (__pgfresh_N), psycopg's own
 names are not.
 
+With PGFRESH_TEST_TLS=1 in the environment it connects with sslmode=require.
+
 Prints "OK <checks>" and exits 0 when every check passed.
 """
 
+import os
 import sys
 import threading
 import traceback
@@ -42,6 +45,7 @@ conninfo = make_conninfo(
     dbname=dbname,
     connect_timeout=10,
     options="-c statement_timeout=30000",
+    sslmode="require" if os.environ.get("PGFRESH_TEST_TLS") == "1" else "prefer",
 )
 
 INSERT = f"INSERT INTO {table} (client, n, v) VALUES (%s, %s, %s)"

@@ -2,71 +2,18 @@
 //! over TLS, `require` refusing plain clients, host names checked by `verify-full`,
 //! client certificates under `verify-ca`, certificates rotated while a TLS session stays
 //! connected, a broken certificate file ignored, and bytes sent between SSLRequest and
-//! the handshake refused.
+//! the handshake refused; pgbench over TLS. Toward the nodes: nodes with `ssl = on` that
+//! refuse plain logins, reached with `server_tls_sslmode = verify-full` by every kind of
+//! connection pgfresh makes (checked on the servers through `pg_stat_ssl`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use pgfresh_tests::admin::console_ok;
+use pgfresh_tests::pki::{make_pki, Pki};
 use pgfresh_tests::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
-
-/// A CA and what it signed, as PEM files in `dir`.
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn write_private(path: &Path, pem: &str) {
-    std::fs::write(path, pem).unwrap();
-    // libpq refuses a client key others can read.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
-}
-
-/// A CA named `name`, a server certificate for `localhost` and a client certificate for
-/// user `app`, written to `dir` with `name` in the file names.
-fn make_pki(dir: &Path, name: &str) -> Pki {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, format!("pgfresh test CA {name}"));
-    let ca_key = KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-
-    let mut server_params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    server_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_key = KeyPair::generate().unwrap();
-    let server = server_params.signed_by(&server_key, &ca, &ca_key).unwrap();
-
-    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client_params
-        .distinguished_name
-        .push(DnType::CommonName, "app");
-    client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().unwrap();
-    let client = client_params.signed_by(&client_key, &ca, &ca_key).unwrap();
-
-    let pki = Pki {
-        ca: dir.join(format!("{name}-ca.pem")),
-        server_cert: dir.join(format!("{name}-server.pem")),
-        server_key: dir.join(format!("{name}-server.key")),
-        client_cert: dir.join(format!("{name}-client.pem")),
-        client_key: dir.join(format!("{name}-client.key")),
-    };
-    std::fs::write(&pki.ca, ca.pem()).unwrap();
-    std::fs::write(&pki.server_cert, server.pem()).unwrap();
-    write_private(&pki.server_key, &server_key.serialize_pem());
-    std::fs::write(&pki.client_cert, client.pem()).unwrap();
-    write_private(&pki.client_key, &client_key.serialize_pem());
-    pki
-}
 
 /// The test config with a `[tls]` section: `mode`, the certificate pgfresh serves from
 /// `cert`/`key`, and `ca` for client certificates.
@@ -524,4 +471,28 @@ async fn nodes_are_reached_over_tls_with_verify_full() {
         },
     )
     .await;
+}
+
+/// pgbench over TLS (a proxy that refuses plain clients), simple, extended and prepared.
+#[test]
+fn pgbench_over_tls() {
+    let (dir, _pki, p) = tls_proxy("require");
+    let script = dir.path().join("bench.sql");
+    std::fs::write(&script, "\\set x random(1, 1000)\nSELECT :x + 1;\n").unwrap();
+    for mode in ["simple", "extended", "prepared"] {
+        let out = Command::new(pg_bin("pgbench"))
+            .args(["-n", "-M", mode, "-c", "4", "-j", "4", "-t", "50", "-f"])
+            .arg(&script)
+            .envs(p.libpq_env())
+            .env("PGSSLMODE", "require")
+            .output()
+            .expect("run pgbench");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "pgbench -M {mode}:\n{text}");
+        assert!(
+            text.contains("number of transactions actually processed: 200/200"),
+            "pgbench -M {mode}:\n{text}"
+        );
+    }
 }

@@ -9,7 +9,8 @@
 //! looks at `pg_prepared_statements` on the server connection of one of its
 //! transactions: its statements must be there under pgfresh's names (`__pgfresh_N`) and
 //! not under the driver's own, so the driver did use named statements and pgfresh did
-//! map them.
+//! map them. Each driver runs once more over TLS, against a proxy that refuses plain
+//! clients (`client_tls_sslmode = require`).
 //!
 //! Two tests keep bugs the drivers ran into fixed: psycopg's `DEALLOCATE name` of a
 //! protocol-level statement, and asyncpg's row-limited Execute of a write (its relations
@@ -31,12 +32,41 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
 /// The transaction-mode proxy shared by this binary's tests.
 fn tx_proxy() -> &'static ProxyHandle {
     static P: OnceLock<ProxyHandle> = OnceLock::new();
-    P.get_or_init(|| {
-        start_proxy(&format!(
-            "{}\n[pool]\npool_mode = \"transaction\"\npool_size = {POOL_SIZE}\n",
-            config_text("")
-        ))
+    P.get_or_init(|| start_proxy(&tx_config()))
+}
+
+fn tx_config() -> String {
+    format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = {POOL_SIZE}\n",
+        config_text("")
+    )
+}
+
+/// The same with `client_tls_sslmode = require` (a certificate made here): a script that
+/// did not use TLS would be refused.
+fn tls_tx_proxy() -> &'static ProxyHandle {
+    static P: OnceLock<(tempfile::TempDir, ProxyHandle)> = OnceLock::new();
+    &P.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pki = pgfresh_tests::pki::make_pki(dir.path(), "drivers");
+        let p = start_proxy(&format!(
+            "{}\n[tls]\nclient_tls_sslmode = \"require\"\nclient_tls_cert_file = \"{}\"\nclient_tls_key_file = \"{}\"\n",
+            tx_config(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        ));
+        (dir, p)
     })
+    .1
+}
+
+/// The proxy for a run, and the scripts' environment for it.
+fn proxy_for(tls: bool) -> (&'static ProxyHandle, Vec<(&'static str, String)>) {
+    if tls {
+        (tls_tx_proxy(), vec![("PGFRESH_TEST_TLS", "1".into())])
+    } else {
+        (tx_proxy(), Vec::new())
+    }
 }
 
 fn drivers_dir() -> PathBuf {
@@ -107,19 +137,20 @@ async fn run_driver(
 
 /// Run the psycopg script with this `prepare_threshold` ("0" or "default") and, when
 /// given, psycopg's `prepared_max`.
-async fn psycopg(threshold: &str, prepared_max: Option<&str>) -> u64 {
+async fn psycopg(threshold: &str, prepared_max: Option<&str>, tls: bool) -> u64 {
     let script = drivers_dir().join("psycopg_tx.py");
     let mut extra = vec![threshold];
     extra.extend(prepared_max);
+    let (p, env) = proxy_for(tls);
     run_driver(
-        tx_proxy(),
+        p,
         &format!(
             "psycopg_{}",
             threshold.replace(|c: char| !c.is_alphanumeric(), "")
         ),
         "/usr/bin/python3",
         &[script.to_str().unwrap()],
-        &[],
+        &env,
         &extra,
     )
     .await
@@ -128,14 +159,14 @@ async fn psycopg(threshold: &str, prepared_max: Option<&str>) -> u64 {
 /// psycopg prepares every statement the first time it runs it (`prepare_threshold=0`).
 #[tokio::test]
 async fn psycopg_prepares_everything() {
-    let checks = psycopg("0", None).await;
+    let checks = psycopg("0", None, false).await;
     assert_eq!(checks, 6 * (30 * 3 + 4));
 }
 
 /// psycopg with its default threshold: statements are prepared from their sixth run on.
 #[tokio::test]
 async fn psycopg_default_threshold() {
-    let checks = psycopg("default", None).await;
+    let checks = psycopg("default", None, false).await;
     assert_eq!(checks, 6 * (30 * 3 + 4));
 }
 
@@ -143,7 +174,7 @@ async fn psycopg_default_threshold() {
 /// `DEALLOCATE <name>` (a simple query) for the least recently used one past that.
 #[tokio::test]
 async fn psycopg_deallocates_statements_past_prepared_max() {
-    let checks = psycopg("0", Some("2")).await;
+    let checks = psycopg("0", Some("2"), false).await;
     assert_eq!(checks, 6 * (30 * 3 + 4));
 }
 
@@ -151,45 +182,51 @@ async fn psycopg_deallocates_statements_past_prepared_max() {
 /// cache evictions (Close).
 #[tokio::test]
 async fn asyncpg_prepared_statements() {
+    assert_eq!(asyncpg(false).await, 6 * (30 * 4 + 3));
+}
+
+async fn asyncpg(tls: bool) -> u64 {
     let script = drivers_dir().join("asyncpg_tx.py");
-    let checks = run_driver(
-        tx_proxy(),
+    let (p, env) = proxy_for(tls);
+    run_driver(
+        p,
         "asyncpg",
         "/usr/bin/python3",
         &[script.to_str().unwrap()],
-        &[],
+        &env,
         &[],
     )
-    .await;
-    assert_eq!(checks, 6 * (30 * 4 + 3));
+    .await
 }
 
 /// node-postgres: named queries, the same name with another text on each client.
 #[tokio::test]
 async fn node_postgres_named_queries() {
+    assert_eq!(node_postgres(false).await, 6 * (30 * 4 + 3));
+}
+
+async fn node_postgres(tls: bool) -> u64 {
     let dir = drivers_dir();
     // npm's install (scripts/prereqs.sh) or Debian's node-pg.
     let node_path = format!("{}:/usr/share/nodejs", dir.join("node_modules").display());
     let script = dir.join("node_pg_tx.js");
-    let checks = run_driver(
-        tx_proxy(),
-        "node_pg",
-        "node",
-        &[script.to_str().unwrap()],
-        &[("NODE_PATH", node_path)],
-        &[],
-    )
-    .await;
-    assert_eq!(checks, 6 * (30 * 4 + 3));
+    let (p, mut env) = proxy_for(tls);
+    env.push(("NODE_PATH", node_path));
+    run_driver(p, "node_pg", "node", &[script.to_str().unwrap()], &env, &[]).await
 }
 
 /// pgjdbc with prepareThreshold=1: named statements from the first run, batches,
 /// transactions and read-only transactions.
 #[tokio::test]
 async fn jdbc_prepared_statements_batches_and_read_only_transactions() {
+    assert_eq!(jdbc(false).await, 6 * (30 * 6 + 3));
+}
+
+async fn jdbc(tls: bool) -> u64 {
     let script = drivers_dir().join("JdbcTx.java");
-    let checks = run_driver(
-        tx_proxy(),
+    let (p, env) = proxy_for(tls);
+    run_driver(
+        p,
         "jdbc",
         "java",
         &[
@@ -200,11 +237,31 @@ async fn jdbc_prepared_statements_batches_and_read_only_transactions() {
             "/usr/share/java/postgresql.jar",
             script.to_str().unwrap(),
         ],
-        &[],
+        &env,
         &[],
     )
-    .await;
-    assert_eq!(checks, 6 * (30 * 6 + 3));
+    .await
+}
+
+/// Every driver again over TLS, against a proxy that refuses plain clients.
+#[tokio::test]
+async fn psycopg_over_tls() {
+    assert_eq!(psycopg("default", None, true).await, 6 * (30 * 3 + 4));
+}
+
+#[tokio::test]
+async fn asyncpg_over_tls() {
+    assert_eq!(asyncpg(true).await, 6 * (30 * 4 + 3));
+}
+
+#[tokio::test]
+async fn node_postgres_over_tls() {
+    assert_eq!(node_postgres(true).await, 6 * (30 * 4 + 3));
+}
+
+#[tokio::test]
+async fn jdbc_over_tls() {
+    assert_eq!(jdbc(true).await, 6 * (30 * 6 + 3));
 }
 
 /// Extended-protocol frames for [`a_write_stopped_at_its_row_limit_is_marked`].

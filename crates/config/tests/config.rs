@@ -102,6 +102,18 @@ fn invalid_values_are_named() {
             "proxy.admin_listen",
         ),
         ("[auth]\nauth_user = \"nobody\"\n", "auth.auth_user"),
+        (
+            "[tls]\nserver_tls_sslmode = \"verify-full\"\n",
+            "nodes.pg0.server_tls_ca_file",
+        ),
+        (
+            "[tls]\nserver_tls_cert_file = \"c\"\n",
+            "nodes.pg0.server_tls_cert_file",
+        ),
+        (
+            "[tls]\nserver_tls_sslmode = \"verify-ca\"\nserver_tls_ca_file = \"/nonexistent/ca.pem\"\n",
+            "nodes.pg0.server_tls_ca_file",
+        ),
     ];
     for (extra, key) in cases {
         let err = parse_str(&with(extra)).unwrap_err();
@@ -348,4 +360,35 @@ fn dependency_keys_reload_live_and_bad_rules_change_nothing() {
         let (_, _, class) = described.iter().find(|(k, _, _)| k == key).expect(key);
         assert_eq!(*class, ReloadClass::Live);
     }
+}
+
+#[test]
+fn server_tls_is_set_globally_and_per_node() {
+    let c = parse_str(MINIMAL).unwrap();
+    assert_eq!(
+        c.nodes[0].server_tls(&c.tls).mode,
+        ServerTlsMode::Prefer,
+        "prefer by default, as PgBouncer"
+    );
+    let ca = std::env::temp_dir().join(format!("pgfresh-config-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, "a CA").unwrap();
+    let text = format!(
+        "[tls]\nserver_tls_sslmode = \"require\"\n\n{MINIMAL}\n[[nodes]]\nname = \"pg1\"\nhost = \"db1\"\nport = 5432\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = \"{}\"\n",
+        ca.display()
+    );
+    let c = parse_str(&text).unwrap();
+    let global = c.nodes[0].server_tls(&c.tls);
+    assert_eq!(global.mode, ServerTlsMode::Require);
+    assert_eq!(global.ca_file, "");
+    let own = c.nodes[1].server_tls(&c.tls);
+    assert_eq!(own.mode, ServerTlsMode::VerifyFull);
+    assert_eq!(own.ca_file, ca.display().to_string());
+    // A node asking for verify-full without a CA anywhere is refused by name.
+    let err = parse_str(&text.replace(&format!("server_tls_ca_file = \"{}\"\n", ca.display()), ""))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("nodes.pg1.server_tls_ca_file"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(&ca);
 }
