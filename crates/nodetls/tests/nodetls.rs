@@ -285,7 +285,7 @@ async fn changed_files_are_read_again_and_a_broken_one_keeps_the_last_good() {
 
     // Settings that never loaded are an error that names the file.
     let missing = settings(Mode::VerifyCa, "/nonexistent/ca.pem");
-    let err = missing.client_config().err().expect("a missing file");
+    let err = missing.client_config().expect_err("a missing file");
     assert!(err.contains("/nonexistent/ca.pem"), "{err}");
 }
 
