@@ -1,6 +1,7 @@
 //! The TLS negotiation and stream against a small TLS echo server made in the test:
 //! each mode's certificate checks, `N` answers, bytes injected after `S`, a megabyte
-//! each way through the non-blocking stream, and certificate files changing on disk.
+//! each way through the non-blocking stream, certificate files changing on disk, and a
+//! client certificate presented to a node that asks for one.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -299,4 +300,70 @@ fn check_names_what_is_missing() {
     };
     assert!(s.check().unwrap_err().contains("go together"));
     assert!(Settings::default().check().is_ok());
+}
+
+/// `server_tls_cert_file` / `server_tls_key_file`: pgfresh presents its certificate to a
+/// node that asks for one, and the node sees it.
+#[tokio::test]
+async fn a_client_certificate_is_presented_when_configured() {
+    let dir = tempdir("clientcert");
+    let c = ca("cc");
+    let (server_pem, server_key) = server_cert(&c, &["localhost"]);
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "pgfresh");
+    let client_key = KeyPair::generate().unwrap();
+    let client = client_params
+        .signed_by(&client_key, &c.cert, &c.key)
+        .unwrap();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(c.cert.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(server_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(server_key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let node = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut req = [0u8; 8];
+        sock.read_exact(&mut req).await.unwrap();
+        sock.write_all(b"S").await.unwrap();
+        let mut tls = acceptor
+            .accept(sock)
+            .await
+            .expect("the node accepts the certificate");
+        let seen = tls.get_ref().1.peer_certificates().map(|c| c.len());
+        let mut byte = [0u8; 1];
+        tls.read_exact(&mut byte).await.unwrap();
+        seen
+    });
+    let settings = Settings {
+        mode: Mode::VerifyFull,
+        ca_file: write(&dir, "ca.pem", &c.cert.pem()),
+        cert_file: write(&dir, "client.pem", &client.pem()),
+        key_file: write(&dir, "client.key", &client_key.serialize_pem()),
+    };
+    let mut s = try_connect(port, "localhost", &settings).await.unwrap();
+    s.write_all(b"x").await.unwrap();
+    assert_eq!(
+        node.await.unwrap(),
+        Some(1),
+        "the node saw pgfresh's certificate"
+    );
 }
