@@ -493,3 +493,36 @@ pub fn pg_bin(name: &str) -> PathBuf {
         PathBuf::from(name)
     }
 }
+
+/// Login roles with these (name, password) pairs on the shared cluster (allowed to
+/// connect to database `app`), returning once every standby has them.
+pub async fn login_roles(roles: &[(&str, &str)]) {
+    let c = cluster();
+    for (name, password) in roles {
+        c.psql(
+            0,
+            "postgres",
+            &format!(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN \
+                   CREATE ROLE {name} LOGIN PASSWORD '{password}'; END IF; END $$; \
+                 GRANT CONNECT ON DATABASE app TO {name};"
+            ),
+        )
+        .unwrap();
+    }
+    let names: Vec<String> = roles.iter().map(|(n, _)| format!("'{n}'")).collect();
+    let count = format!(
+        "SELECT count(*) FROM pg_roles WHERE rolname IN ({})",
+        names.join(", ")
+    );
+    let want = roles.len().to_string();
+    for i in 1..3 {
+        let (count, want) = (&count, &want);
+        poll(
+            "the standbys have the roles",
+            Duration::from_secs(30),
+            || async move { (c.psql(i, "postgres", count).unwrap().trim() == want).then_some(()) },
+        )
+        .await;
+    }
+}

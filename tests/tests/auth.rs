@@ -14,38 +14,6 @@ async fn row(c: &tokio_postgres::Client, sql: &str) -> (String, i32) {
     (r.get(0), r.get(1))
 }
 
-/// Login roles with these (name, password) pairs on the cluster, once every standby has them.
-async fn roles(roles: &[(&str, &str)]) {
-    let c = cluster();
-    for (name, password) in roles {
-        c.psql(
-            0,
-            "postgres",
-            &format!(
-                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') THEN \
-                   CREATE ROLE {name} LOGIN PASSWORD '{password}'; END IF; END $$; \
-                 GRANT CONNECT ON DATABASE app TO {name};"
-            ),
-        )
-        .unwrap();
-    }
-    let names: Vec<String> = roles.iter().map(|(n, _)| format!("'{n}'")).collect();
-    let count = format!(
-        "SELECT count(*) FROM pg_roles WHERE rolname IN ({})",
-        names.join(", ")
-    );
-    let want = roles.len().to_string();
-    for i in 1..3 {
-        let (count, want) = (&count, &want);
-        poll(
-            "the standbys have the roles",
-            Duration::from_secs(30),
-            || async move { (c.psql(i, "postgres", count).unwrap().trim() == want).then_some(()) },
-        )
-        .await;
-    }
-}
-
 #[tokio::test]
 async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
     let verifier = cluster()
@@ -102,7 +70,7 @@ async fn scram_passthrough_logs_in_to_the_nodes_without_the_password() {
 
 #[tokio::test]
 async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
-    roles(&[("tp_file", "file-secret"), ("tp_plain", "plain-secret")]).await;
+    login_roles(&[("tp_file", "file-secret"), ("tp_plain", "plain-secret")]).await;
     let c = cluster();
     let verifier = c
         .psql(
@@ -174,7 +142,7 @@ async fn users_from_an_auth_file_log_in_and_the_file_reloads() {
 
 #[tokio::test]
 async fn users_unknown_to_pgfresh_are_looked_up_with_auth_query() {
-    roles(&[("tp_query", "query-secret")]).await;
+    login_roles(&[("tp_query", "query-secret")]).await;
     // The test config's admin user logs in to the nodes as the superuser, which may read
     // pg_shadow (the default auth_query).
     let p = start_proxy(&format!(

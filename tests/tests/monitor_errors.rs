@@ -153,22 +153,12 @@ async fn no_secret_reaches_the_log_a_client_or_the_config_views() {
     let c = cluster();
     // tp_logs_srv is only ever a server user with a wrong password: no pooled connection
     // of it exists that a login could reuse.
-    for (role, password) in [
+    login_roles(&[
         ("tp_logs_file", "file-secret-4711"),
         ("tp_logs_query", "query-secret-4712"),
         ("tp_logs_srv", "srv-secret-4717"),
-    ] {
-        c.psql(
-            0,
-            "postgres",
-            &format!(
-                "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN \
-                   CREATE ROLE {role} LOGIN PASSWORD '{password}'; END IF; END $$; \
-                 GRANT CONNECT ON DATABASE app TO {role};"
-            ),
-        )
-        .unwrap();
-    }
+    ])
+    .await;
     let verifier = c
         .psql(
             0,

@@ -27,6 +27,7 @@ mod verify;
 
 use std::sync::Arc;
 
+pub use load::certs;
 pub use stream::{connect, ServerStream};
 
 /// `server_tls_sslmode`.

@@ -77,7 +77,8 @@ pub(crate) fn cached(s: &Settings) -> Result<Arc<ClientConfig>, String> {
     }
 }
 
-fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// Every certificate in a PEM file; an error names the file (none in it is an error).
+pub fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{path}: {e}"))?
         .collect::<Result<_, _>>()

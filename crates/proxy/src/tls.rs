@@ -14,9 +14,10 @@ use std::time::SystemTime;
 use arc_swap::ArcSwapOption;
 use bytes::BytesMut;
 use pgfresh_config::{ClientTlsMode, TlsSection};
+use pgfresh_nodetls::certs;
 use pgfresh_wire::{build, decode_startup, Decoded, Limits, StartupPacket};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
@@ -126,17 +127,6 @@ pub struct Active {
 #[derive(Default)]
 pub struct ClientTls {
     current: ArcSwapOption<Active>,
-}
-
-fn certs(path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{path}: {e}"))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{path}: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{path}: no certificate in the file"));
-    }
-    Ok(certs)
 }
 
 fn build_acceptor(section: &TlsSection, mode: ClientTlsMode) -> Result<TlsAcceptor, String> {
