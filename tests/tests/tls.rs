@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pgfresh_tests::admin::console_ok;
+use pgfresh_tests::admin::{console_ok, write_config};
 use pgfresh_tests::pki::{make_pki, Pki};
 use pgfresh_tests::*;
 
@@ -308,9 +308,10 @@ fn encrypted_on_server(
 /// Nodes with `ssl = on` that refuse plain TCP logins (`hostnossl … reject`): pgfresh
 /// with `server_tls_sslmode = verify-full` reaches them all over TLS — the monitor, the
 /// client pools on the primary and a replica, the catalog reader and cancel requests —
-/// and the servers' own `pg_stat_ssl` says so. A wrong host name fails verify-full and
-/// passes verify-ca; `disable` is refused by the servers (the control: without TLS none
-/// of this works).
+/// and the servers' own `pg_stat_ssl` says so; large messages cross the encrypted relay
+/// both ways. A wrong host name fails verify-full and passes verify-ca. The control: a
+/// reload to `disable` reaches the monitor, which the servers then refuse (without TLS
+/// none of this works), while a session made before keeps its encrypted connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_are_reached_over_tls_with_verify_full() {
     let c = private_cluster();
@@ -459,18 +460,27 @@ async fn nodes_are_reached_over_tls_with_verify_full() {
         .await
         .unwrap();
     drop(by_ca);
-    // Without TLS the servers refuse pgfresh.
-    let plain = start_proxy_unready(&server_tls_config(&c, "localhost", "disable", &pki));
+    // Without TLS the servers refuse pgfresh: a reload to `disable` reaches the monitor
+    // (it reconnects with the new settings, and is refused), while the session made
+    // before keeps its encrypted connections.
+    write_config(
+        &p.config_path,
+        &server_tls_config(&c, "localhost", "disable", &pki),
+    );
     poll(
-        "the servers to refuse a plain monitor",
+        "the servers to refuse the monitor without TLS",
         Duration::from_secs(60),
         || async {
-            let view = plain.shared.balancer.view();
+            let view = p.shared.balancer.view();
             let e = view.nodes[0].last_error.clone()?;
             e.contains("no encryption").then_some(e)
         },
     )
     .await;
+    client
+        .simple_query("/* pgfresh:primary */ SELECT 1")
+        .await
+        .unwrap();
 }
 
 /// pgbench over TLS (a proxy that refuses plain clients), simple, extended and prepared.

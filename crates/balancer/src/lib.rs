@@ -491,7 +491,18 @@ impl Balancer {
                 }
             }
         }
-        for &id in &membership.added {
+        for &id in membership.added.iter().chain(&membership.tls_changed) {
+            // A node's new TLS settings: its monitor starts again with them.
+            if let Some(token) = self
+                .inner
+                .monitors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(id)
+                .and_then(Option::take)
+            {
+                token.cancel();
+            }
             self.inner.spawn_monitor(id, state.spec(id).clone());
         }
         if state.all_polled() {

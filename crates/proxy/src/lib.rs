@@ -333,8 +333,15 @@ pub fn reload_config(
                 shared.ttl_source.store(Arc::new(admin::TtlSource::file()));
             }
             Proxy::apply_config(shared);
-            if outcome.applied.iter().any(|k| k.key.starts_with("nodes")) {
+            let changed = |prefix: &str| outcome.applied.iter().any(|k| k.key.starts_with(prefix));
+            if changed("nodes") {
                 Proxy::apply_nodes(shared);
+            } else if changed("tls.server_tls") {
+                // The same nodes with new TLS settings: monitors reconnect, pools stop
+                // reusing connections made with the old ones; no cold start.
+                shared
+                    .balancer
+                    .update_nodes(node_specs(&shared.config.snapshot()));
             }
             Ok(outcome)
         }

@@ -300,6 +300,8 @@ impl Pools {
             let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some(mut idle) = idle else { break };
             let expired = !s.idle_timeout.is_zero() && idle.since.elapsed() > s.idle_timeout;
+            // Made with other server_tls_* settings than the node has now: not reused.
+            let expired = expired || idle.conn.target.tls != target.tls;
             if idle.conn.generation == generation && !expired && idle.conn.still_open() {
                 return Ok(lease(idle.conn, permit));
             }

@@ -13,6 +13,8 @@ pub(crate) struct Membership {
     pub(crate) added: Vec<NodeId>,
     /// Nodes retired by this update (their monitor stops), ascending.
     pub(crate) retired: Vec<NodeId>,
+    /// Nodes whose TLS settings changed (their monitor reconnects with the new ones).
+    pub(crate) tls_changed: Vec<NodeId>,
 }
 
 /// Whether two specs of the same name watch the same server (only the weight may differ).
@@ -46,12 +48,16 @@ impl State {
         let mut taken = vec![false; self.nodes.len()];
         let mut ids = Vec::with_capacity(specs.len());
         let mut added = Vec::new();
+        let mut tls_changed = Vec::new();
         for spec in specs {
             let current = (0..taken.len())
                 .find(|&i| !taken[i] && !self.nodes[i].retired && self.specs[i].name == spec.name);
             match current {
                 Some(i) if same_endpoint(&self.specs[i], &spec) => {
                     taken[i] = true;
+                    if self.specs[i].tls != spec.tls {
+                        tls_changed.push(i);
+                    }
                     self.specs[i] = spec;
                     ids.push(i);
                 }
@@ -76,6 +82,7 @@ impl State {
             ids,
             added,
             retired,
+            tls_changed,
         }
     }
 }
@@ -151,6 +158,7 @@ mod tests {
                 ids: vec![2, 0, 1],
                 added: vec![],
                 retired: vec![],
+                tls_changed: vec![],
             }
         );
         let (v, ev) = st.compute(&s, &[], t);
@@ -183,6 +191,25 @@ mod tests {
         assert!(st.all_polled());
         let (v, _) = st.compute(&s, &[], t);
         assert!(v.nodes[3].eligible);
+        // New TLS settings keep the id and the node's state; its monitor must reconnect.
+        let mut strict = spec("n1", 1, 7);
+        strict.tls = std::sync::Arc::new(pgfresh_nodetls::Settings {
+            mode: pgfresh_nodetls::Mode::Require,
+            ..Default::default()
+        });
+        let m = st.update_nodes(vec![
+            spec("n0", 1, 1),
+            strict,
+            spec("n2", 1, 1),
+            spec("n3", 1, 1),
+        ]);
+        assert_eq!(
+            (m.ids, m.added, m.tls_changed),
+            (vec![0, 1, 2, 3], vec![], vec![1])
+        );
+        let (v, _) = st.compute(&s, &[], t);
+        assert!(v.nodes[1].eligible);
+        assert_eq!(v.nodes[1].spec.tls.mode, pgfresh_nodetls::Mode::Require);
     }
 
     #[test]
@@ -265,6 +292,7 @@ mod tests {
                 ids: vec![0, 3, 2],
                 added: vec![3],
                 retired: vec![1],
+                tls_changed: vec![],
             }
         );
         let (v, _) = st.compute(&s, &[], t);
