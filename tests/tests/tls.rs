@@ -375,6 +375,8 @@ async fn nodes_are_reached_over_tls_with_verify_full() {
         !app_on_standbys.is_empty() && app_on_standbys.iter().all(|s| s == "t"),
         "{app_on_standbys:?}"
     );
+    assert!(metric_value("pgfresh_tls_handshakes_total{side=\"server\",result=\"ok\"}") >= 2.0);
+    assert!(metric_value("pgfresh_tls_connections{side=\"server\"}") >= 2.0);
     let (servers, _) = console_ok(&p, "SHOW SERVERS");
     assert!(servers.len() >= 2, "{servers:?}");
     for s in &servers {

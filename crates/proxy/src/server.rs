@@ -123,13 +123,22 @@ impl ServerConn {
             .map_err(|_| err("connect timed out".into()))?
             .map_err(|e| err(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let stream = tokio::time::timeout(
+        let negotiated = tokio::time::timeout(
             connect_timeout,
             pgfresh_nodetls::connect(stream, &target.tls, &target.host),
         )
         .await
-        .map_err(|_| err("TLS negotiation timed out".into()))?
-        .map_err(err)?;
+        .unwrap_or_else(|_| Err("TLS negotiation timed out".into()));
+        let result = match &negotiated {
+            Ok(s) if s.is_tls() => Some("ok"),
+            Ok(_) => (target.tls.mode != pgfresh_nodetls::Mode::Disable).then_some("plain"),
+            Err(_) => Some("failed"),
+        };
+        if let Some(result) = result {
+            metrics::counter!("pgfresh_tls_handshakes_total", "side" => "server", "result" => result)
+                .increment(1);
+        }
+        let stream = negotiated.map_err(err)?;
         let tls_count = stream.is_tls().then(|| crate::tls::TlsCount::new("server"));
         let mut conn = ServerConn {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

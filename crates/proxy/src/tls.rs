@@ -247,7 +247,7 @@ pub async fn negotiate(
                 if !buf.is_empty() {
                     // Bytes sent after SSLRequest and before the handshake could be
                     // read as if they came over TLS: refused.
-                    metrics::counter!("pgfresh_tls_handshakes_total", "result" => "refused")
+                    metrics::counter!("pgfresh_tls_handshakes_total", "side" => "client", "result" => "refused")
                         .increment(1);
                     return Err(ProxyError::Startup(
                         "unencrypted data after SSL request (sent before the TLS handshake)".into(),
@@ -259,13 +259,13 @@ pub async fn negotiate(
                 };
                 return match acceptor.accept(sock).await {
                     Ok(s) => {
-                        metrics::counter!("pgfresh_tls_handshakes_total", "result" => "ok")
+                        metrics::counter!("pgfresh_tls_handshakes_total", "side" => "client", "result" => "ok")
                             .increment(1);
                         *stream = Some(ClientStream::Tls(Box::new(s)));
                         Ok(())
                     }
                     Err(e) => {
-                        metrics::counter!("pgfresh_tls_handshakes_total", "result" => "failed")
+                        metrics::counter!("pgfresh_tls_handshakes_total", "side" => "client", "result" => "failed")
                             .increment(1);
                         tracing::info!(error = %e, "client TLS handshake failed");
                         Err(ProxyError::ClientGone)
