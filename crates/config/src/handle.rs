@@ -28,6 +28,27 @@ pub struct ConfigHandle {
     inner: Arc<Inner>,
 }
 
+/// See [`ConfigHandle::cache`].
+pub struct ConfigCache(arc_swap::Cache<Current, Arc<Config>>);
+
+impl ConfigCache {
+    /// The config in force now.
+    pub fn load(&mut self) -> &Arc<Config> {
+        self.0.load()
+    }
+}
+
+/// The handle's `ArcSwap`, owned, for [`ConfigCache`].
+#[derive(Clone)]
+struct Current(Arc<Inner>);
+
+impl std::ops::Deref for Current {
+    type Target = ArcSwap<Config>;
+    fn deref(&self) -> &ArcSwap<Config> {
+        &self.0.current
+    }
+}
+
 struct Inner {
     current: ArcSwap<Config>,
     path: Option<PathBuf>,
@@ -61,6 +82,12 @@ impl ConfigHandle {
     /// The config in force now.
     pub fn snapshot(&self) -> Arc<Config> {
         self.inner.current.load_full()
+    }
+
+    /// A per-owner cache of the config in force: [`ConfigCache::load`] costs one atomic
+    /// read while the config stays the same (for code that reads it per statement).
+    pub fn cache(&self) -> ConfigCache {
+        ConfigCache(arc_swap::Cache::new(Current(self.inner.clone())))
     }
 
     pub fn path(&self) -> Option<&Path> {

@@ -12,7 +12,7 @@ pub mod reload;
 pub mod validate;
 
 pub mod userlist;
-pub use handle::{ConfigHandle, FileWatch, ReloadOutcome};
+pub use handle::{ConfigCache, ConfigHandle, FileWatch, ReloadOutcome};
 pub use model::*;
 pub use reload::{describe, diff, redacted, reload_class, ChangedKey, ReloadClass};
 pub use validate::{load_file, parse_str, validate, ConfigError};

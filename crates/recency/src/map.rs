@@ -176,11 +176,11 @@ pub struct RecencyMap {
     pub(crate) max_entries: AtomicUsize,
     pub(crate) entries: AtomicUsize,
     pub(crate) lists: ArcSwap<Lists>,
-    pub(crate) slots: DashMap<SlotKey, Slot>,
-    pub(crate) overflow: DashMap<Box<str>, OverflowState>,
+    pub(crate) slots: DashMap<SlotKey, Slot, Hasher>,
+    pub(crate) overflow: DashMap<Box<str>, OverflowState, Hasher>,
     pub(crate) overflow_dbs: AtomicUsize,
     /// Per-database summaries of recent writes (see `database.rs`).
-    pub(crate) db_writes: DashMap<Box<str>, crate::database::DbWrites>,
+    pub(crate) db_writes: DashMap<Box<str>, crate::database::DbWrites, Hasher>,
     pub(crate) queue: Box<[Mutex<VecDeque<QueueItem>>]>,
     pub(crate) sweep_cursor: AtomicUsize,
     next_generation: AtomicU64,
@@ -188,6 +188,10 @@ pub struct RecencyMap {
     mark_seq: AtomicU64,
     pub(crate) counters: Counters,
 }
+
+/// The maps' hasher: foldhash's quality variant, seeded per process (SipHash cost a
+/// measurable share of every statement's lookups).
+pub(crate) type Hasher = foldhash::quality::RandomState;
 
 enum MarkOutcome {
     Stored,
@@ -211,10 +215,10 @@ impl RecencyMap {
                 never_track: cfg.never_track,
                 always_hot: cfg.always_hot,
             }),
-            slots: DashMap::new(),
-            overflow: DashMap::new(),
+            slots: DashMap::default(),
+            overflow: DashMap::default(),
             overflow_dbs: AtomicUsize::new(0),
-            db_writes: DashMap::new(),
+            db_writes: DashMap::default(),
             queue: (0..QUEUE_STRIPES).map(|_| Mutex::default()).collect(),
             sweep_cursor: AtomicUsize::new(0),
             next_generation: AtomicU64::new(1),

@@ -52,7 +52,7 @@ impl Session {
     /// Split every complete client frame off the buffer into units (up to the first
     /// unit that must be routed). Returns whether any frame was taken.
     pub(super) fn process_client(&mut self) -> Result<bool, ProxyError> {
-        self.parser_enabled = self.shared.config.snapshot().routing.enable_query_parser;
+        self.parser_enabled = self.config.routing.enable_query_parser;
         let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
             let Some(frame) = try_frame(&mut self.cbuf, &self.limits, Side::Frontend)? else {

@@ -59,6 +59,10 @@ pub struct DeferredBegin {
 
 pub struct Session {
     shared: Arc<Shared>,
+    /// The config in force, refreshed from `config_cache` at each turn of the loop (one
+    /// atomic read while it stays the same) instead of loaded per use.
+    config: Arc<pgfresh_config::Config>,
+    config_cache: pgfresh_config::ConfigCache,
     client: ClientStream,
     cbuf: BytesMut,
     limits: Limits,
@@ -77,7 +81,7 @@ pub struct Session {
     /// A startup option pgfresh refuses (reported when the session starts).
     startup_error: Option<ProxyError>,
     /// What each portal's Execute will mean for the settings (extended protocol).
-    portal_events: std::collections::HashMap<String, settings::StmtEvent>,
+    portal_events: foldhash::HashMap<String, settings::StmtEvent>,
     /// Transaction status as the client last saw it.
     tx: TxStatus,
     deferred_begin: Option<DeferredBegin>,
@@ -165,6 +169,8 @@ impl Session {
                 max_message: config.proxy.max_message_bytes,
                 max_startup: 10 * 1024,
             },
+            config_cache: shared.config.cache(),
+            config: config.clone(),
             shared,
             client,
             cbuf,
@@ -177,7 +183,7 @@ impl Session {
             pending_settings: settings::Pending::default(),
             tokens,
             startup_error,
-            portal_events: std::collections::HashMap::new(),
+            portal_events: Default::default(),
             tx: TxStatus::Idle,
             deferred_begin: None,
             tx_writes: TxWrites::default(),
@@ -204,15 +210,14 @@ impl Session {
         if let Some(e) = self.startup_error.take() {
             return Err(e);
         }
-        let login_timeout =
-            Duration::from_millis(self.shared.config.snapshot().proxy.client_login_timeout_ms);
+        let login_timeout = Duration::from_millis(self.config.proxy.client_login_timeout_ms);
         // Leave a margin so the client hears why, before the listener's own deadline.
         let deadline =
             std::time::Instant::now() + login_timeout.saturating_sub(Duration::from_millis(250));
         let primary = self.primary_for_login(deadline).await?;
         // Transaction mode: a login with settings the pool has seen logged in needs no
         // server connection; the client gets what that login reported.
-        let config = self.shared.config.snapshot();
+        let config = self.config.clone();
         let target = self
             .shared
             .target(primary, &self.login.user, &self.login.database);
@@ -351,10 +356,28 @@ impl Session {
         self.release_all().await;
     }
 
+    /// Take the config in force now, if it changed.
+    fn refresh_config(&mut self) {
+        let current = self.config_cache.load();
+        if !Arc::ptr_eq(current, &self.config) {
+            self.config = current.clone();
+        }
+    }
+
     async fn main_loop(&mut self) -> Result<(), ProxyError> {
+        // One future for the whole session (not one per turn): it ends when shutdown
+        // begins (or the proxy is gone).
         let mut shutdown = self.shared.shutdown.clone();
+        let mut stopping = *shutdown.borrow();
+        let stop = async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        };
+        tokio::pin!(stop);
         loop {
-            self.resolve_lost_commit().await?;
+            self.refresh_config();
+            if self.lost.has_pending() {
+                self.resolve_lost_commit().await?;
+            }
             // Route and send what the client sent. A batch sent before its Sync (it
             // outgrew the batch limit) can leave more complete frames buffered: take
             // them too before waiting, or the server would wait for them forever.
@@ -380,19 +403,10 @@ impl Session {
             // client is not read further (its replies are still relayed).
             let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
             let idle_limit = self.idle_transaction_limit();
+            // Polled in this order (no random start: that costs a random number per
+            // turn): replies first, then what the client sends, then the timers.
             tokio::select! {
-                r = self.client.read_buf(&mut self.cbuf), if read_client => {
-                    match r {
-                        Ok(0) => {
-                            if !self.cbuf.is_empty() {
-                                tracing::debug!("client closed the connection in the middle of a message");
-                            }
-                            return Ok(());
-                        }
-                        Ok(_) => {}
-                        Err(e) => return Err(ProxyError::ClientIo(e)),
-                    }
-                }
+                biased;
                 r = async { server.expect("guarded by server_reading").conn.stream.readable().await }, if server_reading => {
                     let node = active.unwrap_or_default();
                     if let Err(e) = r {
@@ -411,12 +425,25 @@ impl Session {
                         self.on_backend_lost(node, &e.to_string())?;
                     }
                 }
+                r = self.client.read_buf(&mut self.cbuf), if read_client => {
+                    match r {
+                        Ok(0) => {
+                            if !self.cbuf.is_empty() {
+                                tracing::debug!("client closed the connection in the middle of a message");
+                            }
+                            return Ok(());
+                        }
+                        Ok(_) => {}
+                        Err(e) => return Err(ProxyError::ClientIo(e)),
+                    }
+                }
                 _ = tokio::time::sleep(idle_limit.unwrap_or_default()), if idle_limit.is_some() => {
                     let ms = idle_limit.unwrap_or_default().as_millis() as u64;
                     tracing::info!(user = %self.login.user.name, ms, "client idle in transaction too long; disconnected");
                     return Err(ProxyError::IdleTransactionTimeout { ms });
                 }
-                _ = shutdown.changed() => {
+                _ = &mut stop, if !stopping => {
+                    stopping = true;
                     if self.client_idle() {
                         return Err(ProxyError::Shutdown);
                     }
@@ -424,8 +451,10 @@ impl Session {
                 }
             }
             // A COMMIT lost just now is answered before anything else happens.
-            self.resolve_lost_commit().await?;
-            if *shutdown.borrow() && self.client_idle() {
+            if self.lost.has_pending() {
+                self.resolve_lost_commit().await?;
+            }
+            if stopping && self.client_idle() {
                 self.flush_client().await?;
                 return Err(ProxyError::Shutdown);
             }
@@ -469,7 +498,7 @@ impl Session {
             }),
             _ => None,
         };
-        let budget = self.shared.config.snapshot().routing.read_retry_budget;
+        let budget = self.config.routing.read_retry_budget;
         let err = self.backend_lost(node, reason);
         // A commit whose ReadyForQuery waited for its position report: it committed.
         self.release_held_ready();
@@ -610,7 +639,7 @@ impl Session {
         // Transaction mode: what the session holds on other nodes goes back first, so
         // sessions never wait for one node while holding another.
         self.checkin();
-        let config = self.shared.config.snapshot();
+        let config = self.config.clone();
         let target = self
             .shared
             .target(node, &self.login.user, &self.login.database)
@@ -651,7 +680,7 @@ impl Session {
     }
 
     async fn release_all(&mut self) {
-        let reset = self.shared.config.snapshot().pool.reset_query.clone();
+        let reset = self.config.pool.reset_query.clone();
         for slot in self.backends.iter_mut() {
             if let Some(mut leased) = slot.take() {
                 if self.active == leased.conn.target.node.into() && !self.inflight.is_empty() {

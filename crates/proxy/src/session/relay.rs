@@ -420,7 +420,7 @@ impl Session {
         let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
         let recency = &self.shared.recency;
         let db = &self.login.database;
-        let lsn_routing = self.shared.config.snapshot().routing.lsn_routing;
+        let lsn_routing = self.config.routing.lsn_routing;
         match self
             .inflight
             .get_mut(1)

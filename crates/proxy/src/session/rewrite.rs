@@ -80,7 +80,7 @@ pub(super) fn plain_unit(unit: &ClientUnit) -> bool {
 impl Session {
     /// Map `unit`'s statements onto `node`'s connection (see the module comment).
     pub(super) fn rewrite_unit(&mut self, node: usize, unit: &ClientUnit) -> Rewritten {
-        let max = self.shared.config.snapshot().pool.max_prepared_statements;
+        let max = self.config.pool.max_prepared_statements;
         let mut out = Rewritten {
             frames: Vec::with_capacity(unit.frames.len() + 1),
             expect: VecDeque::with_capacity(unit.frames.len()),

@@ -90,7 +90,7 @@ impl Session {
                 return Local::Answered;
             }
         }
-        let enabled = self.shared.config.snapshot().routing.enable_query_parser;
+        let enabled = self.config.routing.enable_query_parser;
         match &stmt.tx {
             Some(TxEffect::Begin(_))
                 // pgfresh's own work (a position probe after the last commit) may still
@@ -203,7 +203,7 @@ impl Session {
                 reason: Reason::MustPrimary("function_call"),
             };
         }
-        let config = self.shared.config.snapshot();
+        let config = self.config.clone();
         let policy = self.shared.policy.load();
         let deps = self.dep_graph();
         // Only units that call functions need the catalog.
@@ -278,7 +278,7 @@ impl Session {
     /// to, so the read can still leave the primary. The wait is recorded in
     /// `pgfresh_replica_wait_seconds` with its outcome.
     pub(super) async fn wait_for_replica(&self, lsn: pgfresh_lsn::Lsn) {
-        let wait = self.shared.config.snapshot().routing.replica_wait_ms;
+        let wait = self.config.routing.replica_wait_ms;
         if wait == 0 || self.shared.balancer.select_replica(Some(lsn)).is_some() {
             return;
         }
@@ -339,7 +339,7 @@ impl Session {
                 // A hot read no replica has caught up with yet: the primary, as for any
                 // hot read; after a replica wait that timed out it is a counted fallback.
                 None if required.is_some() => {
-                    let cfg = self.shared.config.snapshot();
+                    let cfg = self.config.clone();
                     if let (TokenNeed::Position(_), pgfresh_config::OnStale::Error) =
                         (token, cfg.routing.on_stale)
                     {
@@ -362,7 +362,7 @@ impl Session {
                     (primary()?, Reason::HotRelation)
                 }
                 None => {
-                    let max = self.shared.config.snapshot().routing.max_primary_fallbacks;
+                    let max = self.config.routing.max_primary_fallbacks;
                     let Some(slot) = FallbackSlot::try_take(&self.shared, max) else {
                         metrics::counter!("pgfresh_consistency_rejections_total", "reason" => "fallback_limit")
                             .increment(1);

@@ -257,7 +257,7 @@ impl Session {
             .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
         let probe = synced
             && !copy_from
-            && (self.shared.config.snapshot().routing.lsn_routing || self.tokens.track)
+            && (self.config.routing.lsn_routing || self.tokens.track)
             && Some(node) == self.shared.balancer.primary()
             && ((autocommit && (!writes.is_empty() || whole_db))
                 || (commit_sent

@@ -2,9 +2,8 @@
 //! settings (startup parameters and SET/RESET/DISCARD), prepared statements, and the
 //! reasons that pin a session to the primary.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use pgfresh_sql::Analysis;
@@ -76,9 +75,9 @@ pub struct SessionState {
     /// `SET` statements to replay on a connection, in order, one per parameter.
     settings: SettingsList,
     /// Protocol-level named statements by name ("" is the unnamed one).
-    pub prepared: HashMap<String, Prepared>,
+    pub prepared: foldhash::HashMap<String, Prepared>,
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
-    pub sql_prepared: HashMap<String, (String, Arc<Analysis>)>,
+    pub sql_prepared: foldhash::HashMap<String, (String, Arc<Analysis>)>,
     pub pins: BTreeSet<PinReason>,
     /// Route hint for the whole session (`SET pgfresh.route`, startup options).
     pub route_primary: bool,
@@ -86,10 +85,12 @@ pub struct SessionState {
     pub default_read_only: bool,
 }
 
+/// A statement text's hash, to notice a name prepared again with another text (the same
+/// for the whole process; foldhash, seeded once, is much cheaper per Parse than SipHash).
 pub fn text_hash(bytes: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<foldhash::quality::RandomState> = std::sync::OnceLock::new();
+    SEED.get_or_init(Default::default).hash_one(bytes)
 }
 
 /// Quote a value as a SQL string literal.

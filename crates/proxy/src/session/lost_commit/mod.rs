@@ -118,6 +118,13 @@ pub(super) struct LostCommits {
     pending: Option<Pending>,
 }
 
+impl LostCommits {
+    /// A lost COMMIT waits for [`Session::resolve_lost_commit`].
+    pub(super) fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
     Committed,
@@ -218,7 +225,7 @@ impl Session {
         self.lost.watch = None;
         if continuing
             || !unit.synced
-            || !self.shared.config.snapshot().routing.resolve_lost_commits
+            || !self.config.routing.resolve_lost_commits
             || self.tx != TxStatus::InTransaction
             || self.copy_in
             || Some(node) != self.shared.balancer.primary()
@@ -262,7 +269,7 @@ impl Session {
             return false;
         };
         let watch = self.lost.watch.take().filter(|w| w.node == node);
-        if watch.is_none() && !self.shared.config.snapshot().routing.resolve_lost_commits {
+        if watch.is_none() && !self.config.routing.resolve_lost_commits {
             return false;
         }
         let mut units = self.inflight.iter().filter(|u| !u.injected);
