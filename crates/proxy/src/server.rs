@@ -349,7 +349,8 @@ impl ServerConn {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(e),
             };
-            let _ = self.wbuf.split_to(n);
+            // Advance, not split: the buffer stays this connection's own and is reused.
+            bytes::Buf::advance(&mut self.wbuf, n);
         }
         Ok(())
     }

@@ -38,15 +38,31 @@ fn portal_event(p: &Prepared) -> StmtEvent {
     event_of(stmt, text)
 }
 
+/// Texts (with their analyses) a session keeps at hand, newest first.
+pub(super) const RECENT_TEXTS: usize = 8;
+/// Longer texts are not kept (a session's share of memory stays small).
+const RECENT_TEXT_BYTES: usize = 2048;
+
 impl Session {
     /// The analysis of `sql`, or a stand-in when the parser is off (everything then goes
     /// to the primary and nothing needs parsing).
-    fn analyze(&self, sql: &str) -> Arc<Analysis> {
-        if self.parser_enabled {
-            self.shared.analyzer.analyze(sql)
-        } else {
-            self.shared.not_analyzed.clone()
+    fn analyze(&mut self, sql: &str) -> Arc<Analysis> {
+        if !self.parser_enabled {
+            return self.shared.not_analyzed.clone();
         }
+        // Clients repeat the same few texts; those skip the shared cache's lookup.
+        if let Some((_, a)) = self.recent.iter().find(|(t, _)| **t == *sql) {
+            return a.clone();
+        }
+        let analysis = self.shared.analyzer.analyze(sql);
+        if sql.len() > RECENT_TEXT_BYTES {
+            return analysis;
+        }
+        if self.recent.len() == RECENT_TEXTS {
+            self.recent.pop_back();
+        }
+        self.recent.push_front((sql.into(), analysis.clone()));
+        analysis
     }
 
     /// Split every complete client frame off the buffer into units (up to the first

@@ -63,6 +63,12 @@ pub struct Session {
     /// atomic read while it stays the same) instead of loaded per use.
     config: Arc<pgfresh_config::Config>,
     config_cache: pgfresh_config::ConfigCache,
+    /// This turn's dependency graph (see `dep_graph`), emptied at each turn.
+    graph: std::sync::OnceLock<Option<Arc<pgfresh_deps::DepGraph>>>,
+    /// The analyses of this session's latest texts (`client_side::RECENT_TEXTS`).
+    recent: std::collections::VecDeque<(Box<str>, Arc<pgfresh_sql::Analysis>)>,
+    /// `pgfresh_routed_total` handles this session has used.
+    routed: Vec<(bool, &'static str, metrics::Counter)>,
     client: ClientStream,
     cbuf: BytesMut,
     limits: Limits,
@@ -170,6 +176,9 @@ impl Session {
                 max_startup: 10 * 1024,
             },
             config_cache: shared.config.cache(),
+            graph: Default::default(),
+            routed: Vec::new(),
+            recent: Default::default(),
             config: config.clone(),
             shared,
             client,
@@ -356,8 +365,10 @@ impl Session {
         self.release_all().await;
     }
 
-    /// Take the config in force now, if it changed.
-    fn refresh_config(&mut self) {
+    /// A new turn of the loop: the config in force now (if it changed), and the
+    /// dependency graph looked up afresh when next needed.
+    fn start_turn(&mut self) {
+        self.graph = Default::default();
         let current = self.config_cache.load();
         if !Arc::ptr_eq(current, &self.config) {
             self.config = current.clone();
@@ -374,7 +385,7 @@ impl Session {
         };
         tokio::pin!(stop);
         loop {
-            self.refresh_config();
+            self.start_turn();
             if self.lost.has_pending() {
                 self.resolve_lost_commit().await?;
             }

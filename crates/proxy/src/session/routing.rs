@@ -265,8 +265,12 @@ impl Session {
     }
 
     /// The dependency graph of the session's database, when learned (or configured).
+    /// The database's dependency graph, looked up once per turn of the session loop
+    /// (routing and marking both ask for it).
     pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
-        self.shared.deps.graph(&self.shared, &self.login.database)
+        self.graph
+            .get_or_init(|| self.shared.deps.graph(&self.shared, &self.login.database))
+            .clone()
     }
 
     /// DDL committed: the database's dependencies may have changed.
@@ -375,12 +379,7 @@ impl Session {
             },
         };
         let is_primary = self.shared.balancer.primary() == Some(node);
-        metrics::counter!(
-            "pgfresh_routed_total",
-            "target" => if is_primary { "primary" } else { "replica" },
-            "reason" => reason.as_str()
-        )
-        .increment(1);
+        self.count_routed(is_primary, reason.as_str());
         tracing::debug!(
             node,
             reason = reason.as_str(),
@@ -388,5 +387,25 @@ impl Session {
             "routed"
         );
         Ok(node)
+    }
+
+    /// `pgfresh_routed_total{target, reason}`, through the session's own handles (a
+    /// labelled lookup in the registry costs more than the rest of the count).
+    fn count_routed(&mut self, primary: bool, reason: &'static str) {
+        if let Some((_, _, c)) = self
+            .routed
+            .iter()
+            .find(|(p, r, _)| *p == primary && std::ptr::eq(*r, reason))
+        {
+            c.increment(1);
+            return;
+        }
+        let c = metrics::counter!(
+            "pgfresh_routed_total",
+            "target" => if primary { "primary" } else { "replica" },
+            "reason" => reason
+        );
+        c.increment(1);
+        self.routed.push((primary, reason, c));
     }
 }
