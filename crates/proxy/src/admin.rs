@@ -565,6 +565,9 @@ pub fn status_json(proxy: &Proxy) -> Value {
         .into_iter()
         .map(|h| json!({ "database": h.db, "relation": h.relation, "age_ms": h.age_ms, "writes": h.writes, "hits": h.hits }))
         .collect();
+    // The TTL before its source: a reload stores the source first, so whoever reads a
+    // new TTL here also reads where it came from.
+    let ttl = shared.recency.ttl_ms();
     let source = proxy.shared.ttl_source.load();
     let config = shared.config.snapshot();
     let (reloads_ok, reloads_err) = shared.config.reload_counts();
@@ -580,7 +583,7 @@ pub fn status_json(proxy: &Proxy) -> Value {
         "max_lag_bytes": view.max_lag_bytes,
         "max_lag_ms": view.max_lag_ms,
         "pool_external_lag": view.pool_external_lag.as_ref().map(|e| json!({ "lag_ms": e.lag_ms, "source": e.source, "age_ms": e.received.elapsed().as_millis() as u64 })),
-        "recent_access_ttl_ms": shared.recency.ttl_ms(),
+        "recent_access_ttl_ms": ttl,
         "recent_access_max_ttl_ms": shared.recency.max_ttl_ms(),
         "enable_recent_access_routing": config.routing.enable_recent_access_routing,
         "ttl_source": source.source,

@@ -120,7 +120,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The dependency graphs of the databases clients use (held in [`Shared`] as `deps`).
 pub struct Dependencies {
-    dbs: ArcSwap<HashMap<String, Arc<Entry>>>,
+    dbs: ArcSwap<foldhash::HashMap<String, Arc<Entry>>>,
     /// Serializes insertions into `dbs` (copy on write; readers never wait).
     insert: Mutex<()>,
     rules: ArcSwap<Rules>,
@@ -134,7 +134,7 @@ impl Dependencies {
     /// Empty, with the dependency keys of `config`.
     pub fn new(config: &Config) -> Dependencies {
         Dependencies {
-            dbs: ArcSwap::from_pointee(HashMap::new()),
+            dbs: ArcSwap::from_pointee(Default::default()),
             insert: Mutex::new(()),
             rules: ArcSwap::from_pointee(Rules::new(1, &config.routing.relation_dependencies)),
             learn: AtomicBool::new(config.routing.learn_dependencies),
@@ -146,7 +146,9 @@ impl Dependencies {
     /// Gives the loader the state it loads with (the config, the primary). Called once the
     /// `Shared` holding this is built; later calls change nothing.
     pub fn attach(&self, shared: &Arc<Shared>) {
-        let _ = self.shared.set(Arc::downgrade(shared));
+        if self.shared.get().is_none() {
+            let _ = self.shared.set(Arc::downgrade(shared));
+        }
     }
 
     /// Applies `learn_dependencies` and `relation_dependencies` from a new config: when the

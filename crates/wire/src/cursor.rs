@@ -72,7 +72,7 @@ impl<'a> Cursor<'a> {
 
     /// A NUL-terminated UTF-8 string; the terminator is consumed.
     pub(crate) fn cstr(&mut self, what: &str) -> Result<&'a str, FrameError> {
-        let Some(pos) = memchr::memchr(0, self.buf) else {
+        let Some(pos) = self.buf.iter().position(|&b| b == 0) else {
             return Err(self.malformed(format!("{what}: missing NUL terminator")));
         };
         let raw = &self.buf[..pos];
