@@ -28,7 +28,7 @@ mod verify;
 use std::sync::Arc;
 
 pub use load::certs;
-pub use stream::{connect, ServerStream};
+pub use stream::{connect, try_read_drained, ServerStream};
 
 /// `server_tls_sslmode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

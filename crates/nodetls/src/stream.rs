@@ -155,7 +155,7 @@ impl ServerStream {
     /// closed the connection; `WouldBlock`: nothing yet.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
-            ServerStream::Plain(s) => s.try_read_buf(buf),
+            ServerStream::Plain(s) => try_read_drained(s, buf),
             ServerStream::Tls(t) => t.read(buf),
         }
     }
@@ -299,6 +299,29 @@ impl TlsConn {
             }
         }
         Ok(())
+    }
+}
+
+/// `TcpStream::try_read_buf`, plus: a read that got less than `buf` had room for
+/// emptied the socket, so tokio is told to forget the socket's readiness at once (by
+/// answering "would block" from `try_io` while keeping the bytes). Without this, the next
+/// wait on the socket returns at once and costs a `recv` that finds nothing: one wasted
+/// system call per message and direction. A byte that arrives meanwhile is a new
+/// readiness event, which tokio does not lose.
+pub fn try_read_drained(tcp: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let room = buf.capacity() - buf.len();
+    let mut drained = None;
+    let read = tcp.try_io(tokio::io::Interest::READABLE, || {
+        let n = tcp.try_read_buf(buf)?;
+        if n > 0 && n < room {
+            drained = Some(n);
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match drained {
+        Some(n) => Ok(n),
+        None => read,
     }
 }
 

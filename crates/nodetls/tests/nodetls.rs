@@ -367,3 +367,31 @@ async fn a_client_certificate_is_presented_when_configured() {
         "the node saw pgfresh's certificate"
     );
 }
+
+/// A read that empties the socket makes tokio forget its readiness without a second
+/// `recv`; bytes that arrive afterwards still wake the reader.
+#[tokio::test]
+async fn a_drained_read_still_wakes_for_the_next_bytes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let reader = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut writer, _) = listener.accept().await.unwrap();
+    let mut buf = BytesMut::with_capacity(4096);
+    for round in 0..100u32 {
+        let message = format!("message {round}");
+        writer.write_all(message.as_bytes()).await.unwrap();
+        let start = buf.len();
+        while buf.len() - start < message.len() {
+            tokio::time::timeout(std::time::Duration::from_secs(30), reader.readable())
+                .await
+                .expect("the reader is woken for new bytes")
+                .unwrap();
+            match pgfresh_nodetls::try_read_drained(&reader, &mut buf) {
+                Ok(n) => assert!(n > 0, "the writer did not close"),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(&buf[start..], message.as_bytes());
+    }
+}

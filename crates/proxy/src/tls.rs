@@ -41,6 +41,24 @@ impl ClientStream {
         matches!(self, ClientStream::Tls(_))
     }
 
+    /// Wait for and append what the client sends next (`Ok(0)`: it closed). Cancel-safe:
+    /// nothing is read before the socket is ready, and what is read is returned at once.
+    pub async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        match self {
+            ClientStream::Plain(s) => loop {
+                s.readable().await?;
+                match pgfresh_nodetls::try_read_drained(s, buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    other => return other,
+                }
+            },
+            ClientStream::Tls(s) => tokio::io::AsyncReadExt::read_buf(s.as_mut(), buf).await,
+        }
+    }
+
     fn tcp(&self) -> &TcpStream {
         match self {
             ClientStream::Plain(s) => s,

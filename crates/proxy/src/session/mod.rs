@@ -24,7 +24,7 @@ use std::time::Duration;
 use crate::tls::ClientStream;
 use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, CancelKey, Limits, TxStatus};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::cancel::{CancelSlot, CancelTarget};
 use crate::client::Login;
@@ -436,7 +436,7 @@ impl Session {
                         self.on_backend_lost(node, &e.to_string())?;
                     }
                 }
-                r = self.client.read_buf(&mut self.cbuf), if read_client => {
+                r = self.client.read_some(&mut self.cbuf), if read_client => {
                     match r {
                         Ok(0) => {
                             if !self.cbuf.is_empty() {
