@@ -170,3 +170,48 @@ bench_pgbench_init() {
     psql_node "$PRIMARY_PORT" "VACUUM ANALYZE" "CHECKPOINT" >/dev/null
     wait_standbys_caught_up
 }
+
+# The start every comparison script shares, after its options: cd to the repository, build
+# the release binary unless BUILD=0, make OUTDIR (default: a new temp dir named after $1),
+# set CLK_TCK.
+bench_start() {
+    cd "$BENCH_ROOT"
+    if [ "${BUILD:-1}" = 1 ]; then
+        cargo build --release -p pgfresh
+    fi
+    OUTDIR="${OUTDIR:-$(mktemp -d "/tmp/pgfresh-$1.XXXXXX")}"
+    mkdir -p "$OUTDIR"
+    CLK_TCK=$(getconf CLK_TCK)
+}
+
+# Starts PgBouncer in front of the primary (trust auth, user app): start_pgbouncer DIR PORT
+# POOL_MODE [EXTRA_INI_LINES]; sets PROXY_PID and returns once it accepts. Runs as the
+# postgres user when we are root (PgBouncer refuses root), with a raised file limit.
+start_pgbouncer() {
+    local bdir=$1 port=$2 mode=$3 extra=${4:-}
+    as_pg mkdir -p "$bdir"
+    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOT
+[databases]
+app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $bdir/userlist.txt
+pool_mode = $mode
+default_pool_size = 20
+max_client_conn = 2000
+logfile = $bdir/pgbouncer.log
+$extra
+EOT
+    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
+    if [ "$(id -u)" -eq 0 ]; then
+        setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+    else
+        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+    fi
+    PROXY_PID=$!
+    wait_accepting "$port"
+}

@@ -129,30 +129,7 @@ done
 if command -v pgbouncer >/dev/null; then
     port=$(free_port)
     bdir="$CLUSTER_DIR/pgbouncer"
-    as_pg mkdir -p "$bdir"
-    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOF
-[databases]
-app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = trust
-auth_file = $bdir/userlist.txt
-pool_mode = session
-default_pool_size = 20
-max_client_conn = 200
-logfile = $bdir/pgbouncer.log
-EOF
-    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
-    if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    else
-        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    fi
-    PROXY_PID=$!
-    wait_accepting "$port"
+    start_pgbouncer "$bdir" "$port" session
     run_suite pgbouncer "$port"
     stop_pid "$PROXY_PID"; PROXY_PID=""
     cp "$bdir/pgbouncer.log" "$OUTDIR/pgbouncer.log" 2>/dev/null || true

@@ -33,16 +33,11 @@ while getopts "m:M:t:d:o:B" opt; do
     esac
 done
 
-cd "$HERE/.."
-if [ $BUILD = 1 ]; then
-    cargo build --release -p pgfresh
-fi
-OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-cost.XXXXXX)}"
-mkdir -p "$OUTDIR"
 SCALE=1
 
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
+bench_start cost
 bench_cluster
 bench_pgbench_init
 
@@ -101,30 +96,7 @@ stop_pid "$PROXY_PID"; PROXY_PID=""
 
 if command -v pgbouncer >/dev/null; then
     port=$(free_port)
-    bdir="$CLUSTER_DIR/pgbouncer-cost"
-    as_pg mkdir -p "$bdir"
-    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOF
-[databases]
-app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = trust
-auth_file = $bdir/userlist.txt
-pool_mode = $MODE
-default_pool_size = 20
-logfile = $bdir/pgbouncer.log
-EOF
-    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
-    if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.log" 2>&1 &
-    else
-        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.log" 2>&1 &
-    fi
-    PROXY_PID=$!
-    wait_accepting "$port"
+    start_pgbouncer "$CLUSTER_DIR/pgbouncer-cost" "$port" "$MODE"
     count_syscalls pgbouncer "$PROXY_PID" "$port"
     stop_pid "$PROXY_PID"; PROXY_PID=""
 fi

@@ -34,16 +34,10 @@ while getopts "T:c:s:d:o:B" opt; do
     esac
 done
 
-cd "$HERE/.."
-if [ $BUILD = 1 ]; then
-    cargo build --release -p pgfresh
-fi
-OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-tls.XXXXXX)}"
-mkdir -p "$OUTDIR"
-CLK_TCK=$(getconf CLK_TCK)
 
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
+bench_start tls
 bench_cluster
 bench_pgbench_init
 
@@ -110,34 +104,9 @@ stop_pid "$PROXY_PID"; PROXY_PID=""
 #    same port (client_tls_sslmode = prefer; pgbench chooses with PGSSLMODE).
 if command -v pgbouncer >/dev/null; then
     port=$(free_port)
-    bdir="$CLUSTER_DIR/pgbouncer-tls"
-    as_pg mkdir -p "$bdir"
-    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOF
-[databases]
-app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = trust
-auth_file = $bdir/userlist.txt
-pool_mode = session
-default_pool_size = 20
-max_client_conn = 2000
-client_tls_sslmode = prefer
+    start_pgbouncer "$CLUSTER_DIR/pgbouncer-tls" "$port" session "client_tls_sslmode = prefer
 client_tls_cert_file = $CERTDIR/server.pem
-client_tls_key_file = $CERTDIR/server.key
-logfile = $bdir/pgbouncer.log
-EOF
-    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
-    if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    else
-        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    fi
-    PROXY_PID=$!
-    wait_accepting "$port"
+client_tls_key_file = $CERTDIR/server.key"
     run_suite pgbouncer "$port"
     stop_pid "$PROXY_PID"; PROXY_PID=""
 else

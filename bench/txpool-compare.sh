@@ -35,17 +35,11 @@ while getopts "T:c:s:d:o:B" opt; do
     esac
 done
 
-cd "$HERE/.."
-if [ $BUILD = 1 ]; then
-    cargo build --release -p pgfresh
-fi
-OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-txpool.XXXXXX)}"
-mkdir -p "$OUTDIR"
-CLK_TCK=$(getconf CLK_TCK)
 ulimit -n 65536 2>/dev/null || true
 
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
+bench_start txpool
 bench_cluster
 
 bench_pgbench_init
@@ -124,31 +118,7 @@ stop_pid "$PROXY_PID"; PROXY_PID=""
 # 2. PgBouncer, transaction mode, in front of the primary. It refuses to run as root.
 if command -v pgbouncer >/dev/null; then
     port=$(free_port)
-    bdir="$CLUSTER_DIR/pgbouncer"
-    as_pg mkdir -p "$bdir"
-    as_pg tee "$bdir/pgbouncer.ini" >/dev/null <<EOF
-[databases]
-app = host=127.0.0.1 port=$PRIMARY_PORT dbname=app
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $port
-unix_socket_dir =
-auth_type = trust
-auth_file = $bdir/userlist.txt
-pool_mode = transaction
-default_pool_size = 20
-max_client_conn = 2000
-logfile = $bdir/pgbouncer.log
-EOF
-    echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
-    if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    else
-        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
-    fi
-    PROXY_PID=$!
-    wait_accepting "$port"
+    start_pgbouncer "$CLUSTER_DIR/pgbouncer" "$port" transaction
     run_suite pgbouncer-tx "$port"
     stop_pid "$PROXY_PID"; PROXY_PID=""
 else
