@@ -61,6 +61,16 @@ struct Pool {
     /// Transaction mode: the ParameterStatus set a login with these settings got, so
     /// the next login with the same settings needs no connection (newest last).
     logins: Mutex<Vec<(SettingsList, LoginParams)>>,
+    /// `pgfresh_pool_wait_seconds` for this pool's mode, looked up once.
+    wait_seconds: std::sync::OnceLock<metrics::Histogram>,
+}
+
+impl Pool {
+    fn wait_seconds(&self, mode: PoolMode) -> &metrics::Histogram {
+        self.wait_seconds.get_or_init(
+            || metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => mode.as_str()),
+        )
+    }
 }
 
 /// The ParameterStatus values a login reports to its client.
@@ -213,6 +223,7 @@ impl Pools {
                     lent: AtomicUsize::new(0),
                     lent_conns: Mutex::new(HashMap::default()),
                     logins: Mutex::new(Vec::new()),
+                    wait_seconds: Default::default(),
                 })
             })
             .clone()
@@ -228,7 +239,7 @@ impl Pools {
         s: &PoolSettings,
     ) -> Result<OwnedSemaphorePermit, ProxyError> {
         if let Ok(p) = pool.slots.clone().try_acquire_owned() {
-            metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => s.mode.as_str()).record(0.0);
+            pool.wait_seconds(s.mode).record(0.0);
             return Ok(p);
         }
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
@@ -239,7 +250,7 @@ impl Pools {
             .insert(id, start);
         let _waiting = Waiting { pool, id };
         let got = tokio::time::timeout(s.acquire_timeout, pool.slots.clone().acquire_owned()).await;
-        metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => s.mode.as_str())
+        pool.wait_seconds(s.mode)
             .record(start.elapsed().as_secs_f64());
         match got {
             Ok(Ok(p)) => Ok(p),

@@ -67,6 +67,8 @@ pub struct Session {
     graph: std::sync::OnceLock<Option<Arc<pgfresh_deps::DepGraph>>>,
     /// The analyses of this session's latest texts (`client_side::RECENT_TEXTS`).
     recent: std::collections::VecDeque<(Box<str>, Arc<pgfresh_sql::Analysis>)>,
+    /// Connection targets by node, with the cluster-view generation they were built in.
+    targets: Vec<Option<(u64, Arc<crate::server::Target>)>>,
     /// `pgfresh_routed_total` handles this session has used.
     routed: Vec<(bool, &'static str, metrics::Counter)>,
     client: ClientStream,
@@ -178,6 +180,7 @@ impl Session {
             config_cache: shared.config.cache(),
             graph: Default::default(),
             routed: Vec::new(),
+            targets: Vec::new(),
             recent: Default::default(),
             config: config.clone(),
             shared,
@@ -363,6 +366,26 @@ impl Session {
             tracing::debug!(user = %self.login.user.name, error = %e, "session ended with error");
         }
         self.release_all().await;
+    }
+
+    /// Where `node` is and who this session logs in there as, built again only when the
+    /// cluster view changed since (in transaction mode a unit asks for it every time).
+    fn target(&mut self, node: usize) -> Option<Arc<crate::server::Target>> {
+        let generation = self.shared.balancer.view().generation;
+        if let Some(Some((g, t))) = self.targets.get(node) {
+            if *g == generation {
+                return Some(t.clone());
+            }
+        }
+        let t = Arc::new(
+            self.shared
+                .target(node, &self.login.user, &self.login.database)?,
+        );
+        if self.targets.len() <= node {
+            self.targets.resize_with(node + 1, || None);
+        }
+        self.targets[node] = Some((generation, t.clone()));
+        Some(t)
     }
 
     /// A new turn of the loop: the config in force now (if it changed), and the
@@ -651,10 +674,7 @@ impl Session {
         // sessions never wait for one node while holding another.
         self.checkin();
         let config = self.config.clone();
-        let target = self
-            .shared
-            .target(node, &self.login.user, &self.login.database)
-            .ok_or(ProxyError::NoPrimary(None))?;
+        let target = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
         let leased = self
