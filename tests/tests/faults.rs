@@ -1,0 +1,97 @@
+//! Faults under way, on the shared cluster: a server connection killed in the middle of
+//! a large result. The client that was reading gets an error, the connection is not
+//! used again, and other clients on the same pool go on (transaction mode with one
+//! connection per node, so a reused dead connection would fail the next statement).
+
+use std::time::Duration;
+
+use futures_util::{pin_mut, TryStreamExt};
+use pgfresh_tests::*;
+
+/// Kills the backend whose `application_name` is `name` on node `i`; true when one was
+/// killed.
+fn kill_backend(i: usize, name: &str) -> bool {
+    cluster()
+        .psql(
+            i,
+            "postgres",
+            &format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = '{name}' AND state = 'active'"
+            ),
+        )
+        .is_ok_and(|n| n == "1")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_killed_mid_result_fails_that_query_only() {
+    let p = start_proxy(&format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 1\n",
+        config_text("")
+    ));
+    let reader = p.connect().await;
+    let other = p.connect().await;
+    // The name follows the client onto whatever connection runs its statement.
+    reader
+        .batch_execute("SET application_name = 'mid_result'")
+        .await
+        .unwrap();
+    // 200 000 rows, produced slowly enough that the kill lands while they stream.
+    let rows = reader
+        .query_raw(
+            "/* pgfresh:primary */ SELECT g, repeat('x', 100) FROM generate_series(1, 200000) g \
+             WHERE g % 1000 <> 0 OR pg_sleep(0.01) IS NOT NULL",
+            std::iter::empty::<i32>(),
+        )
+        .await
+        .expect("the query starts");
+    pin_mut!(rows);
+    let mut received = 0u64;
+    while received < 10 {
+        rows.try_next()
+            .await
+            .expect("rows before the kill")
+            .expect("more rows");
+        received += 1;
+    }
+    poll(
+        "the backend streaming the result to be killed",
+        Duration::from_secs(30),
+        || async { kill_backend(0, "mid_result").then_some(()) },
+    )
+    .await;
+    let outcome = loop {
+        match rows.try_next().await {
+            Ok(Some(_)) => received += 1,
+            Ok(None) => break Ok(received),
+            Err(e) => break Err(e),
+        }
+    };
+    let err = outcome.expect_err("the result was cut off, so the query fails");
+    let code = err.code().map(|c| c.code().to_string());
+    assert!(
+        matches!(code.as_deref(), Some("57P01") | Some("08006") | None),
+        "{err} ({code:?})"
+    );
+    assert!(received < 200_000, "{received} rows");
+    eprintln!("mid-result kill: {received} rows, then {err} ({code:?})");
+
+    // The pool's only connection to the primary is gone: the next statements, from
+    // another client and from a new one, run on a fresh one.
+    for _ in 0..3 {
+        let n: i64 = other
+            .query_one(
+                "/* pgfresh:primary */ SELECT count(*) FROM generate_series(1, 10)",
+                &[],
+            )
+            .await
+            .expect("another client's statement runs")
+            .get(0);
+        assert_eq!(n, 10);
+    }
+    let fresh = p.connect().await;
+    fresh
+        .simple_query("/* pgfresh:primary */ SELECT 1")
+        .await
+        .expect("a new client's statement runs");
+}
