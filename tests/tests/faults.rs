@@ -1,7 +1,8 @@
-//! Faults under way, on the shared cluster: a server connection killed in the middle of
-//! a large result. The client that was reading gets an error, the connection is not
-//! used again, and other clients on the same pool go on (transaction mode with one
-//! connection per node, so a reused dead connection would fail the next statement).
+//! Faults under way. A server connection killed in the middle of a large result (shared
+//! cluster): the client that was reading gets an error, the connection is not used
+//! again, and other clients on the same pool go on (transaction mode with one connection
+//! per node, so a reused dead connection would fail the next statement). A replica
+//! stopped under select-only load (private cluster): no transaction fails.
 
 use std::time::Duration;
 
@@ -94,4 +95,60 @@ async fn a_connection_killed_mid_result_fails_that_query_only() {
         .simple_query("/* pgfresh:primary */ SELECT 1")
         .await
         .expect("a new client's statement runs");
+}
+
+/// pgbench select-only through pgfresh while a replica is stopped (fast shutdown: its
+/// backends are terminated): reads that had received nothing go to another node, and
+/// the run ends with every transaction done and none failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
+    let c = private_cluster();
+    let p = start_proxy(&config_text_for(&c, ""));
+    p.pgbench("app", &["-i", "-s", "1", "-q"]);
+    for i in 1..3 {
+        c.wait_caught_up(i, Duration::from_secs(60)).unwrap();
+    }
+    p.wait_cold(&["pgbench_accounts", "pgbench_branches", "pgbench_tellers"])
+        .await;
+    let env = p.libpq_env();
+    let bench = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(pg_bin("pgbench"))
+            // A duration, not a count: the stop below must land while it runs.
+            .args(["-n", "-S", "-c", "4", "-j", "4", "-T", "6"])
+            .envs(env)
+            .output()
+            .expect("run pgbench")
+    });
+    // Once the replica serves pgbench's reads, stop it.
+    poll(
+        "pgbench reads on replica 1",
+        Duration::from_secs(60),
+        || async {
+            let n = c
+                .psql(
+                    1,
+                    "postgres",
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'",
+                )
+                .unwrap_or_default();
+            (n.parse::<u32>().unwrap_or(0) > 0).then_some(())
+        },
+    )
+    .await;
+    c.stop_node(1).unwrap();
+    assert!(
+        !bench.is_finished(),
+        "the replica stopped while pgbench ran"
+    );
+    let out = bench.await.unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    c.start_node(1).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("aborted"), "{text}");
+    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    assert!(
+        metric_value("pgfresh_read_retries_total") > 0.0,
+        "some reads were sent elsewhere"
+    );
 }
