@@ -136,10 +136,7 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
     )
     .await;
     c.stop_node(1).unwrap();
-    assert!(
-        !bench.is_finished(),
-        "the replica stopped while pgbench ran"
-    );
+    let stopped_mid_run = !bench.is_finished();
     let out = bench.await.unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -147,6 +144,10 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
     assert!(out.status.success(), "{text}");
     assert!(!text.contains("aborted"), "{text}");
     assert!(text.contains("number of failed transactions: 0"), "{text}");
+    assert!(
+        stopped_mid_run,
+        "the replica stopped while pgbench ran:\n{text}"
+    );
     assert!(
         metric_value("pgfresh_read_retries_total") > 0.0,
         "some reads were sent elsewhere"
