@@ -2,7 +2,8 @@
 //! cluster): the client that was reading gets an error, the connection is not used
 //! again, and other clients on the same pool go on (transaction mode with one connection
 //! per node, so a reused dead connection would fail the next statement). A replica
-//! stopped under select-only load (private cluster): no transaction fails.
+//! stopped under select-only load (private cluster): no transaction fails. The config
+//! file replaced by garbage and then by a new TTL under load: no transaction fails.
 
 use std::time::Duration;
 
@@ -151,5 +152,50 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
     assert!(
         metric_value("pgfresh_read_retries_total") > 0.0,
         "some reads were sent elsewhere"
+    );
+}
+
+/// Under pgbench load, the config file is replaced by garbage (refused, counted; the
+/// running config holds), then by a valid file with another TTL (applied): no
+/// transaction fails and no client is disconnected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_replaced_by_garbage_then_by_a_new_ttl_under_load() {
+    let p = start_proxy(&config_text(""));
+    p.pgbench("app", &["-i", "-s", "1", "-q"]);
+    let env = p.libpq_env();
+    let bench = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(pg_bin("pgbench"))
+            // A duration, not a count: both edits below must land while it runs.
+            .args(["-n", "-c", "4", "-j", "4", "-T", "6"])
+            .envs(env)
+            .output()
+            .expect("run pgbench")
+    });
+    let ttl = p.shared.recency.ttl_ms();
+    replace_with_garbage(
+        &p.config_path,
+        "[routing\nrecent_access_ttl_ms = ",
+        "pgfresh_config_reloads_total{result=\"error\"}",
+    )
+    .await;
+    assert_eq!(p.shared.recency.ttl_ms(), ttl, "the running config holds");
+    pgfresh_tests::admin::write_config(
+        &p.config_path,
+        &config_text(&format!("recent_access_ttl_ms = {}", ttl + 1500)),
+    );
+    poll("the new TTL to apply", Duration::from_secs(30), || async {
+        (p.shared.recency.ttl_ms() == ttl + 1500).then_some(())
+    })
+    .await;
+    let edited_mid_run = !bench.is_finished();
+    let out = bench.await.unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("aborted"), "{text}");
+    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    assert!(
+        edited_mid_run,
+        "both edits landed while pgbench ran:\n{text}"
     );
 }
