@@ -25,6 +25,34 @@ fn kill_backend(i: usize, name: &str) -> bool {
         .is_ok_and(|n| n == "1")
 }
 
+/// pgbench through `p` in the background (`args` come after `-n`), for a fault to land in.
+fn pgbench_in_background(
+    p: &ProxyHandle,
+    args: &[&str],
+) -> tokio::task::JoinHandle<std::process::Output> {
+    let env = p.libpq_env();
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(pg_bin("pgbench"))
+            .arg("-n")
+            .args(args)
+            .envs(env)
+            .output()
+            .expect("run pgbench")
+    })
+}
+
+/// pgbench's output, after checking that it ended with no failed transaction and no
+/// aborted client.
+fn pgbench_clean(out: &std::process::Output) -> String {
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains("aborted"), "{text}");
+    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    text
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_killed_mid_result_fails_that_query_only() {
     let p = start_proxy(&format!(
@@ -111,15 +139,8 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
     }
     p.wait_cold(&["pgbench_accounts", "pgbench_branches", "pgbench_tellers"])
         .await;
-    let env = p.libpq_env();
-    let bench = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(pg_bin("pgbench"))
-            // A duration, not a count: the stop below must land while it runs.
-            .args(["-n", "-S", "-c", "4", "-j", "4", "-T", "6"])
-            .envs(env)
-            .output()
-            .expect("run pgbench")
-    });
+    // A duration, not a count: the stop below must land while it runs.
+    let bench = pgbench_in_background(&p, &["-S", "-c", "4", "-j", "4", "-T", "6"]);
     // Once the replica serves pgbench's reads, stop it.
     poll(
         "pgbench reads on replica 1",
@@ -139,12 +160,8 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
     c.stop_node(1).unwrap();
     let stopped_mid_run = !bench.is_finished();
     let out = bench.await.unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     c.start_node(1).unwrap();
-    assert!(out.status.success(), "{text}");
-    assert!(!text.contains("aborted"), "{text}");
-    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    let text = pgbench_clean(&out);
     assert!(
         stopped_mid_run,
         "the replica stopped while pgbench ran:\n{text}"
@@ -162,15 +179,8 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
 async fn the_config_replaced_by_garbage_then_by_a_new_ttl_under_load() {
     let p = start_proxy(&config_text(""));
     p.pgbench("app", &["-i", "-s", "1", "-q"]);
-    let env = p.libpq_env();
-    let bench = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(pg_bin("pgbench"))
-            // A duration, not a count: both edits below must land while it runs.
-            .args(["-n", "-c", "4", "-j", "4", "-T", "6"])
-            .envs(env)
-            .output()
-            .expect("run pgbench")
-    });
+    // A duration, not a count: both edits below must land while it runs.
+    let bench = pgbench_in_background(&p, &["-c", "4", "-j", "4", "-T", "6"]);
     let ttl = p.shared.recency.ttl_ms();
     replace_with_garbage(
         &p.config_path,
@@ -189,11 +199,7 @@ async fn the_config_replaced_by_garbage_then_by_a_new_ttl_under_load() {
     .await;
     let edited_mid_run = !bench.is_finished();
     let out = bench.await.unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(!text.contains("aborted"), "{text}");
-    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    let text = pgbench_clean(&out);
     assert!(
         edited_mid_run,
         "both edits landed while pgbench ran:\n{text}"
