@@ -3,7 +3,9 @@
 //! again, and other clients on the same pool go on (transaction mode with one connection
 //! per node, so a reused dead connection would fail the next statement). A replica
 //! stopped under select-only load (private cluster): no transaction fails. The config
-//! file replaced by garbage and then by a new TTL under load: no transaction fails.
+//! file replaced by garbage and then by a new TTL under load: no transaction fails. 200
+//! clients vanishing mid-startup, mid-message, mid-transaction and mid-result under load:
+//! no transaction fails, every session is cleaned up, the pool is whole.
 
 use std::time::Duration;
 
@@ -204,4 +206,79 @@ async fn the_config_replaced_by_garbage_then_by_a_new_ttl_under_load() {
         edited_mid_run,
         "both edits landed while pgbench ran:\n{text}"
     );
+}
+
+/// Under pgbench load on a transaction-mode pgfresh (10 server connections per node),
+/// 200 clients misbehave: they vanish mid-startup, mid-message after login, inside an
+/// open transaction, and right after sending a query with a large result. pgbench loses
+/// nothing, every vanished session is cleaned up, and the pool is whole afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_vanishing_under_load_disturb_nobody() {
+    use tokio::io::AsyncWriteExt;
+    let p = start_proxy(&format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 10\n",
+        config_text("")
+    ));
+    p.pgbench("app", &["-i", "-s", "1", "-q"]);
+    let baseline = p.shared.client_count();
+    // A duration, not a count: the misbehaving clients below must come while it runs.
+    let bench = pgbench_in_background(&p, &["-c", "4", "-j", "4", "-T", "6"]);
+    let logged_in = || async {
+        let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(&raw::startup("app_trust", "app"))
+            .await
+            .unwrap();
+        raw::read_until(&mut s, b'Z').await;
+        s
+    };
+    let query = |sql: &str| raw::msg(b'Q', &raw::cstr(sql));
+    for round in 0..50 {
+        // Mid-startup.
+        let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(&raw::startup("app_trust", "app")[..10])
+            .await
+            .unwrap();
+        drop(s);
+        // Mid-message after login.
+        let mut s = logged_in().await;
+        s.write_all(&query("SELECT 1")[..7]).await.unwrap();
+        drop(s);
+        // Inside an open transaction that holds a server connection.
+        let mut s = logged_in().await;
+        s.write_all(&query(&format!("BEGIN; SELECT {round}")))
+            .await
+            .unwrap();
+        raw::read_until(&mut s, b'Z').await;
+        drop(s);
+        // Right after a query with a large result, unread.
+        let mut s = logged_in().await;
+        s.write_all(&query(
+            "SELECT g, repeat('x', 200) FROM generate_series(1, 20000) g",
+        ))
+        .await
+        .unwrap();
+        drop(s);
+    }
+    let during = !bench.is_finished();
+    let out = bench.await.unwrap();
+    let text = pgbench_clean(&out);
+    assert!(during, "the clients vanished while pgbench ran:\n{text}");
+    poll(
+        "every vanished session to be cleaned up",
+        Duration::from_secs(60),
+        || async { (p.shared.client_count() == baseline).then_some(()) },
+    )
+    .await;
+    // The pool is whole: more clients than it has connections run at once.
+    let clients: Vec<_> = futures_util::future::join_all((0..20).map(|_| p.connect())).await;
+    let answers = futures_util::future::join_all(clients.iter().map(|c| {
+        c.query_one(
+            "/* pgfresh:primary */ SELECT count(*) FROM pgbench_branches",
+            &[],
+        )
+    }))
+    .await;
+    for a in answers {
+        assert_eq!(a.expect("a statement after the storm").get::<_, i64>(0), 1);
+    }
 }
