@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pgfresh_config::PoolMode;
 use pgfresh_sql::Analysis;
-use pgfresh_wire::{parse_frontend, FrontendMessage, TxStatus};
+use pgfresh_wire::{parse_frontend, FrontendMessage};
 
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
@@ -262,7 +262,7 @@ impl Session {
     /// Route and send ready units in order, stopping at one that must wait for the
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
-        while let Some(mut unit) = self.ready.pop_front() {
+        while let Some(unit) = self.ready.pop_front() {
             if unit.passthrough {
                 let Some(node) = self.active else { continue };
                 if unit
@@ -332,16 +332,10 @@ impl Session {
                 // A replica that refuses a new connection (shutting down, gone) costs an
                 // autocommit read nothing: it goes to another node, within the retry
                 // budget, as a read whose replica failed before answering does.
-                let replica_read = matches!(decision.target, Target::Replica { .. })
-                    && unit.synced
-                    && self.tx == TxStatus::Idle
-                    && Some(node) != self.shared.balancer.primary();
-                if replica_read && unit.retries < self.config.routing.read_retry_budget {
-                    unit.retries += 1;
-                    unit.avoid = Some(node);
-                    metrics::counter!("pgfresh_read_retries_total").increment(1);
-                    tracing::info!(node, reason = %e, "replica refused a connection: read sent to another node");
-                    self.ready.push_front(unit);
+                if self.retryable_read(&decision.target, &unit, node)
+                    && unit.retries < self.config.routing.read_retry_budget
+                {
+                    self.retry_read(unit, node, &e.to_string());
                     continue;
                 }
                 self.fail_unit(&unit, &e);

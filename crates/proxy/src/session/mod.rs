@@ -542,19 +542,11 @@ impl Session {
             // then holds the role it needs, with the session's state replayed.
             return Ok(());
         }
-        if let Some(mut unit) = retry.filter(|u| u.retries < budget) {
-            unit.retries += 1;
-            unit.avoid = Some(node);
+        if let Some(unit) = retry.filter(|u| u.retries < budget) {
             self.inflight.clear();
             self.open_unit_node = None;
             self.replica_guard = None;
-            metrics::counter!("pgfresh_read_retries_total").increment(1);
-            tracing::info!(
-                node,
-                reason,
-                "replica failed before answering: read sent to another node"
-            );
-            self.ready.push_front(*unit);
+            self.retry_read(*unit, node, reason);
             return Ok(());
         }
         if self.lost_commit(node, &err) {
@@ -581,6 +573,34 @@ impl Session {
         }
         self.tx = TxStatus::Idle;
         Ok(())
+    }
+
+    /// An autocommit read bound for a replica: if the replica fails before answering
+    /// (or refuses the connection), the read may go to another node.
+    fn retryable_read(
+        &self,
+        target: &crate::router::Target,
+        unit: &ClientUnit,
+        node: usize,
+    ) -> bool {
+        matches!(target, crate::router::Target::Replica { .. })
+            && unit.synced
+            && self.tx == TxStatus::Idle
+            && Some(node) != self.shared.balancer.primary()
+    }
+
+    /// Send `unit`, a read `node` failed, to another node next (the caller checked the
+    /// retry budget).
+    fn retry_read(&mut self, mut unit: ClientUnit, node: usize, reason: &str) {
+        unit.retries += 1;
+        unit.avoid = Some(node);
+        metrics::counter!("pgfresh_read_retries_total").increment(1);
+        tracing::info!(
+            node,
+            reason,
+            "replica failed before answering: read sent to another node"
+        );
+        self.ready.push_front(unit);
     }
 
     /// Nothing of the client's is running or waiting: no transaction, no unit sent or

@@ -14,7 +14,7 @@ use super::state::{text_hash, PinReason};
 use super::unit::{ClientUnit, InFlight};
 use super::Session;
 use crate::error::ProxyError;
-use crate::router::{Decision, Reason, Target};
+use crate::router::{Decision, Reason};
 
 /// An Analysis for a single statement (the inner statement of SQL PREPARE).
 fn analysis_of(stmt: &Statement) -> Analysis {
@@ -96,15 +96,7 @@ impl Session {
         let continuing = decision.is_none();
         // An autocommit read bound for a replica may be sent again elsewhere if the
         // replica fails before answering.
-        let retryable = matches!(
-            decision,
-            Some(Decision {
-                target: Target::Replica { .. },
-                ..
-            })
-        ) && unit.synced
-            && self.tx == TxStatus::Idle
-            && Some(node) != self.shared.balancer.primary();
+        let retryable = decision.is_some_and(|d| self.retryable_read(&d.target, &unit, node));
         let synced = unit.synced;
         if !continuing {
             let stale = self.backends[node].as_ref().is_none_or(|l| {
