@@ -289,3 +289,102 @@ async fn clients_vanishing_under_load_disturb_nobody() {
         assert_eq!(a.expect("a statement after the storm").get::<_, i64>(0), 1);
     }
 }
+
+/// Thaws a frozen node when dropped, so that a failing test never leaves a cluster
+/// whose shutdown would wait on stopped processes.
+struct Frozen<'a>(&'a pgfresh_localcluster::LocalCluster, usize);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.thaw_node(self.1);
+    }
+}
+
+/// Reads on `p` from one client, one after another, until `stop` is set; returns the
+/// longest a read took.
+async fn longest_read(p: &ProxyHandle, stop: &std::sync::atomic::AtomicBool) -> Duration {
+    let c = p.connect().await;
+    let mut longest = Duration::ZERO;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let started = std::time::Instant::now();
+        c.query_one("SELECT abalance FROM pgbench_accounts WHERE aid = 1", &[])
+            .await
+            .expect("a read while a replica is frozen");
+        longest = longest.max(started.elapsed());
+    }
+    longest
+}
+
+/// pgbench select-only through pgfresh while a replica is frozen (SIGSTOP of all its
+/// processes: its sockets stay open and nothing answers). Reads already sent to it are
+/// given up on once the monitor marks it down and go to another node; new reads avoid
+/// it; pgbench finishes, with the replica still frozen, with no failed transaction. Once
+/// thawed, the replica serves reads again. Before pgfresh gave up on frozen nodes, every
+/// client whose read had gone to the replica waited for as long as it stayed frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_is_left_and_taken_back_when_it_thaws() {
+    let c = private_cluster();
+    let p = start_proxy(&config_text_for(&c, ""));
+    p.pgbench("app", &["-i", "-s", "1", "-q"]);
+    for i in 1..3 {
+        c.wait_caught_up(i, Duration::from_secs(60)).unwrap();
+    }
+    p.wait_cold(&["pgbench_accounts", "pgbench_branches", "pgbench_tellers"])
+        .await;
+    let bench = pgbench_in_background(&p, &["-S", "-c", "4", "-j", "4", "-T", "8"]);
+    poll(
+        "pgbench reads on replica 1",
+        Duration::from_secs(60),
+        || async {
+            let n = c
+                .psql(
+                    1,
+                    "postgres",
+                    "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND state = 'active'",
+                )
+                .unwrap_or_default();
+            (n.parse::<u32>().unwrap_or(0) > 0).then_some(())
+        },
+    )
+    .await;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let probe = longest_read(&p, &stop);
+    let fault = async {
+        c.freeze_node(1).unwrap();
+        let frozen = Frozen(&c, 1);
+        let frozen_mid_run = !bench.is_finished();
+        poll(
+            "the monitor to mark replica 1 down",
+            Duration::from_secs(60),
+            || async { (!p.shared.balancer.view().nodes[1].healthy).then_some(()) },
+        )
+        .await;
+        // The replica stays frozen until pgbench is done: a read stuck on it would
+        // keep pgbench from ending.
+        let out = tokio::time::timeout(Duration::from_secs(120), bench)
+            .await
+            .expect("pgbench ends while the replica is still frozen")
+            .unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (out, frozen_mid_run, frozen)
+    };
+    let (longest, (out, frozen_mid_run, frozen)) = tokio::join!(probe, fault);
+    let text = pgbench_clean(&out);
+    assert!(
+        frozen_mid_run,
+        "the replica froze while pgbench ran:\n{text}"
+    );
+    eprintln!("frozen replica: the longest read of one client took {longest:?}");
+    drop(frozen);
+    // Thawed, it is polled again, rejoins the read pool and serves reads.
+    let reader = p.connect().await;
+    poll(
+        "replica 1 to serve reads again",
+        Duration::from_secs(60),
+        || async {
+            let (port, _) = pgfresh_tests::admin::served_by(&reader, "pgbench_branches").await;
+            (port == c.port(1)).then_some(())
+        },
+    )
+    .await;
+}

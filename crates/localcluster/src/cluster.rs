@@ -270,6 +270,61 @@ impl LocalCluster {
             .map(drop)
     }
 
+    /// Stops node `i` the way a crash would (`pg_ctl stop -m immediate`): no shutdown
+    /// checkpoint, and WAL the standbys had not received yet never reaches them.
+    pub fn kill_node(&self, i: usize) -> Result<(), ClusterError> {
+        let dir = self.node(i)?.data_dir.to_string_lossy().into_owned();
+        let timeout = SERVER_TIMEOUT.as_secs().to_string();
+        self.tools
+            .run(
+                "pg_ctl",
+                &self.dir,
+                &[
+                    "stop",
+                    "-s",
+                    "-w",
+                    "-m",
+                    "immediate",
+                    "-t",
+                    &timeout,
+                    "-D",
+                    &dir,
+                ],
+            )
+            .map(drop)
+    }
+
+    /// Freezes node `i`: SIGSTOP to its postmaster and every process it started. Its
+    /// sockets stay open and accept bytes, but nothing answers: a hung host, as far as
+    /// a client can tell. [`LocalCluster::thaw_node`] undoes it.
+    pub fn freeze_node(&self, i: usize) -> Result<(), ClusterError> {
+        // The postmaster first, so that it starts no process after the list is taken.
+        let postmaster = self.postmaster_pid(i)?;
+        signal(&[postmaster], "STOP")?;
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        signal(&pids, "STOP")
+    }
+
+    /// Lets a node frozen by [`LocalCluster::freeze_node`] run again.
+    pub fn thaw_node(&self, i: usize) -> Result<(), ClusterError> {
+        let postmaster = self.postmaster_pid(i)?;
+        let mut pids = children_of(postmaster);
+        pids.push(postmaster);
+        signal(&pids, "CONT")
+    }
+
+    /// The postmaster's process id, from `postmaster.pid`.
+    fn postmaster_pid(&self, i: usize) -> Result<u32, ClusterError> {
+        let path = self.node(i)?.data_dir.join("postmaster.pid");
+        let text = fs::read_to_string(&path)
+            .map_err(|e| ClusterError::io(format!("reading {}", path.display()), e))?;
+        text.lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| ClusterError::Setup(format!("no process id in {}", path.display())))
+    }
+
     /// Starts node `i` again on its port and waits until it accepts connections.
     pub fn start_node(&self, i: usize) -> Result<(), ClusterError> {
         let node = self.node(i)?;
@@ -743,4 +798,31 @@ mod tests {
         let b = free_port().unwrap();
         assert_ne!(a, b);
     }
+}
+
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after the `)`.
+            fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Sends `SIG<name>` to `pids` with `kill(1)`.
+fn signal(pids: &[u32], name: &str) -> Result<(), ClusterError> {
+    let mut cmd = std::process::Command::new("kill");
+    cmd.arg(format!("-{name}"));
+    cmd.args(pids.iter().map(u32::to_string));
+    process::output(&mut cmd, &format!("kill -{name} {pids:?}")).map(drop)
 }

@@ -16,6 +16,7 @@ pub mod settings;
 pub mod state;
 pub mod tokens;
 pub mod unit;
+mod watchdog;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -407,6 +408,12 @@ impl Session {
             let _ = shutdown.wait_for(|s| *s).await;
         };
         tokio::pin!(stop);
+        // Armed while something is in flight, to give up on a node that stopped
+        // answering (see `watchdog`); reset only when it fires or is re-armed, not per
+        // turn.
+        let watchdog = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(watchdog);
+        let mut watching = false;
         loop {
             self.start_turn();
             if self.lost.has_pending() {
@@ -437,6 +444,13 @@ impl Session {
             // client is not read further (its replies are still relayed).
             let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
             let idle_limit = self.idle_transaction_limit();
+            if !watching && !self.inflight.is_empty() {
+                let interval = self.watch_interval();
+                watchdog
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + interval);
+                watching = true;
+            }
             // Polled in this order (no random start: that costs a random number per
             // turn): replies first, then what the client sends, then the timers.
             tokio::select! {
@@ -470,6 +484,10 @@ impl Session {
                         Ok(_) => {}
                         Err(e) => return Err(ProxyError::ClientIo(e)),
                     }
+                }
+                () = &mut watchdog, if watching => {
+                    watching = false;
+                    self.check_active_node()?;
                 }
                 _ = tokio::time::sleep(idle_limit.unwrap_or_default()), if idle_limit.is_some() => {
                     let ms = idle_limit.unwrap_or_default().as_millis() as u64;
@@ -697,11 +715,20 @@ impl Session {
         let target = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
-        let leased = self
-            .shared
-            .pools
-            .acquire(&target, &[], &Shared::pool_settings(&config))
-            .await;
+        // A node that stops answering mid-login is given up on like one that stops
+        // mid-statement. Polled second, so an idle pooled connection costs no timer.
+        let interval = self.watch_interval();
+        let settings = Shared::pool_settings(&config);
+        let leased = tokio::select! {
+            biased;
+            r = self.shared.pools.acquire(&target, &[], &settings) => r,
+            reason = watchdog::until_given_up(&self.shared, node, generation, interval) => {
+                Err(ProxyError::ServerConnect {
+                    node: target.node_name.to_string(),
+                    reason,
+                })
+            }
+        };
         let leased = match leased {
             Ok(l) => l,
             Err(e) => {
