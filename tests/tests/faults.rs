@@ -321,8 +321,9 @@ async fn longest_read(p: &ProxyHandle, stop: &std::sync::atomic::AtomicBool) -> 
 /// it; pgbench finishes, with the replica still frozen, with no failed transaction. Once
 /// thawed, the replica serves reads again. Before pgfresh gave up on frozen nodes, every
 /// client whose read had gone to the replica waited for as long as it stayed frozen.
+/// Then replay is paused on the other replica under a read-mostly mix with writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_replica_is_left_and_taken_back_when_it_thaws() {
+async fn a_stalled_replica_is_left_and_taken_back() {
     let c = private_cluster();
     let p = start_proxy(&config_text_for(&c, ""));
     p.pgbench("app", &["-i", "-s", "1", "-q"]);
@@ -385,6 +386,46 @@ async fn a_frozen_replica_is_left_and_taken_back_when_it_thaws() {
             let (port, _) = pgfresh_tests::admin::served_by(&reader, "pgbench_branches").await;
             (port == c.port(1)).then_some(())
         },
+    )
+    .await;
+
+    // Replay paused on the other replica under a read-mostly mix with writes: it leaves
+    // the read pool at once (a paused replica falls behind with every write), nothing
+    // fails, and it comes back when replay resumes.
+    let bench = pgbench_in_background(
+        &p,
+        &[
+            "-b",
+            "select-only@9",
+            "-b",
+            "simple-update@1",
+            "-c",
+            "4",
+            "-j",
+            "4",
+            "-T",
+            "4",
+        ],
+    );
+    c.pause_replay(2).unwrap();
+    let paused_mid_run = !bench.is_finished();
+    poll(
+        "replica 2 out of the read pool",
+        Duration::from_secs(60),
+        || async {
+            let v = p.shared.balancer.view();
+            (v.nodes[2].ineligible_reason.map(|r| r.as_str()) == Some("paused")).then_some(())
+        },
+    )
+    .await;
+    let out = bench.await.unwrap();
+    c.resume_replay(2).unwrap();
+    let text = pgbench_clean(&out);
+    assert!(paused_mid_run, "replay paused while pgbench ran:\n{text}");
+    poll(
+        "replica 2 back in the read pool",
+        Duration::from_secs(60),
+        || async { p.shared.balancer.view().nodes[2].eligible.then_some(()) },
     )
     .await;
 }
