@@ -758,6 +758,33 @@ fn quote_ident(v: &str) -> String {
     format!("\"{}\"", v.replace('"', "\"\""))
 }
 
+/// The processes whose parent is `pid` (from `/proc`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after the `)`.
+            fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
+/// Sends `SIG<name>` to `pids` with `kill(1)`.
+fn signal(pids: &[u32], name: &str) -> Result<(), ClusterError> {
+    let mut cmd = std::process::Command::new("kill");
+    cmd.arg(format!("-{name}"));
+    cmd.args(pids.iter().map(u32::to_string));
+    process::output(&mut cmd, &format!("kill -{name} {pids:?}")).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -798,31 +825,4 @@ mod tests {
         let b = free_port().unwrap();
         assert_ne!(a, b);
     }
-}
-
-/// The processes whose parent is `pid` (from `/proc`).
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| {
-            // `pid (comm) state ppid ...`; comm may hold spaces, so split after the `)`.
-            fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    == Some(pid)
-            })
-        })
-        .collect()
-}
-
-/// Sends `SIG<name>` to `pids` with `kill(1)`.
-fn signal(pids: &[u32], name: &str) -> Result<(), ClusterError> {
-    let mut cmd = std::process::Command::new("kill");
-    cmd.arg(format!("-{name}"));
-    cmd.args(pids.iter().map(u32::to_string));
-    process::output(&mut cmd, &format!("kill -{name} {pids:?}")).map(drop)
 }

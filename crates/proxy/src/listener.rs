@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
+use tracing::Instrument;
 
 use pgfresh_config::ClientTlsMode;
 
@@ -29,10 +30,15 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
                 Ok((sock, peer)) => {
                     let _ = sock.set_nodelay(true);
                     let shared = shared.clone();
-                    tokio::spawn(async move {
-                        handle_client(sock, shared).await;
-                        tracing::trace!(%peer, "client done");
-                    });
+                    // At debug level every log line of a session names its client.
+                    let span = tracing::debug_span!("client", %peer);
+                    tokio::spawn(
+                        async move {
+                            handle_client(sock, shared).await;
+                            tracing::trace!("client done");
+                        }
+                        .instrument(span),
+                    );
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly rather than spin.

@@ -262,7 +262,7 @@ impl Session {
     /// Route and send ready units in order, stopping at one that must wait for the
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
-        while let Some(unit) = self.ready.pop_front() {
+        while let Some(mut unit) = self.ready.pop_front() {
             if unit.passthrough {
                 let Some(node) = self.active else { continue };
                 if unit
@@ -317,17 +317,25 @@ impl Session {
                     self.ready.push_front(unit);
                     return Ok(());
                 }
+                Err(e) if self.wait_out_failover(&mut unit, &e).await => {
+                    self.ready.push_front(unit);
+                    continue;
+                }
                 Err(e) => {
                     // Nothing was sent: answer this unit with the error and go on.
                     self.fail_unit(&unit, &e);
                     continue;
                 }
             };
-            if Some(node) != self.active && !self.inflight.is_empty() {
-                // Pipelined units ahead are still running on another node.
+            if !self.inflight.is_empty() && (Some(node) != self.active || self.backend_stale(node))
+            {
+                // Pipelined units ahead are still running on another node, or on a
+                // connection made before its node changed role, which this unit will
+                // not use: their replies come first.
                 self.ready.push_front(unit);
                 return Ok(());
             }
+            let to_primary = Some(node) == self.shared.balancer.primary();
             if let Err(e) = self.attach(node).await {
                 // A replica that refuses a new connection (shutting down, gone) costs an
                 // autocommit read nothing: it goes to another node, within the retry
@@ -336,6 +344,10 @@ impl Session {
                     && unit.retries < self.config.routing.read_retry_budget
                 {
                     self.retry_read(unit, node, &e.to_string());
+                    continue;
+                }
+                if to_primary && self.wait_out_failover(&mut unit, &e).await {
+                    self.ready.push_front(unit);
                     continue;
                 }
                 self.fail_unit(&unit, &e);

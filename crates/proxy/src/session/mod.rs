@@ -315,22 +315,46 @@ impl Session {
                 Ok(()) => return Ok(primary),
                 Err(e) => e,
             };
-            let transient = match &err {
-                ProxyError::ServerConnect { .. } => true,
-                ProxyError::ServerLogin { code, .. } => code.starts_with("57P"),
-                _ => false,
-            };
-            if !transient || std::time::Instant::now() >= deadline {
+            if !in_failover(&err) || std::time::Instant::now() >= deadline {
                 return Err(err);
             }
             tracing::info!(error = %err, "the primary does not take connections; the login waits for the cluster to settle");
-            // A role change, or a moment, before trying the primary the monitor names then.
-            let pause = deadline
-                .saturating_duration_since(std::time::Instant::now())
-                .min(Duration::from_millis(200));
-            let _ = tokio::time::timeout(pause, events.recv()).await;
-            primary = self.primary_for_login(deadline).await?;
+            primary = self.settle(&mut events, deadline).await?;
         }
+    }
+
+    /// After the primary refused a connection: a role change, or a moment, then the
+    /// primary the monitor names (waiting for one until `deadline`).
+    async fn settle(
+        &self,
+        events: &mut tokio::sync::broadcast::Receiver<pgfresh_balancer::ClusterEvent>,
+        deadline: std::time::Instant,
+    ) -> Result<usize, ProxyError> {
+        let pause = deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .min(Duration::from_millis(200));
+        let _ = tokio::time::timeout(pause, events.recv()).await;
+        self.primary_for_login(deadline).await
+    }
+
+    /// A unit bound for the primary failed before anything was sent, with `err`: when
+    /// that is a failover under way (no primary known, or the primary refusing
+    /// connections) and the session has nothing else running, wait (up to
+    /// `query_wait_timeout_ms` in all for this unit) for the monitor to name a primary,
+    /// and say whether the unit should be routed again.
+    async fn wait_out_failover(&mut self, unit: &mut ClientUnit, err: &ProxyError) -> bool {
+        if !in_failover(err) || self.client_busy() || self.tx != TxStatus::Idle {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let wait = Duration::from_millis(self.config.pool.query_wait_timeout_ms);
+        let deadline = *unit.failover_deadline.get_or_insert(now + wait);
+        if now >= deadline {
+            return false;
+        }
+        tracing::info!(error = %err, "no primary takes connections; the statement waits for the cluster to settle");
+        let mut events = self.shared.balancer.subscribe();
+        self.settle(&mut events, deadline).await.is_ok()
     }
 
     /// ParameterStatus for each of `params`, BackendKeyData and ReadyForQuery.
@@ -557,7 +581,11 @@ impl Session {
         if self.inflight.iter().all(|u| u.injected) && !in_tx {
             // Idle (at most pgfresh's own probe was running; its marks simply stay
             // primary-only until they expire): nothing of the client's was lost. The next statement connects to whatever node
-            // then holds the role it needs, with the session's state replayed.
+            // then holds the role it needs, with the session's state replayed. The
+            // injected units go too: left in flight, they would hold every later unit
+            // back, waiting for replies from a connection that no longer exists.
+            self.inflight.clear();
+            self.replica_guard = None;
             return Ok(());
         }
         if let Some(unit) = retry.filter(|u| u.retries < budget) {
@@ -742,6 +770,15 @@ impl Session {
         Ok(())
     }
 
+    /// The session's connection to `node` was made before the node last changed role
+    /// (`attach` replaces it).
+    fn backend_stale(&self, node: usize) -> bool {
+        self.backends
+            .get(node)
+            .and_then(Option::as_ref)
+            .is_some_and(|l| l.conn.generation != self.shared.pools.generation(node))
+    }
+
     fn set_active(&mut self, node: usize) {
         self.active = Some(node);
         if let Some(l) = &self.backends[node] {
@@ -790,5 +827,15 @@ impl Session {
         if ready {
             self.out.push(build::ready_for_query(self.tx));
         }
+    }
+}
+
+/// An error that a failover under way explains: no primary known, or the primary
+/// refusing connections or shutting down.
+fn in_failover(err: &ProxyError) -> bool {
+    match err {
+        ProxyError::ServerConnect { .. } | ProxyError::NoPrimary(_) => true,
+        ProxyError::ServerLogin { code, .. } => code.starts_with("57P"),
+        _ => false,
     }
 }

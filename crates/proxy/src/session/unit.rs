@@ -38,6 +38,8 @@ pub struct ClientUnit {
     pub retries: u32,
     /// A node that failed while running this unit: not chosen again for it.
     pub avoid: Option<usize>,
+    /// Waiting for a failover to name a primary that takes connections: until when.
+    pub failover_deadline: Option<std::time::Instant>,
     /// Acknowledgements the client already received from an earlier attempt.
     pub skip_acks: u32,
     /// One event per statement the server will complete, in order (settings).
@@ -71,6 +73,7 @@ impl ClientUnit {
             force_primary: false,
             retries: 0,
             avoid: None,
+            failover_deadline: None,
             skip_acks: 0,
             events: Vec::new(),
             statement_refs: Vec::new(),
