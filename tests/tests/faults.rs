@@ -429,3 +429,83 @@ async fn a_stalled_replica_is_left_and_taken_back() {
     )
     .await;
 }
+
+/// This process's resident memory, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A client asks for a 1 GiB result and never reads it. pgfresh relays only as fast as
+/// the client takes bytes, so the server ends up blocked writing (`ClientWrite`) while
+/// pgfresh's memory stays where it was; other sessions go on; when the client goes
+/// away, the query's server connection is closed (its state is unknown) and the server
+/// stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_a_huge_result_costs_no_memory() {
+    use tokio::io::AsyncWriteExt;
+    let p = proxy();
+    let before = rss();
+    let mut s = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(&raw::startup("app_trust", "app"))
+        .await
+        .unwrap();
+    raw::read_until(&mut s, b'Z').await;
+    let marker = unique("slow_reader");
+    s.write_all(&raw::msg(
+        b'Q',
+        &raw::cstr(&format!(
+            "/* pgfresh:primary */ SELECT '{marker}', repeat('x', 1024) FROM generate_series(1, 1048576)"
+        )),
+    ))
+    .await
+    .unwrap();
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' \
+         AND query NOT LIKE '%pg_stat_activity%' AND wait_event = 'ClientWrite'"
+    );
+    poll(
+        "the server blocked writing the result",
+        Duration::from_secs(120),
+        || async { (cluster().psql(0, "postgres", &waiting).ok()? == "1").then_some(()) },
+    )
+    .await;
+    let grown = rss().saturating_sub(before);
+    eprintln!(
+        "slow reader: the server is blocked writing; this process grew by {} KiB",
+        grown / 1024
+    );
+    assert!(
+        grown < 128 << 20,
+        "pgfresh buffered the result: {} MiB more",
+        grown >> 20
+    );
+    // Other sessions are not held up.
+    let other = p.connect().await;
+    let n: i64 = other
+        .query_one(
+            "/* pgfresh:primary */ SELECT count(*) FROM generate_series(1, 10)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 10);
+    // The client goes away: the server stops producing the result.
+    drop(s);
+    let running = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' \
+         AND query NOT LIKE '%pg_stat_activity%'"
+    );
+    poll(
+        "the server to stop the abandoned query",
+        Duration::from_secs(120),
+        || async { (cluster().psql(0, "postgres", &running).ok()? == "0").then_some(()) },
+    )
+    .await;
+}
