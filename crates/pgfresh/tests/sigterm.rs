@@ -212,7 +212,7 @@ async fn sigterm_under_load_finishes_transactions_and_exits_in_time() {
     for w in workers {
         w.await.unwrap();
     }
-    let o = outcome.lock().unwrap();
+    let o = std::mem::take(&mut *outcome.lock().unwrap());
     assert!(
         o.failed_inside.is_empty(),
         "statements failed inside transactions: {:?}",
