@@ -259,39 +259,21 @@ impl LocalCluster {
 
     /// Stops node `i` (`pg_ctl stop -m fast`, which hands all WAL to connected standbys).
     pub fn stop_node(&self, i: usize) -> Result<(), ClusterError> {
-        let dir = self.node(i)?.data_dir.to_string_lossy().into_owned();
-        let timeout = SERVER_TIMEOUT.as_secs().to_string();
-        self.tools
-            .run(
-                "pg_ctl",
-                &self.dir,
-                &["stop", "-s", "-w", "-m", "fast", "-t", &timeout, "-D", &dir],
-            )
-            .map(drop)
+        self.pg_ctl_stop(i, "fast")
     }
 
     /// Stops node `i` the way a crash would (`pg_ctl stop -m immediate`): no shutdown
     /// checkpoint, and WAL the standbys had not received yet never reaches them.
     pub fn kill_node(&self, i: usize) -> Result<(), ClusterError> {
+        self.pg_ctl_stop(i, "immediate")
+    }
+
+    /// `pg_ctl stop -m <mode>` of node `i`, waiting for it.
+    fn pg_ctl_stop(&self, i: usize, mode: &str) -> Result<(), ClusterError> {
         let dir = self.node(i)?.data_dir.to_string_lossy().into_owned();
         let timeout = SERVER_TIMEOUT.as_secs().to_string();
-        self.tools
-            .run(
-                "pg_ctl",
-                &self.dir,
-                &[
-                    "stop",
-                    "-s",
-                    "-w",
-                    "-m",
-                    "immediate",
-                    "-t",
-                    &timeout,
-                    "-D",
-                    &dir,
-                ],
-            )
-            .map(drop)
+        let args = ["stop", "-s", "-w", "-m", mode, "-t", &timeout, "-D", &dir];
+        self.tools.run("pg_ctl", &self.dir, &args).map(drop)
     }
 
     /// Freezes node `i`: SIGSTOP to its postmaster and every process it started. Its
