@@ -151,15 +151,27 @@ async fn select_only_load_on_replica_1(
     p.wait_cold(&["pgbench_accounts", "pgbench_branches", "pgbench_tellers"])
         .await;
     // A duration, not a count: the fault must land while it runs.
+    let bench = select_only_on_replica(&c, &p, 1, seconds).await;
+    (c, p, bench)
+}
+
+/// pgbench `-S` (4 clients, `seconds` long) through `p`, returned once replica `i` has
+/// some of its sessions.
+async fn select_only_on_replica(
+    c: &pgfresh_localcluster::LocalCluster,
+    p: &ProxyHandle,
+    i: usize,
+    seconds: u32,
+) -> tokio::task::JoinHandle<std::process::Output> {
     let seconds = seconds.to_string();
-    let bench = pgbench_in_background(&p, &["-S", "-c", "4", "-j", "4", "-T", &seconds]);
+    let bench = pgbench_in_background(p, &["-S", "-c", "4", "-j", "4", "-T", &seconds]);
     poll(
-        "pgbench reads on replica 1",
+        &format!("pgbench sessions on replica {i}"),
         Duration::from_secs(60),
         || async {
             let n = c
                 .psql(
-                    1,
+                    i,
                     "postgres",
                     "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'",
                 )
@@ -168,15 +180,17 @@ async fn select_only_load_on_replica_1(
         },
     )
     .await;
-    (c, p, bench)
+    bench
 }
 
 /// pgbench select-only through pgfresh while a replica is stopped (fast shutdown: its
-/// backends are terminated): reads that had received nothing go to another node, and
-/// the run ends with every transaction done and none failed.
+/// backends are terminated with 57P01), then, in a second run, while the other replica
+/// is killed (immediate shutdown: its connections simply close): reads that had received
+/// nothing go to another node, and each run ends with every transaction done and none
+/// failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
-    let (c, _p, bench) = select_only_load_on_replica_1(6).await;
+async fn a_replica_stopped_or_killed_under_select_only_load_fails_no_transaction() {
+    let (c, p, bench) = select_only_load_on_replica_1(6).await;
     c.stop_node(1).unwrap();
     let stopped_mid_run = !bench.is_finished();
     let out = bench.await.unwrap();
@@ -186,10 +200,20 @@ async fn a_replica_stopped_under_select_only_load_fails_no_transaction() {
         stopped_mid_run,
         "the replica stopped while pgbench ran:\n{text}"
     );
+    c.wait_caught_up(1, Duration::from_secs(60)).unwrap();
+    let bench = select_only_on_replica(&c, &p, 2, 6).await;
+    c.kill_node(2).unwrap();
+    let killed_mid_run = !bench.is_finished();
+    let out = bench.await.unwrap();
+    let text = pgbench_clean(&out);
+    assert!(
+        killed_mid_run,
+        "the replica died while pgbench ran:\n{text}"
+    );
     // Whether a read was in flight on the replica when it stopped is timing; either way
     // no transaction failed.
     eprintln!(
-        "replica stopped: {} reads sent elsewhere (all tests of this binary)",
+        "replicas stopped and killed: {} reads sent elsewhere (all tests of this binary)",
         metric_value("pgfresh_read_retries_total")
     );
 }
