@@ -335,7 +335,6 @@ impl Session {
                 self.ready.push_front(unit);
                 return Ok(());
             }
-            let to_primary = Some(node) == self.shared.balancer.primary();
             if let Err(e) = self.attach(node).await {
                 // A replica that refuses a new connection (shutting down, gone) costs an
                 // autocommit read nothing: it goes to another node, within the retry
@@ -346,6 +345,8 @@ impl Session {
                     self.retry_read(unit, node, &e.to_string());
                     continue;
                 }
+                let to_primary = !matches!(decision.target, Target::Replica { .. })
+                    || Some(node) == self.shared.balancer.primary();
                 if to_primary && self.wait_out_failover(&mut unit, &e).await {
                     self.ready.push_front(unit);
                     continue;

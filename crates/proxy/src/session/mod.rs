@@ -434,7 +434,8 @@ impl Session {
         tokio::pin!(stop);
         // Armed while something is in flight, to give up on a node that stopped
         // answering (see `watchdog`); reset only when it fires or is re-armed, not per
-        // turn.
+        // turn, and polled only while something is in flight (one that fired meanwhile
+        // is handled at the next such turn).
         let watchdog = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(watchdog);
         let mut watching = false;
@@ -509,7 +510,7 @@ impl Session {
                         Err(e) => return Err(ProxyError::ClientIo(e)),
                     }
                 }
-                () = &mut watchdog, if watching => {
+                () = &mut watchdog, if watching && !self.inflight.is_empty() => {
                     watching = false;
                     self.check_active_node()?;
                 }
