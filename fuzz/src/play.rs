@@ -1,0 +1,93 @@
+//! Plays a [`Script`] as one client session against a proxy.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pgfresh_wire::{build, CancelKey, Frame};
+
+use crate::client::{self, Client};
+use crate::harness::{MD5, TRUST};
+use crate::script::{Op, Script};
+
+/// How long a read waits for the next bytes while replies are owed. The fake nodes
+/// answer at once, so this is only spent where no answer comes (a batch without Sync,
+/// a Sync swallowed by COPY).
+const IDLE: Duration = Duration::from_millis(100);
+
+/// How long the last read waits for stray bytes once nothing more is owed.
+const LAST_IDLE: Duration = Duration::from_millis(2);
+
+pub async fn play(proxy: SocketAddr, script: &Script) {
+    let login = if script.flags.md5 { &MD5 } else { &TRUST };
+    let mut c = Client::connect(
+        proxy,
+        login,
+        script.flags.ssl_request,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the proxy refused the session's login: {e:?}"));
+    for op in &script.ops {
+        if c.closed {
+            break;
+        }
+        match op {
+            Op::Message { bytes, ready } => {
+                c.pending.extend_from_slice(bytes);
+                c.owed += usize::from(*ready);
+            }
+            Op::Send { chunk } => c.send(*chunk).await,
+            Op::Read => {
+                c.send(0).await;
+                c.settle(IDLE).await;
+            }
+            Op::Cancel { right_key } => {
+                c.send(0).await;
+                if let Some(key) = c.key {
+                    client::cancel(proxy, cancel_key(key, *right_key)).await;
+                }
+            }
+        }
+        trace(op, &c.take_received());
+    }
+    c.send(0).await;
+    c.settle(IDLE).await;
+    if c.unsettled {
+        // Read what may still be on its way, to check its framing too.
+        c.owed = usize::MAX;
+        c.settle(LAST_IDLE).await;
+    }
+    if script.flags.terminate && !c.closed {
+        c.pending = build::terminate().to_vec();
+        c.send(0).await;
+    }
+}
+
+/// With `PGFRESH_FUZZ_TRACE` set, prints each operation and what came back during it,
+/// to read what a crashing input does.
+fn trace(op: &Op, received: &[Frame]) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var_os("PGFRESH_FUZZ_TRACE").is_some()) {
+        return;
+    }
+    eprintln!("> {op:?}");
+    for f in received {
+        eprintln!(
+            "< {} {:?}",
+            f.tag as char,
+            String::from_utf8_lossy(f.body())
+        );
+    }
+}
+
+fn cancel_key(key: CancelKey, right: bool) -> CancelKey {
+    if right {
+        key
+    } else {
+        CancelKey {
+            pid: key.pid,
+            secret: key.secret ^ 1,
+        }
+    }
+}
