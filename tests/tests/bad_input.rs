@@ -58,7 +58,12 @@ fn startup_packet(user: &str, db: &str) -> Vec<u8> {
 
 /// A raw connection logged in as the trust user (no password exchange needed).
 async fn logged_in() -> TcpStream {
-    let mut s = TcpStream::connect(proxy().addr).await.unwrap();
+    logged_in_to(proxy()).await
+}
+
+/// A raw connection to `p` logged in as the trust user.
+async fn logged_in_to(p: &ProxyHandle) -> TcpStream {
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
     s.write_all(&startup_packet("app_trust", "app"))
         .await
         .unwrap();
@@ -231,4 +236,37 @@ async fn too_many_clients_get_53300() {
     assert_eq!(err.code().map(|c| c.code()), Some("53300"), "{err}");
     healthy_session_still_works(&a).await;
     healthy_session_still_works(&b).await;
+}
+
+/// A client that goes away while its session waits for a reply that never comes: after
+/// an error in an extended-protocol message the server ignores everything up to a Sync,
+/// Queries included, so no Query here is ever answered. The session must still end and
+/// give its server connections back (found by the `session` fuzz target: the session
+/// stopped reading a client that had a second Query waiting behind the first, or that
+/// had said Terminate, and so never saw it close).
+#[tokio::test]
+async fn a_client_gone_while_no_reply_will_come_leaves_nothing_behind() {
+    let p = start_proxy(&config_text(""));
+    for (queries, terminate) in [(2, false), (1, true)] {
+        let mut s = logged_in_to(&p).await;
+        let mut batch = raw::msg(b'P', b"\0SELECT $1\0\0\0");
+        batch.extend(raw::msg(b'B', b"\0no_such_statement\0\0\0\0\0\0\0"));
+        for _ in 0..queries {
+            batch.extend(raw::msg(b'Q', b"SELECT 1\0"));
+        }
+        s.write_all(&batch).await.unwrap();
+        let replies = raw::read_until(&mut s, b'E').await;
+        assert_eq!(raw::tags(&replies), b"1E", "{queries} queries");
+        if terminate {
+            s.write_all(&raw::msg(b'X', b"")).await.unwrap();
+        }
+        drop(s);
+        eventually(
+            &format!("the session ({queries} queries, terminate: {terminate}) ended and gave its server connections back"),
+            Duration::from_secs(10),
+            || p.shared.client_count() == 0 && p.shared.pools.counts().iter().all(|c| c.lent == 0),
+        )
+        .await;
+    }
+    healthy_session_still_works(&p.connect().await).await;
 }

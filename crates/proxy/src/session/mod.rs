@@ -434,8 +434,16 @@ impl Session {
             let server_reading = server.is_some();
             let pending = server.map_or(0, |s| s.conn.unsent());
             // Backpressure: while the server has not taken what was queued for it, the
-            // client is not read further (its replies are still relayed).
-            let read_client = self.ready.is_empty() && !self.terminating && pending < MAX_PENDING;
+            // client is not read further (its replies are still relayed). While units
+            // wait their turn, the client is still read up to a bound, and after
+            // Terminate only to notice it leave: a reply that never comes (after an error
+            // in an extended-protocol message the server ignores everything up to a Sync,
+            // Queries included) must not keep the session and its server connections
+            // once the client has closed.
+            let read_client = !self.terminating
+                && pending < MAX_PENDING
+                && (self.ready.is_empty() || self.cbuf.len() < MAX_PENDING);
+            let watch_client = self.terminating;
             let idle_limit = self.idle_transaction_limit();
             // Polled in this order (no random start: that costs a random number per
             // turn): replies first, then what the client sends, then the timers.
@@ -459,14 +467,15 @@ impl Session {
                         self.on_backend_lost(node, &e.to_string())?;
                     }
                 }
-                r = self.client.read_some(&mut self.cbuf), if read_client => {
+                r = self.client.read_some(&mut self.cbuf), if read_client || watch_client => {
                     match r {
                         Ok(0) => {
-                            if !self.cbuf.is_empty() {
+                            if !self.cbuf.is_empty() && !self.terminating {
                                 tracing::debug!("client closed the connection in the middle of a message");
                             }
                             return Ok(());
                         }
+                        Ok(_) if self.terminating => self.cbuf.clear(),
                         Ok(_) => {}
                         Err(e) => return Err(ProxyError::ClientIo(e)),
                     }
