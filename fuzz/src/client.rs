@@ -36,6 +36,8 @@ pub struct Client {
     /// Bytes were sent after the last time every owed ReadyForQuery had arrived: replies
     /// to them (to a Flush, say) may still be on their way.
     pub unsettled: bool,
+    /// Bytes were sent since the last read: worth waiting for their replies.
+    sent_since_read: bool,
     /// Messages received since the last [`Client::take_received`].
     received: Vec<Frame>,
 }
@@ -66,6 +68,7 @@ impl Client {
             key: None,
             closed: false,
             unsettled: false,
+            sent_since_read: false,
             received: Vec::new(),
         };
         timeout(deadline, c.login(login, ssl_request))
@@ -169,6 +172,7 @@ impl Client {
     pub async fn send(&mut self, chunk: usize) {
         let data = std::mem::take(&mut self.pending);
         self.unsettled |= !data.is_empty();
+        self.sent_since_read |= !data.is_empty();
         let size = if chunk == 0 { data.len().max(1) } else { chunk };
         for part in data.chunks(size) {
             let wrote = timeout(Duration::from_secs(2), self.stream.write_all(part)).await;
@@ -180,8 +184,15 @@ impl Client {
     }
 
     /// Reads replies until every owed ReadyForQuery arrived, the proxy waits for COPY
-    /// data, the connection closed, or nothing arrived for `idle`.
+    /// data, the connection closed, or nothing arrived for `idle`. When nothing was sent
+    /// since the last read, whatever was coming has had its wait: only what is already
+    /// there is read.
     pub async fn settle(&mut self, idle: Duration) {
+        let idle = if std::mem::take(&mut self.sent_since_read) {
+            idle
+        } else {
+            Duration::ZERO // a timeout polls its future once before it looks at the clock
+        };
         loop {
             while let Some(f) = self.decoded() {
                 match f.tag {

@@ -110,10 +110,18 @@ server_login_timeout_ms = 2000
 [monitor]
 user = "{MONITOR_USER}"
 sr_check_period_ms = 100
+# Generous: a node the monitor calls down would fail the checks for nothing when the
+# machine is busy.
+health_timeout_ms = 10000
+connect_timeout_ms = 10000
 
 [routing]
 cold_start_ms = 0
 learn_dependencies = false
+# A small parse cache: memory stays flat over millions of distinct texts, and
+# eviction runs.
+parse_cache_entries = 1000
+parse_cache_bytes = 1048576
 
 [[nodes]]
 name = "primary"

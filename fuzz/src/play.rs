@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgfresh_wire::{build, CancelKey, Frame};
 
@@ -11,9 +11,10 @@ use crate::harness::{MD5, TRUST};
 use crate::script::{Op, Script};
 
 /// How long a read waits for the next bytes while replies are owed. The fake nodes
-/// answer at once, so this is only spent where no answer comes (a batch without Sync,
-/// a Sync swallowed by COPY).
-const IDLE: Duration = Duration::from_millis(100);
+/// answer at once and the proxy relays in about a millisecond, so this is only spent
+/// where no answer comes (a batch without Sync, a Query the server ignores after an
+/// error in the batch before it, a Sync swallowed by COPY).
+const IDLE: Duration = Duration::from_millis(10);
 
 /// How long the last read waits for stray bytes once nothing more is owed.
 const LAST_IDLE: Duration = Duration::from_millis(2);
@@ -67,11 +68,13 @@ pub async fn play(proxy: SocketAddr, script: &Script) {
 /// With `PGFRESH_FUZZ_TRACE` set, prints each operation and what came back during it,
 /// to read what a crashing input does.
 fn trace(op: &Op, received: &[Frame]) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var_os("PGFRESH_FUZZ_TRACE").is_some()) {
+    static ON: OnceLock<Option<Instant>> = OnceLock::new();
+    let Some(start) =
+        ON.get_or_init(|| std::env::var_os("PGFRESH_FUZZ_TRACE").map(|_| Instant::now()))
+    else {
         return;
-    }
-    eprintln!("> {op:?}");
+    };
+    eprintln!("{:>6} ms > {op:?}", start.elapsed().as_millis());
     for f in received {
         eprintln!(
             "< {} {:?}",
