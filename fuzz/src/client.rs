@@ -35,7 +35,7 @@ pub struct Client {
     pub closed: bool,
     /// Bytes were sent after the last time every owed ReadyForQuery had arrived: replies
     /// to them (to a Flush, say) may still be on their way.
-    pub unsettled: bool,
+    unsettled: bool,
     /// Bytes were sent since the last read: worth waiting for their replies.
     sent_since_read: bool,
     /// Messages received since the last [`Client::take_received`].
@@ -183,10 +183,10 @@ impl Client {
         }
     }
 
-    /// Reads replies until every owed ReadyForQuery arrived, the proxy waits for COPY
-    /// data, the connection closed, or nothing arrived for `idle`. When nothing was sent
-    /// since the last read, whatever was coming has had its wait: only what is already
-    /// there is read.
+    /// Reads replies until every owed ReadyForQuery arrived (and nothing was sent after
+    /// the last one), the proxy waits for COPY data, the connection closed, or nothing
+    /// arrived for `idle`. When nothing was sent since the last read, whatever was coming
+    /// has had its wait: only what is already there is read.
     pub async fn settle(&mut self, idle: Duration) {
         let idle = if std::mem::take(&mut self.sent_since_read) {
             idle
@@ -201,12 +201,15 @@ impl Client {
                         self.unsettled &= self.owed > 0;
                     }
                     // COPY FROM STDIN: nothing more comes until the client sends data.
-                    b'G' | b'W' => self.owed = 0,
+                    b'G' | b'W' => {
+                        self.owed = 0;
+                        self.unsettled = false;
+                    }
                     _ => {}
                 }
                 self.received.push(f);
             }
-            if self.closed || self.owed == 0 {
+            if self.closed || (self.owed == 0 && !self.unsettled) {
                 return;
             }
             match timeout(idle, self.read_more()).await {

@@ -13,12 +13,12 @@ use crate::script::{Op, Script};
 /// How long a read waits for the next bytes while replies are owed. The fake nodes
 /// answer at once and the proxy relays in about a millisecond, so this is only spent
 /// where no answer comes (a batch without Sync, a Query the server ignores after an
-/// error in the batch before it, a Sync swallowed by COPY).
+/// error in the batch before it, a Sync swallowed by COPY) or where none is owed but
+/// some may come (after a Flush).
 const IDLE: Duration = Duration::from_millis(10);
 
-/// How long the last read waits for stray bytes once nothing more is owed.
-const LAST_IDLE: Duration = Duration::from_millis(2);
-
+/// Logs in as the script says, runs its operations, reads what is left, and closes
+/// (after Terminate when the script says so).
 pub async fn play(proxy: SocketAddr, script: &Script) {
     let login = if script.flags.md5 { &MD5 } else { &TRUST };
     let mut c = Client::connect(
@@ -52,13 +52,9 @@ pub async fn play(proxy: SocketAddr, script: &Script) {
         }
         trace(op, &c.take_received());
     }
+    // Read what is still on its way, to check its framing too.
     c.send(0).await;
     c.settle(IDLE).await;
-    if c.unsettled {
-        // Read what may still be on its way, to check its framing too.
-        c.owed = usize::MAX;
-        c.settle(LAST_IDLE).await;
-    }
     if script.flags.terminate && !c.closed {
         c.pending = build::terminate().to_vec();
         c.send(0).await;
