@@ -14,6 +14,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
+/// How long a read waits where nothing is owed but replies may come (after a Flush).
+const UNOWED_IDLE: Duration = Duration::from_millis(2);
+
 /// The client login: user name and, for md5, its password.
 pub struct Login {
     pub user: &'static str,
@@ -185,8 +188,9 @@ impl Client {
 
     /// Reads replies until every owed ReadyForQuery arrived (and nothing was sent after
     /// the last one), the proxy waits for COPY data, the connection closed, or nothing
-    /// arrived for `idle`. When nothing was sent since the last read, whatever was coming
-    /// has had its wait: only what is already there is read.
+    /// arrived for `idle` (for a shorter while where nothing is owed but replies may
+    /// come, after a Flush). When nothing was sent since the last read, whatever was
+    /// coming has had its wait: only what is already there is read.
     pub async fn settle(&mut self, idle: Duration) {
         let idle = if std::mem::take(&mut self.sent_since_read) {
             idle
@@ -212,7 +216,12 @@ impl Client {
             if self.closed || (self.owed == 0 && !self.unsettled) {
                 return;
             }
-            match timeout(idle, self.read_more()).await {
+            let wait = if self.owed > 0 {
+                idle
+            } else {
+                idle.min(UNOWED_IDLE)
+            };
+            match timeout(wait, self.read_more()).await {
                 Ok(true) => {}
                 Ok(false) | Err(_) => return,
             }

@@ -13,9 +13,9 @@ use crate::script::{Op, Script};
 /// How long a read waits for the next bytes while replies are owed. The fake nodes
 /// answer at once and the proxy relays in about a millisecond, so this is only spent
 /// where no answer comes (a batch without Sync, a Query the server ignores after an
-/// error in the batch before it, a Sync swallowed by COPY) or where none is owed but
-/// some may come (after a Flush).
-const IDLE: Duration = Duration::from_millis(10);
+/// error in the batch before it, a Sync swallowed by COPY). A wait cut short on a busy
+/// machine only leaves replies for a later read.
+const IDLE: Duration = Duration::from_millis(5);
 
 /// Logs in as the script says, runs its operations, reads what is left, and closes
 /// (after Terminate when the script says so).
