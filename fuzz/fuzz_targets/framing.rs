@@ -4,12 +4,12 @@
 
 #![no_main]
 
-use pgfresh_wire::bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use pgfresh_wire::auth::{parse_password_message, parse_sasl_initial_response};
+use pgfresh_wire::bytes::BytesMut;
 use pgfresh_wire::{
-    decode_backend, decode_frontend, decode_startup, parse_backend, parse_frontend,
-    BackendMessage, Decoded, ErrorResponse, Frame, FrontendMessage, Limits, StartupPacket,
+    decode_backend, decode_frontend, decode_startup, parse_backend, parse_frontend, BackendMessage,
+    Decoded, ErrorResponse, Frame, FrontendMessage, Limits, StartupPacket,
 };
 
 fn check_frame(f: &Frame) {
