@@ -164,7 +164,12 @@ async fn select_only_on_replica(
     seconds: u32,
 ) -> tokio::task::JoinHandle<std::process::Output> {
     let seconds = seconds.to_string();
-    let bench = pgbench_in_background(p, &["-S", "-c", "4", "-j", "4", "-T", &seconds]);
+    // At most 1 000 transactions a second, so that a long run leaves the other tests
+    // of this binary their share of the machine.
+    let bench = pgbench_in_background(
+        p,
+        &["-S", "-c", "4", "-j", "4", "-R", "1000", "-T", &seconds],
+    );
     poll(
         &format!("pgbench sessions on replica {i}"),
         Duration::from_secs(60),
@@ -351,7 +356,10 @@ impl Drop for Frozen<'_> {
 async fn longest_read(p: &ProxyHandle, stop: &std::sync::atomic::AtomicBool) -> Duration {
     let c = p.connect().await;
     let mut longest = Duration::ZERO;
+    // Paced (a read every 5 ms at most), to leave the machine to the load under test.
+    let mut pace = tokio::time::interval(Duration::from_millis(5));
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        pace.tick().await;
         let started = std::time::Instant::now();
         c.query_one("SELECT abalance FROM pgbench_accounts WHERE aid = 1", &[])
             .await
@@ -370,7 +378,8 @@ async fn longest_read(p: &ProxyHandle, stop: &std::sync::atomic::AtomicBool) -> 
 /// Then replay is paused on the other replica under a read-mostly mix with writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_replica_is_left_and_taken_back() {
-    let (c, p, bench) = select_only_load_on_replica_1(8).await;
+    // The replica stays frozen for the rest of the run: about 30 s.
+    let (c, p, bench) = select_only_load_on_replica_1(32).await;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let probe = longest_read(&p, &stop);
     let fault = async {
