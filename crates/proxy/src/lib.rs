@@ -373,18 +373,28 @@ impl Proxy {
         let how = stop.await;
         let _ = accept_stop_tx.send(());
         let _ = accept.await;
-        let _ = this.shutdown_tx.send(true);
         let timeout = match how {
             Stop::Fast => Duration::ZERO,
             Stop::Graceful => {
                 Duration::from_millis(this.shared.config.snapshot().proxy.shutdown_timeout_ms)
             }
         };
-        let deadline = tokio::time::Instant::now() + timeout;
-        // Sessions close themselves at their next idle point; wait for them.
-        while this.shared.client_count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let started = tokio::time::Instant::now();
+        // Graceful: for the first 90 % of the timeout the sessions go on serving their
+        // clients, which may finish and leave without seeing an error (a pool closing
+        // its connections, a load balancer sending new ones elsewhere)...
+        wait_for_clients(&this.shared, started + timeout - timeout / 10).await;
+        // ...then each closes itself at its next transaction boundary (57P01), and at
+        // the timeout whatever is left goes with the process.
+        let _ = this.shutdown_tx.send(true);
+        wait_for_clients(&this.shared, started + timeout).await;
         this.shared.balancer.shutdown();
+    }
+}
+
+/// Returns once no client session is left, or at `until`.
+async fn wait_for_clients(shared: &Shared, until: tokio::time::Instant) {
+    while shared.client_count() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
