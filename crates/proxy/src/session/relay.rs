@@ -241,6 +241,16 @@ impl Session {
                         return Action::Swallow;
                     }
                 }
+                if fatal && !injected && self.inflight.iter().any(|u| u.commit_sent && !u.committed)
+                {
+                    // The server is closing the connection while a COMMIT's outcome is
+                    // unknown (terminated during a synchronous-replication wait, when it
+                    // has committed locally; a shutdown): the client must be told 08007,
+                    // or the outcome `resolve_lost_commits` finds, when the connection
+                    // ends, not this FATAL, which most clients would report instead.
+                    tracing::info!(node, "server closed the connection with a COMMIT in flight");
+                    return Action::Swallow;
+                }
                 if !injected {
                     // Errors by SQLSTATE class, for the metrics.
                     let body = self.body(node, start, end);
