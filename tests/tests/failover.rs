@@ -444,30 +444,25 @@ async fn primary_killed_under_load_with_asynchronous_standbys() {
     primary_killed_under_load(false).await;
 }
 
-/// The primary terminates a session whose COMMIT is waiting for a synchronous standby
-/// that never confirms: the server sends a WARNING ("the transaction has already
-/// committed locally") and FATAL 57P01. The client is told 08007 (the outcome is
-/// unknown to it), not the FATAL, which it would otherwise take as the COMMIT's answer.
+/// The primary terminates a session while its COMMIT runs (a deferred constraint
+/// trigger sleeping at commit time): the server sends FATAL 57P01 and closes. The
+/// client is told 08007 (whether the transaction committed is unknown to pgfresh), not
+/// the FATAL, which a client would take as the COMMIT's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_cut_off_by_the_server_is_08007_not_its_fatal() {
     let cluster = private_cluster();
     let p = start_proxy(&config_text_for(&cluster, ""));
     let c = p.connect().await;
     let t = unique("cut");
-    c.batch_execute(&format!("CREATE TABLE {t}(id int)"))
-        .await
-        .unwrap();
-    // From now on every commit on the primary waits for a standby that does not exist.
-    cluster
-        .psql(
-            0,
-            "postgres",
-            "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
-        )
-        .unwrap();
-    cluster
-        .psql(0, "postgres", "SELECT pg_reload_conf()")
-        .unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); \
+         CREATE FUNCTION {t}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+           'BEGIN PERFORM pg_sleep(60); RETURN NULL; END'; \
+         CREATE CONSTRAINT TRIGGER {t}_at_commit AFTER INSERT ON {t} \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {t}_slow()"
+    ))
+    .await
+    .unwrap();
     c.batch_execute(&format!(
         "SET application_name = 'cut_commit'; BEGIN; INSERT INTO {t} VALUES (1)"
     ))
@@ -475,7 +470,7 @@ async fn a_commit_cut_off_by_the_server_is_08007_not_its_fatal() {
     .unwrap();
     let commit = tokio::spawn(async move { c.batch_execute("COMMIT").await });
     poll(
-        "the COMMIT waiting for a synchronous standby, then terminated",
+        "the COMMIT running its deferred trigger, then terminated",
         Duration::from_secs(60),
         || async {
             let killed = cluster
@@ -483,7 +478,7 @@ async fn a_commit_cut_off_by_the_server_is_08007_not_its_fatal() {
                     0,
                     "postgres",
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                     WHERE application_name = 'cut_commit' AND wait_event = 'SyncRep'",
+                     WHERE application_name = 'cut_commit' AND wait_event = 'PgSleep'",
                 )
                 .ok()?;
             (killed == "1").then_some(())
