@@ -231,8 +231,9 @@ async fn writer(
                         .errors
                         .entry(format!("login {code}"))
                         .or_default() += 1;
-                    // Pacing of the load while no login succeeds, not synchronisation.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    // A login during a failover waits for the new primary itself (up
+                    // to client_login_timeout_ms): a failure is counted and the writer
+                    // tries again.
                     continue;
                 }
             },

@@ -759,12 +759,13 @@ fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Sends `SIG<name>` to `pids` with `kill(1)`.
+/// Sends `SIG<name>` to `pids` with the shell's `kill` (no package needed beyond `sh`).
 fn signal(pids: &[u32], name: &str) -> Result<(), ClusterError> {
-    let mut cmd = std::process::Command::new("kill");
-    cmd.arg(format!("-{name}"));
-    cmd.args(pids.iter().map(u32::to_string));
-    process::output(&mut cmd, &format!("kill -{name} {pids:?}")).map(drop)
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let line = format!("kill -{name} {}", list.join(" "));
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args(["-c", &line]);
+    process::output(&mut cmd, &line).map(drop)
 }
 
 #[cfg(test)]

@@ -9,21 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgfresh_localcluster::LocalCluster;
+use pgfresh_tests::{eventually, poll};
 
 const SHUTDOWN_TIMEOUT_MS: u64 = 6000;
 const WORKERS: i32 = 8;
-
-/// Polls `f` every 20 ms until it yields a value (`deadline` at most).
-async fn poll<T>(what: &str, deadline: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// A loopback port free a moment ago.
 fn free_port() -> u16 {
@@ -64,18 +53,23 @@ async fn start(c: &LocalCluster, dir: &std::path::Path) -> (Child, String) {
             .expect("start pgfresh");
         let conninfo =
             format!("host=127.0.0.1 port={port} user=app password=app-secret dbname=app");
-        let end = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < end {
-            if child.try_wait().unwrap().is_some() {
-                break;
+        // True once it takes logins; false if it exited (the port was taken).
+        let started = poll("pgfresh to take logins", Duration::from_secs(60), || {
+            let exited = child.try_wait().unwrap().is_some();
+            let conninfo = conninfo.clone();
+            async move {
+                if exited {
+                    return Some(false);
+                }
+                tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+                    .await
+                    .ok()
+                    .map(|_| true)
             }
-            if tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-                .await
-                .is_ok()
-            {
-                return (child, conninfo);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        })
+        .await;
+        if started {
+            return (child, conninfo);
         }
         let _ = child.kill();
         let _ = child.wait();
@@ -187,24 +181,25 @@ async fn sigterm_under_load_finishes_transactions_and_exits_in_time() {
         }
     };
     // Load first: every worker has committed some transactions.
-    let end = Instant::now() + Duration::from_secs(60);
-    while commits().await < (WORKERS as i64) * 5 {
-        assert!(Instant::now() < end, "workers committing");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll(
+        "every worker committing",
+        Duration::from_secs(60),
+        || async { (commits().await >= (WORKERS as i64) * 5).then_some(()) },
+    )
+    .await;
     drop(setup);
 
     let terminated = Instant::now();
     let pid = child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
+    assert!(Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
         .status()
         .unwrap()
         .success());
     // New connections are refused at once...
     let addr = conninfo_addr(&conninfo);
-    poll("the listener to close", Duration::from_secs(60), || {
-        std::net::TcpStream::connect(&addr).is_err().then_some(())
+    eventually("the listener to close", Duration::from_secs(60), || {
+        std::net::TcpStream::connect(&addr).is_err()
     })
     .await;
     // Clients that use their sessions while the proxy drains, then leave: no error.
@@ -218,7 +213,7 @@ async fn sigterm_under_load_finishes_transactions_and_exits_in_time() {
     }
     // ...and the process exits once the long transaction has had its time.
     let status = poll("pgfresh to exit", Duration::from_secs(60), || {
-        child.try_wait().unwrap()
+        std::future::ready(child.try_wait().unwrap())
     })
     .await;
     let took = terminated.elapsed();
