@@ -48,6 +48,7 @@
 //!   `pgfresh_replica_ineligible{node,reason}` (1 for the current reason) and the counter
 //!   `pgfresh_role_changes_total{node}`.
 
+mod demand;
 pub mod eligibility;
 pub mod lag;
 mod monitor;
@@ -93,6 +94,8 @@ pub(crate) struct Inner {
     pub(crate) settings: ArcSwap<MonitorSettings>,
     state: Mutex<State>,
     view: ArcSwap<ClusterView>,
+    /// Reads waiting on replay positions: the standbys' monitors poll them faster.
+    pub(crate) demand: demand::ReplayDemand,
     /// Outstanding-request counter of every node ever configured, indexed by [`NodeId`].
     /// Only ever grows (replaced under the state lock, before the view that names a new
     /// node is published), so a loaded copy covers every id of any view loaded before it.
@@ -121,6 +124,15 @@ impl Inner {
             self.ready.send_if_modified(|r| !std::mem::replace(r, true));
         }
         self.publish(&mut state);
+    }
+
+    /// Records a standby's replay position from a fast poll; publishes a view when it
+    /// moved.
+    pub(crate) fn record_replay(&self, id: NodeId, lsn: Lsn) {
+        let mut state = self.lock();
+        if state.record_replay(id, lsn) {
+            self.publish(&mut state);
+        }
     }
 
     /// The history of `timeline` is known.
@@ -241,6 +253,7 @@ impl Balancer {
         let inner = Arc::new(Inner {
             view: ArcSwap::from_pointee(state::initial_view(nodes)),
             state: Mutex::new(State::new(nodes.to_vec())),
+            demand: demand::ReplayDemand::new(),
             outstanding: ArcSwap::from_pointee(
                 nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
             ),
@@ -311,6 +324,10 @@ impl Balancer {
                 })
             })
             .collect();
+        if candidates.is_empty() && required.is_some() {
+            // A read waits on a position: poll the standbys' replay faster for a while.
+            self.inner.demand.record();
+        }
         let node = select::pick(
             &candidates,
             settings.load_balance,

@@ -55,10 +55,15 @@ SELECT r.rec,
 FROM (SELECT pg_is_in_recovery() AS rec) r
 LEFT JOIN pg_stat_wal_receiver w ON true";
 
-/// An open monitor connection with its prepared poll statement.
+/// The fast poll between full polls while reads wait on replay positions
+/// ([`crate::demand`]): one function call, no catalog access.
+const REPLAY_SQL: &str = "SELECT pg_last_wal_replay_lsn()::text";
+
+/// An open monitor connection with its prepared poll statements.
 struct Conn {
     client: Client,
     statement: Statement,
+    replay: Statement,
     driver: JoinHandle<()>,
     /// The login it was opened with; a settings change that alters it reconnects.
     login: (String, String, String),
@@ -108,6 +113,14 @@ impl Source {
         }
     }
 
+    /// A standby's replay position alone; `None` where there is no SQL connection.
+    async fn poll_replay(&self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
+        match self {
+            Source::Sql(Some(conn)) => Some(poll_replay(conn, s).await),
+            Source::Sql(None) | Source::Patroni(_) => None,
+        }
+    }
+
     /// After a failed poll: the next one starts from a new connection.
     fn reset(&mut self) {
         match self {
@@ -151,6 +164,7 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             .ok()
             .filter(|s| !s.in_recovery)
             .and_then(|s| s.timeline);
+        let standby = outcome.as_ref().is_ok_and(|s| s.in_recovery);
         inner.record(id, outcome);
         if let Some(tl) = primary_timeline.filter(|&t| history.due(t, &inner)) {
             let read = tokio::select! {
@@ -181,10 +195,50 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             }
         }
         next = (next + settings.period()).max(Instant::now());
+        let until_next = async {
+            if standby && !settings.replay_check_period.is_zero() {
+                fast_polls(&inner, id, &spec.name, &source, &settings, next).await;
+            } else {
+                sleep_until(next).await;
+            }
+        };
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = sleep_until(next) => {}
+            _ = until_next => {}
         }
+    }
+}
+
+/// Until `next` (the next full poll): while reads wait on replay positions, polls the
+/// standby's `pg_last_wal_replay_lsn()` every `replay_check_period` and records it. A
+/// failed fast poll ends them until the full poll, which reports and handles the failure.
+async fn fast_polls(
+    inner: &Inner,
+    id: NodeId,
+    name: &str,
+    source: &Source,
+    settings: &MonitorSettings,
+    next: Instant,
+) {
+    loop {
+        tokio::select! {
+            _ = sleep_until(next) => return,
+            _ = inner.demand.wait_active() => {}
+        }
+        let tick = Instant::now() + settings.replay_check_period;
+        match source.poll_replay(settings).await {
+            Some(Ok(Some(lsn))) => inner.record_replay(id, lsn),
+            Some(Ok(None)) => {}
+            Some(Err(e)) => {
+                tracing::debug!(node = %name, error = %e, "fast replay poll failed");
+                return sleep_until(next).await;
+            }
+            None => return sleep_until(next).await,
+        }
+        if tick >= next {
+            return sleep_until(next).await;
+        }
+        sleep_until(tick).await;
     }
 }
 
@@ -329,9 +383,32 @@ async fn connect(
             ));
         }
     };
+    let replay = match timeout(
+        s.health_timeout.max(Duration::from_millis(1)),
+        client.prepare(REPLAY_SQL),
+    )
+    .await
+    {
+        Ok(Ok(st)) => st,
+        Ok(Err(e)) => {
+            driver.abort();
+            return Err(format!(
+                "preparing the replay poll failed: {}",
+                describe_pg_error(&e)
+            ));
+        }
+        Err(_) => {
+            driver.abort();
+            return Err(format!(
+                "preparing the replay poll timed out after {:?}",
+                s.health_timeout
+            ));
+        }
+    };
     Ok(Conn {
         client,
         statement,
+        replay,
         driver,
         login,
         tls,
@@ -403,6 +480,18 @@ pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCh
             .map_err(|e| format!("unexpected result: {e}"))?,
         tls: conn.tls,
     })
+}
+
+async fn poll_replay(c: &Conn, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
+    let row = timeout(s.health_timeout, c.client.query_one(&c.replay, &[]))
+        .await
+        .map_err(|_| format!("replay poll timed out after {:?}", s.health_timeout))?
+        .map_err(|e| format!("replay poll failed: {}", describe_pg_error(&e)))?;
+    let text: Option<String> = row
+        .try_get(0)
+        .map_err(|e| format!("unexpected replay poll result: {e}"))?;
+    text.map(|t| t.parse::<Lsn>().map_err(|e| e.to_string()))
+        .transpose()
 }
 
 fn parse_row(row: &Row) -> Result<Sample, String> {

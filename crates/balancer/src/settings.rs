@@ -55,6 +55,10 @@ pub struct MonitorSettings {
     pub database: String,
     /// Interval between two polls of a node (works down to 10 ms).
     pub sr_check_period: Duration,
+    /// While reads wait for replay positions (see [`crate::demand`]): interval between
+    /// two `pg_last_wal_replay_lsn()` polls of each standby, between the full polls.
+    /// Zero: only the full polls.
+    pub replay_check_period: Duration,
     /// A node is down when no poll has succeeded for this long; a single poll that runs
     /// longer is abandoned and counts as failed.
     pub health_timeout: Duration,
@@ -82,6 +86,7 @@ impl Default for MonitorSettings {
             password: String::new(),
             database: "postgres".to_string(),
             sr_check_period: Duration::from_millis(100),
+            replay_check_period: Duration::from_millis(5),
             health_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             delay_threshold_bytes: None,

@@ -362,3 +362,84 @@ async fn nodes_added_and_removed_live() {
     assert_eq!(b.primary(), Some(0));
     b.shutdown();
 }
+
+/// Inserts a row on the primary and returns the position after it.
+fn write_something(c: &LocalCluster) -> pgfresh_lsn::Lsn {
+    c.psql(
+        0,
+        "app",
+        "CREATE TABLE IF NOT EXISTS bal_fast (v int); INSERT INTO bal_fast VALUES (1)",
+    )
+    .unwrap();
+    current_lsn(c, 0)
+}
+
+/// Node `i` itself reports having replayed `lsn`.
+async fn replayed_on_node(c: &LocalCluster, i: usize, lsn: pgfresh_lsn::Lsn) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let text = c
+            .psql(i, "postgres", "SELECT pg_last_wal_replay_lsn()")
+            .unwrap();
+        if text.parse::<pgfresh_lsn::Lsn>().unwrap() >= lsn {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {i} never replayed {lsn}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    // Full polls so far apart that none happens during the test: only the fast replay
+    // polls can tell the balancer about a new replay position.
+    let mut s = settings(c);
+    s.sr_check_period = Duration::from_secs(600);
+    s.health_timeout = Duration::from_secs(1200);
+    let b = start(c, s.clone()).await;
+    until(&b, "initial roles", all_good).await;
+
+    // No read has waited: the replay is not polled although both standbys moved on.
+    let before = b.view();
+    let lsn = write_something(c);
+    replayed_on_node(c, 1, lsn).await;
+    replayed_on_node(c, 2, lsn).await;
+    let after = b.view();
+    assert_eq!(after.generation, before.generation, "nothing was polled");
+    assert!(after.nodes[1].replay_lsn < Some(lsn));
+
+    // A read needs the position: no replica is known to have it, and a wait sees one
+    // at the next fast poll (milliseconds, not the next full poll in ten minutes).
+    assert!(b.select_replica(Some(lsn)).is_none());
+    let node = b
+        .wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+        .await
+        .unwrap();
+    assert!(node == 1 || node == 2);
+    // The demand lasts: a later write is seen without another read asking.
+    let lsn = write_something(c);
+    until(&b, "the later write replayed", |v| {
+        v.nodes[1].replay_lsn >= Some(lsn) && v.nodes[2].replay_lsn >= Some(lsn)
+    })
+    .await;
+    b.shutdown();
+
+    // Control: with the fast polls off, the same wait only ends at its deadline.
+    s.replay_check_period = Duration::ZERO;
+    let b = start(c, s).await;
+    until(&b, "initial roles", all_good).await;
+    let lsn = write_something(c);
+    replayed_on_node(c, 1, lsn).await;
+    let short = tokio::time::Instant::now() + Duration::from_secs(1);
+    assert_eq!(
+        b.wait_for(lsn, short).await,
+        Err(WaitTimeout { required: lsn })
+    );
+    b.shutdown();
+}

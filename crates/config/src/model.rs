@@ -279,6 +279,10 @@ pub struct MonitorSection {
     pub database: String,
     /// Poll period for roles, WAL positions and lag.
     pub sr_check_period_ms: u64,
+    /// While reads wait on replay positions no replica is known to have: how often each
+    /// standby is also asked for `pg_last_wal_replay_lsn()` between the full polls, for a
+    /// second after the last such read. 0: only the full polls.
+    pub replay_check_period_ms: u64,
     /// A node whose last successful poll is older than this is down.
     pub health_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -291,6 +295,7 @@ impl Default for MonitorSection {
             password: String::new(),
             database: "postgres".into(),
             sr_check_period_ms: 100,
+            replay_check_period_ms: 5,
             health_timeout_ms: 2_000,
             connect_timeout_ms: 2_000,
         }

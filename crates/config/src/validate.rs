@@ -157,6 +157,12 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             "must be at least 10",
         ));
     }
+    if c.monitor.replay_check_period_ms > c.monitor.sr_check_period_ms {
+        return Err(ConfigError::invalid(
+            "monitor.replay_check_period_ms",
+            "must be at most monitor.sr_check_period_ms (0 turns the fast replay polls off)",
+        ));
+    }
     if c.monitor.health_timeout_ms < c.monitor.sr_check_period_ms {
         return Err(ConfigError::invalid(
             "monitor.health_timeout_ms",

@@ -71,6 +71,10 @@ fn invalid_values_are_named() {
             "[monitor]\nsr_check_period_ms = 5\n",
             "monitor.sr_check_period_ms",
         ),
+        (
+            "[monitor]\nreplay_check_period_ms = 500\n",
+            "monitor.replay_check_period_ms",
+        ),
         ("[[users]]\nname = \"a\"\n", "users[0].password"),
         (
             "[[nodes]]\nname = \"pg0\"\nhost = \"h\"\nport = 1\n",

@@ -1,0 +1,117 @@
+//! Demand for fresher replay positions.
+//!
+//! The full poll runs every `sr_check_period` (100 ms by default): between two polls a
+//! replica's known replay position ages, and a read of a relation written a moment ago goes
+//! to the primary although a replica replayed the write long since. Polling every replica
+//! every few milliseconds all the time would cost the servers for nothing while no read
+//! waits on a position. So a read that found no replica at the position it needs records a
+//! *demand*; while there was one within [`DEMAND_WINDOW`], each standby's monitor also asks
+//! its node for `pg_last_wal_replay_lsn()` every `replay_check_period` (see
+//! [`crate::monitor`]). Recording is one atomic load on the hot path, plus a store and a
+//! wake-up when demand starts.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+/// How long the fast replay polls go on after the last read that needed them.
+pub(crate) const DEMAND_WINDOW: Duration = Duration::from_secs(1);
+
+/// A demand is re-recorded at most this often (a read storm does not write the shared
+/// timestamp on every read).
+const RECORD_GRANULARITY_MS: u64 = 10;
+
+/// When a read last needed a replay position no replica was known to have.
+pub(crate) struct ReplayDemand {
+    epoch: Instant,
+    /// Milliseconds since `epoch` of the last demand, plus one (0: never).
+    last: AtomicU64,
+    /// Wakes the monitors when demand starts.
+    started: Notify,
+}
+
+impl ReplayDemand {
+    pub(crate) fn new() -> ReplayDemand {
+        ReplayDemand {
+            epoch: Instant::now(),
+            last: AtomicU64::new(0),
+            started: Notify::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// A read needed a position no replica is known to have replayed.
+    pub(crate) fn record(&self) {
+        let now = self.now_ms();
+        let last = self.last.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < RECORD_GRANULARITY_MS {
+            return;
+        }
+        self.last.store(now, Ordering::Relaxed);
+        if last == 0 || now - last >= window_ms() {
+            self.started.notify_waiters();
+        }
+    }
+
+    /// A read recorded a demand within the window.
+    pub(crate) fn active(&self) -> bool {
+        let last = self.last.load(Ordering::Relaxed);
+        last != 0 && self.now_ms().saturating_sub(last) < window_ms()
+    }
+
+    /// Resolves when demand starts (or at once, if it is active).
+    pub(crate) async fn wait_active(&self) {
+        loop {
+            let started = self.started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if self.active() {
+                return;
+            }
+            started.await;
+        }
+    }
+}
+
+fn window_ms() -> u64 {
+    u64::try_from(DEMAND_WINDOW.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn demand_wakes_a_waiter_and_lasts_the_window() {
+        let d = std::sync::Arc::new(ReplayDemand::new());
+        assert!(!d.active());
+        let waiter = tokio::spawn({
+            let d = d.clone();
+            async move { d.wait_active().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        d.record();
+        waiter.await.unwrap();
+        assert!(d.active());
+        // Already active: no wait.
+        d.wait_active().await;
+    }
+
+    #[test]
+    fn demand_expires() {
+        // A demand recorded a window ago.
+        let d = ReplayDemand {
+            epoch: Instant::now() - DEMAND_WINDOW - Duration::from_millis(5),
+            last: AtomicU64::new(1),
+            started: Notify::new(),
+        };
+        assert!(!d.active());
+        d.record();
+        assert!(d.active());
+    }
+}
