@@ -1,10 +1,20 @@
 # Shared helpers for the benchmark scripts (sourced, not run).
+# shellcheck shell=bash
+# shellcheck disable=SC2034  # PGFRESH_PID, CLK_TCK, ... are set here for the scripts that source this
 #
 # The node helpers expect cluster.env (from bench/cluster.sh start) to be sourced first;
 # bench_cluster does that.
 
 BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PGFRESH_BIN="${PGFRESH_BIN:-$BENCH_ROOT/target/release/pgfresh}"
+# The release binary: $PGFRESH_BIN, else where `cargo build --release` puts it for this
+# checkout ($CARGO_TARGET_DIR when that is set, e.g. a git worktree with its own target dir).
+if [ -z "${PGFRESH_BIN:-}" ]; then
+    case "${CARGO_TARGET_DIR:-}" in
+        "") PGFRESH_BIN="$BENCH_ROOT/target/release/pgfresh" ;;
+        /*) PGFRESH_BIN="$CARGO_TARGET_DIR/release/pgfresh" ;;
+        *) PGFRESH_BIN="$BENCH_ROOT/$CARGO_TARGET_DIR/release/pgfresh" ;;
+    esac
+fi
 
 as_pg() {
     if [ "$(id -u)" -eq 0 ]; then
@@ -142,6 +152,69 @@ cpu_ticks_tree() {
     echo "$total"
 }
 
+# Like cpu_ticks_tree, plus the CPU time of children that have already exited and been
+# reaped (cutime + cstime of every process in the tree): a proxy that replaces its worker
+# processes (pgpool-II) keeps their time in the count.
+cpu_ticks_tree_reaped() {
+    local pid=$1 total child
+    total=$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+        total=$((total + $(cpu_ticks_tree_reaped "$child")))
+    done
+    echo "$total"
+}
+
+# Saves pgfresh's Prometheus metrics (admin port) to FILE: metrics_snapshot ADMIN_PORT FILE.
+# An unreachable admin port leaves FILE empty and returns 1.
+metrics_snapshot() {
+    curl -fsS "http://127.0.0.1:$1/metrics" >"$2" 2>/dev/null || { : >"$2"; return 1; }
+}
+
+# The change of every series of metric NAME between two metrics snapshots, one
+# "SERIES DELTA" line each (the series as exposed, labels included; a series absent
+# before counts from 0; unchanged series are left out): metrics_delta BEFORE AFTER NAME
+metrics_delta() {
+    awk -v name="$3" '
+        FNR == 1 { file++ }
+        /^#/ || NF < 2 { next }
+        {
+            # "name{labels} value [timestamp]" or "name value [timestamp]"
+            if (match($0, /^[^{ ]*\{.*\}/)) { series = substr($0, 1, RLENGTH); rest = substr($0, RLENGTH + 1) }
+            else { series = $1; rest = substr($0, length($1) + 1) }
+            if (series != name && index(series, name "{") != 1) next
+            split(rest, v, " ")
+            if (file == 1) before[series] = v[1] + 0
+            else if (!(series in after)) { order[++n] = series; after[series] = v[1] + 0 }
+        }
+        END {
+            for (i = 1; i <= n; i++) {
+                s = order[i]; d = after[s] - before[s]
+                if (d != 0) printf "%s %.0f\n", s, d
+            }
+        }' "$1" "$2"
+}
+
+# Reads routed to replicas and all reads, from metrics_delta lines of pgfresh_routed_total
+# on stdin: prints "REPLICA_READS READS". Reads are the routing reasons of a statement a
+# replica could have served (READ_REASONS in crates/proxy/src/admin.rs, which /v1/status
+# uses for its offload ratio).
+routed_read_counts() {
+    awk '
+        BEGIN {
+            split("replica read_only_txn hot_relation hot_relation_lsn read_only_snapshot token token_primary no_eligible_replica", r, " ")
+            for (i in r) reads[r[i]] = 1
+        }
+        {
+            n = $NF + 0
+            if ($0 ~ /target="replica"/) replica += n
+            if (match($0, /reason="[^"]*"/)) {
+                reason = substr($0, RSTART + 8, RLENGTH - 9)
+                if (reason in reads) total += n
+            }
+        }
+        END { printf "%d %d\n", replica, total }'
+}
+
 # The benchmark cluster: the one in $CLUSTER_DIR (made by cluster.sh), or a new one that
 # bench_cleanup removes. Sources its cluster.env. Needs HERE and OUTDIR.
 bench_cluster() {
@@ -175,7 +248,7 @@ bench_pgbench_init() {
 # the release binary unless BUILD=0, make OUTDIR (default: a new temp dir named after $1),
 # set CLK_TCK.
 bench_start() {
-    cd "$BENCH_ROOT"
+    cd "$BENCH_ROOT" || return 1
     if [ "${BUILD:-1}" = 1 ]; then
         cargo build --release -p pgfresh
     fi
@@ -211,6 +284,63 @@ EOT
         setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
     else
         pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+    fi
+    PROXY_PID=$!
+    wait_accepting "$port"
+}
+
+# Starts pgpool-II (Debian 12's pgpool2, 4.3) in streaming-replication mode over the cluster:
+# the primary as node 0 (ALWAYS_PRIMARY), the two standbys, weight 1 each, connection cache
+# on, no health checks: start_pgpool DIR PORT LOAD_BALANCE(on|off) [EXTRA_CONF_LINES]. Sets
+# PROXY_PID and returns once it accepts (status 1 if it does not; its output is in
+# $OUTDIR/pgpool.server.log). Runs as the postgres user when we are root, like PgBouncer.
+# -D discards a pgpool_status an earlier run left in DIR (it would keep nodes marked down).
+start_pgpool() {
+    local pdir=$1 port=$2 lb=$3 extra=${4:-} pcp
+    pcp=$(free_port)
+    as_pg mkdir -p "$pdir"
+    as_pg tee "$pdir/pgpool.conf" >/dev/null <<EOT
+backend_clustering_mode = 'streaming_replication'
+listen_addresses = '127.0.0.1'
+port = $port
+socket_dir = '$pdir'
+pcp_listen_addresses = ''
+pcp_port = $pcp
+pcp_socket_dir = '$pdir'
+wd_ipc_socket_dir = '$pdir'
+pid_file_name = '$pdir/pgpool.pid'
+logdir = '$pdir'
+pool_passwd = ''
+backend_hostname0 = '127.0.0.1'
+backend_port0 = $PRIMARY_PORT
+backend_weight0 = 1
+backend_flag0 = 'ALWAYS_PRIMARY'
+backend_hostname1 = '127.0.0.1'
+backend_port1 = $STANDBY1_PORT
+backend_weight1 = 1
+backend_hostname2 = '127.0.0.1'
+backend_port2 = $STANDBY2_PORT
+backend_weight2 = 1
+num_init_children = 32
+max_pool = 2
+connection_cache = on
+load_balance_mode = $lb
+sr_check_period = 1
+sr_check_user = 'postgres'
+sr_check_password = ''
+sr_check_database = 'postgres'
+health_check_period = 0
+enable_pool_hba = off
+failover_on_backend_error = off
+log_min_messages = warning
+$extra
+EOT
+    as_pg touch "$pdir/pcp.conf"
+    if [ "$(id -u)" -eq 0 ]; then
+        setpriv --reuid=postgres --regid=postgres --init-groups -- pgpool -n -D -f "$pdir/pgpool.conf" -F "$pdir/pcp.conf" \
+            >"$OUTDIR/pgpool.server.log" 2>&1 &
+    else
+        pgpool -n -D -f "$pdir/pgpool.conf" -F "$pdir/pcp.conf" >"$OUTDIR/pgpool.server.log" 2>&1 &
     fi
     PROXY_PID=$!
     wait_accepting "$port"

@@ -1,198 +1,350 @@
 #!/usr/bin/env bash
-# pgbench side by side: direct to the primary, pgfresh (parser on: reads to the standbys),
-# pgfresh with enable_query_parser = false (everything to the primary, like a pooler), and
-# pgbouncer in session mode pointing at the primary.
+# pgbench side by side in one run, on one cluster (a primary and two streaming standbys):
+# the proxy CPU per statement, throughput and p99 latency of pgfresh (session and transaction
+# mode), PgBouncer (session and transaction mode) and pgpool-II, with pgbench straight to the
+# primary for reference.
 #
 #   bench/pgbench-compare.sh [options]
-#     -T SECONDS     duration of each select-only run (default 20)
-#     -N SECONDS     duration of each TPC-B-like (-N) run (default 10)
+#     -T SECONDS     duration of each pgbench run (default 20)
 #     -c CLIENTS     pgbench clients (default 8)
+#     -j THREADS     pgbench threads (default 2)
 #     -s SCALE       pgbench scale factor (default 10)
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
 #
-# For every target it runs `pgbench -n -S -M simple`, `-S -M prepared` and `-N -M simple`, and
-# records tps, average latency, failed transactions and the CPU time the proxy used (utime +
-# stime from /proc/PID/stat of the proxy and its child processes, before and after the run)
-# divided by the transactions. pgpool-II (Debian package pgpool2) runs too when installed and
-# PGPOOL=0 is not set: once with load_balance_mode = on over the standbys, once with it off.
-# Set SKIP="pgbouncer pgfresh-noparser ..." to leave targets out.
-# The proxy, pgbench and the three servers share the machine: read the CPU figures as relative.
+# Workloads, each `pgbench -n -c CLIENTS -j THREADS -T SECONDS` against every target:
+#   select-simple     -S -M simple      1 statement a transaction
+#   select-extended   -S -M extended    1 statement a transaction
+#   mix               -M extended -f OUTDIR/mix.sql (written by this script): 9 point reads of
+#                     pgbench_accounts, each with a fresh random aid, then one autocommit
+#                     UPDATE of pgbench_accounts: 10 statements a transaction
+# Targets, in this order:
+#   direct             pgbench to the primary (no proxy)
+#   pgfresh-session    pgfresh with write_pgfresh_conf's defaults (lib.sh): parser and routing
+#                      on, so reads go to the standbys; pool_size 20
+#   pgfresh-tx         the same with pool_mode = "transaction", 20 server connections per node
+#   pgbouncer-session  PgBouncer, pool_mode = session, default_pool_size = 20, primary only
+#   pgbouncer-tx       PgBouncer, pool_mode = transaction, default_pool_size = 20, primary only
+#   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
+#                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
+#                      in lib.sh); run as the postgres user
+# SKIP="..." leaves targets out: a target name, or pgfresh / pgbouncer for both of its modes.
+# PGFRESH_BIN picks the pgfresh binary (default: see lib.sh). PGPOOL=0 leaves pgpool-II out;
+# without it installed (apt-get install -y pgpool2) it is skipped with a message, and
+# PgBouncer likewise (apt-get install -y pgbouncer).
+#
+# Recorded per run, in OUTDIR/results.tsv: tps, average latency, p99 latency (from pgbench's
+# per-transaction log, -l), failed transactions, the proxy's CPU time (utime + stime from
+# /proc of the proxy and its child processes, exited ones included, before and after the run)
+# per statement in µs, the 1-minute load average at the end; for pgfresh the reads routed to
+# the standbys over all reads during the run and the statements routed to the primary by
+# reason (pgfresh_routed_total from /metrics before and after; the per-series deltas are in
+# OUTDIR/TARGET_WORKLOAD.routed.txt), for pgpool-II the SELECTs sent to the standbys over all
+# SELECTs (select_cnt of SHOW pool_nodes before and after).
+# At the end OUTDIR/table.md (also printed): CPU per statement per workload and target with
+# the ratios pgfresh / PgBouncer per mode, tps and p99 per target, and pgfresh's replica share.
+# Each run starts after a CHECKPOINT with both standbys caught up; a pgfresh target starts
+# once a standby serves its reads. Run as root, the servers, PgBouncer and pgpool-II run as
+# the postgres user. The servers, the proxy and pgbench share the machine: read CPU figures
+# as relative within one run.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-T_SELECT=20 T_TPCB=10 CLIENTS=8 SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "T:N:c:s:d:o:B" opt; do
+SECS=20 CLIENTS=8 THREADS=2 SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
+while getopts "T:c:j:s:d:o:B" opt; do
     case $opt in
-        T) T_SELECT=$OPTARG ;;
-        N) T_TPCB=$OPTARG ;;
+        T) SECS=$OPTARG ;;
         c) CLIENTS=$OPTARG ;;
+        j) THREADS=$OPTARG ;;
         s) SCALE=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,21p "$0"; exit 2 ;;
+        *) sed -n 2,50p "$0"; exit 2 ;;
     esac
 done
 
-cd "$HERE/.."
-if [ $BUILD = 1 ]; then
-    cargo build --release -p pgfresh
-fi
-OUTDIR="${OUTDIR:-$(mktemp -d /tmp/pgfresh-pgbench.XXXXXX)}"
-mkdir -p "$OUTDIR"
-CLK_TCK=$(getconf CLK_TCK)
+ulimit -n 65536 2>/dev/null || true
 
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
-bench_cluster
 
+skipped() {
+    local t=$1
+    case " ${SKIP:-} " in *" $t "* | *" ${t%%-*} "*) return 0 ;; esac
+    return 1
+}
+PGBOUNCER_OK=0 PGPOOL_OK=0
+if command -v pgbouncer >/dev/null; then PGBOUNCER_OK=1; fi
+if [ "${PGPOOL:-1}" != 0 ] && command -v pgpool >/dev/null; then PGPOOL_OK=1; fi
+
+bench_start pgbench
+if { ! skipped pgfresh-session || ! skipped pgfresh-tx; } && [ ! -x "$PGFRESH_BIN" ]; then
+    echo "no pgfresh binary at $PGFRESH_BIN: build it (cargo build --release -p pgfresh), or set PGFRESH_BIN" >&2
+    exit 1
+fi
+bench_cluster
 bench_pgbench_init
 
-RESULTS="$OUTDIR/results.tsv"
-printf "target\tmode\tclients\tseconds\ttransactions\tfailed\ttps\tlatency_ms\tproxy_cpu_s\tproxy_cpu_us_per_tx\tloadavg_1m\n" >"$RESULTS"
+# The read-mostly mix: 9 point reads, then one autocommit write of the same table.
+MIX="$OUTDIR/mix.sql"
+{
+    for _ in 1 2 3 4 5 6 7 8 9; do
+        echo '\set aid random(1, 100000 * :scale)'
+        echo 'SELECT abalance FROM pgbench_accounts WHERE aid = :aid;'
+    done
+    echo '\set aid random(1, 100000 * :scale)'
+    echo '\set delta random(-5000, 5000)'
+    echo 'UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;'
+} >"$MIX"
 
-# run_pgbench TARGET PORT -- PGBENCH_ARGS...   (PROXY_PID set, or empty for direct)
+WORKLOADS="select-simple select-extended mix"
+
+RESULTS="$OUTDIR/results.tsv"
+printf "target\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\n" >"$RESULTS"
+
+# SELECTs pgpool-II on PORT has sent to standbys and to all nodes (select_cnt of SHOW
+# pool_nodes): prints "STANDBY TOTAL".
+pgpool_select_counts() {
+    "$PG_BINDIR/psql" -XAq -F '|' -h 127.0.0.1 -p "$1" -U app -d app -c "SHOW pool_nodes" 2>/dev/null | awk -F'|' '
+        NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "role") r = i; if ($i == "select_cnt") s = i }; next }
+        r && s && $s ~ /^[0-9]+$/ { total += $s; if ($r == "standby") standby += $s }
+        END { printf "%d %d\n", standby, total }'
+}
+
+# run_pgbench TARGET PORT WORKLOAD; PROXY_PID (empty for direct), ADMIN (pgfresh's admin
+# port, or empty) and KIND (pgfresh, pgpool or other) describe the target.
 run_pgbench() {
-    local target=$1 port=$2 mode=$3 secs=$4; shift 4
-    local log="$OUTDIR/${target}_${mode}.log" before=0 after=0
-    echo "== $target: pgbench $mode ($secs s)"
+    local target=$1 port=$2 workload=$3
+    local tag="${target}_${workload}" rc=0 before=0 after=0
+    local log="$OUTDIR/$tag.log" txlog="$OUTDIR/txlog_$tag"
+    local stmts=1 args
+    case $workload in
+        select-simple) args=(-S -M simple) ;;
+        select-extended) args=(-S -M extended) ;;
+        # pgbench sets :scale from -s for a custom script (1 without it).
+        mix) args=(-M extended -s "$SCALE" -f "$MIX"); stmts=10 ;;
+    esac
+    echo "== $target: $workload ($SECS s)"
     psql_node "$PRIMARY_PORT" "CHECKPOINT" >/dev/null
-    if [ -n "$PROXY_PID" ]; then before=$(cpu_ticks_tree "$PROXY_PID"); fi
-    local rc=0
-    timeout $((secs + 60)) "$PG_BINDIR/pgbench" -n -c "$CLIENTS" -j 2 -T "$secs" -h 127.0.0.1 -p "$port" -U app "$@" app \
-        >"$log" 2>&1 || rc=$?
-    if [ -n "$PROXY_PID" ]; then after=$(cpu_ticks_tree "$PROXY_PID"); fi
+    wait_standbys_caught_up
+    local sel_before="0 0" sel_after="0 0"
+    if [ "$KIND" = pgfresh ]; then metrics_snapshot "$ADMIN" "$OUTDIR/$tag.metrics.before" || true; fi
+    if [ "$KIND" = pgpool ]; then sel_before=$(pgpool_select_counts "$port"); fi
+    if [ -n "$PROXY_PID" ]; then before=$(cpu_ticks_tree_reaped "$PROXY_PID"); fi
+    timeout $((SECS + 120)) "$PG_BINDIR/pgbench" -n -c "$CLIENTS" -j "$THREADS" -T "$SECS" \
+        -l --log-prefix="$txlog" -h 127.0.0.1 -p "$port" -U app "${args[@]}" app >"$log" 2>&1 || rc=$?
+    if [ -n "$PROXY_PID" ]; then after=$(cpu_ticks_tree_reaped "$PROXY_PID"); fi
+    if [ "$KIND" = pgfresh ]; then metrics_snapshot "$ADMIN" "$OUTDIR/$tag.metrics.after" || true; fi
+    if [ "$KIND" = pgpool ]; then sel_after=$(pgpool_select_counts "$port"); fi
     local load; load=$(cut -d' ' -f1 /proc/loadavg)
     if [ $rc -ne 0 ]; then
-        echo "   pgbench exited with $rc (log: $log):"; tail -20 "$log" | sed 's/^/   | /'
+        echo "   pgbench exited with $rc (log: $log):"; tail -5 "$log" | sed 's/^/   | /'
     fi
-    local tx failed tps lat
+    local tx failed tps lat p99 cpu_s="-" per="-" rep="-" reads="-" share="-"
     tx=$(awk -F': ' '/number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$log")
     failed=$(awk -F': ' '/number of failed transactions/ { split($2, a, " "); print a[1] }' "$log")
     tps=$(awk '/^tps = / { print $3 }' "$log")
     lat=$(awk '/^latency average = / { print $4 }' "$log")
+    # Column 3 of pgbench's transaction log is the latency in microseconds (not a number for
+    # a failed transaction).
+    p99=$(cat "$txlog".* 2>/dev/null | awk '$3 ~ /^[0-9]+$/ { print $3 }' | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", v[int((NR - 1) * 0.99) + 1] / 1000; else print "n/a" }')
+    rm -f "$txlog".*
     tx=${tx:-0}; failed=${failed:-0}; tps=${tps:-0}; lat=${lat:-nan}
-    local cpu_s="" per_tx=""
     if [ -n "$PROXY_PID" ]; then
         cpu_s=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
-        per_tx=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" 'BEGIN { if (n > 0) printf "%.1f", d / hz / n * 1e6; else print "n/a" }')
+        per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" \
+            'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
     fi
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$mode" "$CLIENTS" "$secs" "$tx" "$failed" \
-        "$tps" "$lat" "${cpu_s:--}" "${per_tx:--}" "$load" >>"$RESULTS"
-    echo "   tps=$tps latency=${lat}ms failed=$failed proxy_cpu=${cpu_s:--}s (${per_tx:--} us/tx) load=$load"
+    local primary="-"
+    if [ "$KIND" = pgfresh ] && [ -s "$OUTDIR/$tag.metrics.before" ] && [ -s "$OUTDIR/$tag.metrics.after" ]; then
+        metrics_delta "$OUTDIR/$tag.metrics.before" "$OUTDIR/$tag.metrics.after" pgfresh_routed_total >"$OUTDIR/$tag.routed.txt"
+        read -r rep reads < <(routed_read_counts <"$OUTDIR/$tag.routed.txt")
+        # Statements routed to the primary during the run, by reason: "write=10,hot_relation=2".
+        primary=$(grep 'target="primary"' "$OUTDIR/$tag.routed.txt" |
+            sed -n 's/.*reason="\([^"]*\)".* \([0-9-]*\)$/\1=\2/p' | paste -sd, -)
+        primary=${primary:--}
+    elif [ "$KIND" = pgpool ]; then
+        local sb0 st0 sb1 st1
+        read -r sb0 st0 <<<"$sel_before"; read -r sb1 st1 <<<"$sel_after"
+        rep=$((sb1 - sb0)); reads=$((st1 - st0))
+    fi
+    if [ "$reads" != "-" ]; then
+        share=$(awk -v r="$rep" -v n="$reads" 'BEGIN { if (n > 0) printf "%.3f", r / n; else print "n/a" }')
+    fi
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$CLIENTS" \
+        "$THREADS" "$SECS" "$tx" "$stmts" "$failed" "$tps" "$lat" "$p99" "$cpu_s" "$per" "$rep" "$reads" "$share" "$primary" "$load" >>"$RESULTS"
+    local line="   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed load=$load"
+    if [ -n "$PROXY_PID" ]; then line="$line proxy_cpu=${cpu_s}s (${per} us/stmt)"; fi
+    if [ "$reads" != "-" ]; then line="$line replica_share=$share ($rep of $reads reads)"; fi
+    if [ "$primary" != "-" ]; then line="$line to the primary: $primary"; fi
+    echo "$line"
 }
 
 run_suite() {
-    local target=$1 port=$2
-    case " ${SKIP:-} " in *" $target "*) echo "== $target: skipped (SKIP)"; return ;; esac
-    run_pgbench "$target" "$port" select-simple "$T_SELECT" -S -M simple
-    run_pgbench "$target" "$port" select-prepared "$T_SELECT" -S -M prepared
-    run_pgbench "$target" "$port" tpcb-N-simple "$T_TPCB" -N -M simple
+    local target=$1 port=$2 w
+    for w in $WORKLOADS; do run_pgbench "$target" "$port" "$w"; done
 }
 
 # 1. Direct to the primary.
-PROXY_PID=""
-run_suite direct "$PRIMARY_PORT"
+if ! skipped direct; then
+    PROXY_PID="" ADMIN="" KIND=other
+    run_suite direct "$PRIMARY_PORT"
+else
+    echo "== direct: skipped (SKIP)"
+fi
 
-# 2. pgfresh, parser on (reads to the standbys) and off (everything to the primary).
-for parser in true false; do
-    name=$([ $parser = true ] && echo pgfresh || echo pgfresh-noparser)
-    port=$(free_port); admin=$(free_port)
-    write_pgfresh_conf "$OUTDIR/$name.toml" "$port" "$admin" "$parser"
-    start_pgfresh "$OUTDIR/$name.toml" "$OUTDIR/$name.server.log"
+# 2. pgfresh, session and transaction mode, 20 server connections per node.
+for target in pgfresh-session pgfresh-tx; do
+    if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
+    port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
+    if [ "$target" = pgfresh-tx ]; then
+        PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+            write_pgfresh_conf "$OUTDIR/$target.toml" "$port" "$ADMIN" true
+    else
+        write_pgfresh_conf "$OUTDIR/$target.toml" "$port" "$ADMIN" true
+    fi
+    start_pgfresh "$OUTDIR/$target.toml" "$OUTDIR/$target.server.log"
     PROXY_PID=$PGFRESH_PID
     wait_accepting "$port"
-    if [ $parser = true ]; then wait_replica_reads "$port"; fi
-    # Sample the read pool twice a second: why a standby was out of it, and the lag seen.
-    ( while kill -0 "$PROXY_PID" 2>/dev/null; do
-          curl -fsS "http://127.0.0.1:$admin/v1/status" 2>/dev/null | python3 -c '
-import json, sys, time
-s = json.load(sys.stdin)
-for n in s["nodes"]:
-    if n["role"] != "primary":
-        print("%.1f %s lag_ms=%s lag_bytes=%s in_pool=%s reason=%s" % (time.time(), n["name"], n["lag_ms"], n["lag_bytes"], n["in_pool"], n["not_in_pool_reason"]))
-' || true
-          sleep 0.5
-      done ) >"$OUTDIR/$name.pool-samples.txt" 2>/dev/null &
-    sampler=$!
-    run_suite "$name" "$port"
-    kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
-    echo "   standby samples out of the read pool: $(grep -c 'in_pool=False' "$OUTDIR/$name.pool-samples.txt" || true)" \
-        "of $(wc -l <"$OUTDIR/$name.pool-samples.txt"); reasons: $(grep -o 'reason=[A-Za-z_]*' "$OUTDIR/$name.pool-samples.txt" | grep -v reason=None | sort | uniq -c | tr '\n' ' ')"
-    curl -fsS "http://127.0.0.1:$admin/metrics" >"$OUTDIR/$name.metrics.txt" 2>/dev/null || true
+    wait_replica_reads "$port"
+    run_suite "$target" "$port"
+    metrics_snapshot "$ADMIN" "$OUTDIR/$target.metrics.txt" || true
     stop_pid "$PROXY_PID"; PROXY_PID=""
 done
 
-# 3. pgbouncer, session pooling, in front of the primary. It refuses to run as root.
-if command -v pgbouncer >/dev/null; then
-    port=$(free_port)
-    bdir="$CLUSTER_DIR/pgbouncer"
-    start_pgbouncer "$bdir" "$port" session
-    run_suite pgbouncer "$port"
+# 3. PgBouncer, session and transaction mode, in front of the primary (as postgres when root).
+for target in pgbouncer-session pgbouncer-tx; do
+    if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
+    if [ $PGBOUNCER_OK = 0 ]; then echo "== $target: PgBouncer is not installed (apt-get install -y pgbouncer): skipped"; continue; fi
+    port=$(free_port); ADMIN="" KIND=other
+    bdir="$CLUSTER_DIR/$target"
+    start_pgbouncer "$bdir" "$port" "$([ "$target" = pgbouncer-tx ] && echo transaction || echo session)"
+    run_suite "$target" "$port"
     stop_pid "$PROXY_PID"; PROXY_PID=""
-    cp "$bdir/pgbouncer.log" "$OUTDIR/pgbouncer.log" 2>/dev/null || true
+    mv "$OUTDIR/pgbouncer.server.log" "$OUTDIR/$target.server.log" 2>/dev/null || true
+    cp "$bdir/pgbouncer.log" "$OUTDIR/$target.log" 2>/dev/null || true
+done
+
+# 4. pgpool-II, streaming-replication mode, load balancing over the three nodes.
+if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
+    echo "== pgpool: skipped (SKIP or PGPOOL=0)"
+elif [ $PGPOOL_OK = 0 ]; then
+    echo "== pgpool: pgpool-II is not installed (Debian: apt-get install -y pgpool2; PGPOOL=0 silences this): skipped"
 else
-    echo "pgbouncer is not installed (apt-get install -y pgbouncer): skipped"
+    port=$(free_port); ADMIN="" KIND=pgpool
+    # Enough child processes for every client (pgpool-II serves one client per child).
+    children=$((CLIENTS + 8 > 32 ? CLIENTS + 8 : 32))
+    if start_pgpool "$CLUSTER_DIR/pgpool" "$port" on "num_init_children = $children"; then
+        run_suite pgpool "$port"
+    else
+        echo "== pgpool: did not start; its log ($OUTDIR/pgpool.server.log):"; tail -20 "$OUTDIR/pgpool.server.log" | sed 's/^/   | /'
+    fi
+    stop_pid "$PROXY_PID"; PROXY_PID=""
 fi
 
-# 4. pgpool-II (optional), streaming-replication mode, connection cache on.
-if command -v pgpool >/dev/null && [ "${PGPOOL:-1}" != 0 ]; then
-    for lb in on off; do
-        name=$([ $lb = on ] && echo pgpool-lb || echo pgpool-nolb)
-        port=$(free_port); pcp=$(free_port)
-        pdir="$CLUSTER_DIR/$name"
-        as_pg mkdir -p "$pdir"
-        as_pg tee "$pdir/pgpool.conf" >/dev/null <<EOF
-backend_clustering_mode = 'streaming_replication'
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$pdir'
-pcp_listen_addresses = ''
-pcp_port = $pcp
-pcp_socket_dir = '$pdir'
-pid_file_name = '$pdir/pgpool.pid'
-logdir = '$pdir'
-backend_hostname0 = '127.0.0.1'
-backend_port0 = $PRIMARY_PORT
-backend_weight0 = 1
-backend_flag0 = 'ALWAYS_PRIMARY'
-backend_hostname1 = '127.0.0.1'
-backend_port1 = $STANDBY1_PORT
-backend_weight1 = 1
-backend_hostname2 = '127.0.0.1'
-backend_port2 = $STANDBY2_PORT
-backend_weight2 = 1
-num_init_children = 16
-max_pool = 2
-connection_cache = on
-load_balance_mode = $lb
-sr_check_period = 1
-sr_check_user = 'postgres'
-sr_check_password = ''
-health_check_period = 0
-enable_pool_hba = off
-failover_on_backend_error = off
-log_min_messages = warning
-EOF
-        as_pg touch "$pdir/pcp.conf"
-        if [ "$(id -u)" -eq 0 ]; then
-            setpriv --reuid=postgres --regid=postgres --init-groups -- pgpool -n -f "$pdir/pgpool.conf" -F "$pdir/pcp.conf" \
-                >"$OUTDIR/$name.server.log" 2>&1 &
-        else
-            pgpool -n -f "$pdir/pgpool.conf" -F "$pdir/pcp.conf" >"$OUTDIR/$name.server.log" 2>&1 &
-        fi
-        PROXY_PID=$!
-        if wait_accepting "$port"; then
-            run_suite "$name" "$port"
-        else
-            echo "pgpool-II did not start; its log:"; tail -20 "$OUTDIR/$name.server.log"
-        fi
-        stop_pid "$PROXY_PID"; PROXY_PID=""
-    done
-fi
+# 5. The tables.
+COMMIT=$(git -C "$BENCH_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git -C "$BENCH_ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then COMMIT="$COMMIT+changes"; fi
+python3 - "$RESULTS" "$OUTDIR/table.md" "$COMMIT" "$CLIENTS" "$THREADS" "$SECS" "$SCALE" <<'PY'
+import csv, sys, datetime
+results, out, commit, clients, threads, secs, scale = sys.argv[1:8]
+rows = list(csv.DictReader(open(results), delimiter="\t"))
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgbouncer-session", "pgbouncer-tx", "pgpool"]
+targets = [t for t in order if any(r["target"] == t for r in rows)]
+proxies = [t for t in targets if t != "direct"]
+workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
+             ("select-extended", "select-only, `-S -M extended` (1 stmt/tx)"),
+             ("mix", "read-mostly mix, `-M extended` (9 reads + 1 UPDATE: 10 stmts/tx)")]
+get = {(r["target"], r["workload"]): r for r in rows}
+
+def num(s):
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return None
+
+def cell(t, w, key, fmt):
+    v = num(get.get((t, w), {}).get(key))
+    return fmt(v) if v is not None else "–"
+
+def ratio(a, b, w):
+    x = num(get.get((a, w), {}).get("proxy_cpu_us_per_stmt"))
+    y = num(get.get((b, w), {}).get("proxy_cpu_us_per_stmt"))
+    return f"{x / y:.2f}×" if x is not None and y else "–"
+
+L = []
+L.append(f"pgbench `-c {clients} -j {threads} -T {secs}`, scale {scale}; commit {commit}; "
+         f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} (`bench/pgbench-compare.sh`)")
+L.append("")
+L.append("### Proxy CPU per statement (µs)")
+L.append("")
+pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"))
+         if a in targets and b in targets]
+head = ["workload"] + proxies + [f"{a} / {b}" for a, b in pairs]
+L.append("| " + " | ".join(head) + " |")
+L.append("|---|" + "---:|" * (len(head) - 1))
+for w, label in workloads:
+    cells = [cell(t, w, "proxy_cpu_us_per_stmt", lambda v: f"{v:.1f}") for t in proxies]
+    cells += [ratio(a, b, w) for a, b in pairs]
+    L.append(f"| {label} | " + " | ".join(cells) + " |")
+L.append("")
+L.append("### Throughput and latency: tps / p99 (ms)")
+L.append("")
+L.append("| workload | " + " | ".join(targets) + " |")
+L.append("|---|" + "---:|" * len(targets))
+for w, label in workloads:
+    cells = []
+    for t in targets:
+        r = get.get((t, w))
+        if r is None:
+            cells.append("–")
+            continue
+        tps, p99 = num(r["tps"]), num(r["p99_ms"])
+        cells.append(f"{tps:.0f} / " + (f"{p99:.2f}" if p99 is not None else "n/a"))
+    L.append(f"| {label} | " + " | ".join(cells) + " |")
+L.append("")
+share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgpool") if t in targets]
+if share_targets:
+    L.append("### Reads sent to the standbys during the run")
+    L.append("")
+    L.append("pgfresh: replica-routed reads over all reads (`pgfresh_routed_total`); "
+             "pgpool-II: SELECTs on the standbys over all SELECTs (`SHOW pool_nodes` select_cnt).")
+    L.append("")
+    L.append("| workload | " + " | ".join(share_targets) + " |")
+    L.append("|---|" + "---:|" * len(share_targets))
+    for w, label in workloads:
+        cells = []
+        for t in share_targets:
+            r = get.get((t, w))
+            s = num(r["replica_share"]) if r else None
+            cells.append(f"{100 * s:.1f} % ({r['replica_reads']} of {r['reads']})" if s is not None else "–")
+        L.append(f"| {label} | " + " | ".join(cells) + " |")
+    L.append("")
+    for t in ("pgfresh-session", "pgfresh-tx"):
+        r = get.get((t, "mix"))
+        if r and r.get("primary_by_reason") not in (None, "", "-"):
+            L.append(f"{t}, mix: statements routed to the primary, by reason: "
+                     + ", ".join(x.replace("=", " ") for x in r["primary_by_reason"].split(",")) + ".")
+    L.append("")
+failed = [(r["target"], r["workload"], r["failed"]) for r in rows if r["failed"] not in ("0", "")]
+L.append("Failed transactions: " + ("0 in every run." if not failed else
+         ", ".join(f"{t} {w}: {f}" for t, w, f in failed) + "."))
+loads = [num(r["loadavg_1m"]) for r in rows if num(r["loadavg_1m"]) is not None]
+if loads:
+    L.append(f"Load average (1 min, at the end of each run): {min(loads):.2f}–{max(loads):.2f}.")
+missing = [t for t in order if t not in targets]
+if missing:
+    L.append("Not run: " + ", ".join(missing) + ".")
+open(out, "w").write("\n".join(L) + "\n")
+PY
 
 echo
 echo "results: $RESULTS"
 column -t -s $'\t' "$RESULTS"
+echo
+echo "table: $OUTDIR/table.md"
+echo
+cat "$OUTDIR/table.md"
