@@ -110,6 +110,9 @@ pub struct Session {
     fallback_slot: Option<FallbackSlot>,
     /// Output to the client, flushed once per loop turn.
     out: Vec<Bytes>,
+    /// While a commit's relations wait for its position ([`unit::DeferredMarks`]): the
+    /// chunks of `out` from this index on are held back, in order, until it arrives.
+    hold_from: Option<usize>,
     terminating: bool,
     /// The active backend is in COPY IN mode: Syncs sent now are ignored by the server.
     copy_in: bool,
@@ -206,6 +209,7 @@ impl Session {
             replica_guard: None,
             fallback_slot: None,
             out: Vec::new(),
+            hold_from: None,
             terminating: false,
             copy_in: false,
             parser_enabled: true,
@@ -586,7 +590,14 @@ impl Session {
         };
         let budget = self.config.routing.read_retry_budget;
         let err = self.backend_lost(node, reason);
-        // A commit whose ReadyForQuery waited for its position report: it committed.
+        // A commit whose ReadyForQuery waited for its position report: it committed, at
+        // a position no one will tell now (its relations are primary-only for the
+        // recency window).
+        for u in &mut self.inflight {
+            if let Some(p) = u.probe.as_mut() {
+                p.marks.settle(None);
+            }
+        }
         self.release_held_ready();
         if self.inflight.iter().all(|u| u.injected) && !in_tx {
             // Idle (at most pgfresh's own probe was running; its marks simply stay
@@ -691,16 +702,27 @@ impl Session {
         }
     }
 
+    /// From now on, what is queued for the client waits for [`Session::release_held_ready`].
+    pub(super) fn hold_client_output(&mut self) {
+        self.hold_from.get_or_insert(self.out.len());
+    }
+
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
-        if self.out.is_empty() {
+        let ready = self
+            .hold_from
+            .map_or(self.out.len(), |h| h.min(self.out.len()));
+        if ready == 0 {
             return Ok(());
         }
-        let total: usize = self.out.iter().map(Bytes::len).sum();
-        if self.out.len() > 1 && total <= 64 * 1024 {
+        if let Some(h) = self.hold_from.as_mut() {
+            *h = 0;
+        }
+        let total: usize = self.out[..ready].iter().map(Bytes::len).sum();
+        if ready > 1 && total <= 64 * 1024 {
             // Several small replies (a synthesized CommandComplete + ReadyForQuery, an
             // error + ReadyForQuery): one write.
             let mut buf = BytesMut::with_capacity(total);
-            for chunk in self.out.drain(..) {
+            for chunk in self.out.drain(..ready) {
                 buf.extend_from_slice(&chunk);
             }
             self.client
@@ -708,7 +730,7 @@ impl Session {
                 .await
                 .map_err(ProxyError::ClientIo)?;
         } else {
-            for chunk in self.out.drain(..) {
+            for chunk in self.out.drain(..ready) {
                 self.client
                     .write_all(&chunk)
                     .await

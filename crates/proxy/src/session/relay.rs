@@ -427,7 +427,6 @@ impl Session {
         if writes.is_empty() {
             return;
         }
-        let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
         let recency = &self.shared.recency;
         let db = &self.login.database;
         let lsn_routing = self.config.routing.lsn_routing;
@@ -438,30 +437,27 @@ impl Session {
             .filter(|_| lsn_routing)
         {
             Some(probe) => {
-                let token = recency.mark_pending(db, &keys);
-                drop(keys);
-                probe.marks.push((writes, token));
+                // Marked with the commit's position when the probe answers; what the
+                // client is sent from here on waits for that (see `DeferredMarks`).
+                probe.marks.push(recency, db, writes);
+                self.hold_client_output();
             }
-            None => recency.mark(db, &keys, None),
+            None => {
+                let keys: Vec<RelKey<'_>> = writes
+                    .iter()
+                    .map(|n| RelKey {
+                        schema: n.schema.as_deref(),
+                        name: &n.name,
+                    })
+                    .collect();
+                recency.mark(db, &keys, None);
+            }
         }
     }
 
-    /// A probe's position arrived: the marks it waited for may now be served by a
-    /// replica that has replayed it.
-    fn resolve_probe(&self, probe: super::unit::Probe) {
-        let Some(lsn) = probe.lsn else { return };
-        for (writes, token) in &probe.marks {
-            let keys: Vec<RelKey<'_>> = writes.iter().map(rel_key).collect();
-            self.shared
-                .recency
-                .resolve_pending(&self.login.database, &keys, *token, lsn);
-        }
-    }
-}
-
-fn rel_key(n: &pgfresh_sql::RelName) -> RelKey<'_> {
-    RelKey {
-        schema: n.schema.as_deref(),
-        name: &n.name,
+    /// A probe's position arrived: the relations of the commit before it are marked with
+    /// it (a replica that has replayed it may serve their reads).
+    fn resolve_probe(&self, mut probe: super::unit::Probe) {
+        probe.marks.settle(probe.lsn);
     }
 }

@@ -201,9 +201,11 @@ impl Session {
         self.release_held_ready();
     }
 
-    /// Forward a ReadyForQuery held for a position report (also when the probe failed or
-    /// its connection was lost).
+    /// Forward what was held for a commit's position — the client output from the
+    /// commit's CommandComplete on and its ReadyForQuery — once the probe answered (also
+    /// when it failed or its connection was lost).
     pub(super) fn release_held_ready(&mut self) {
+        self.hold_from = None;
         if let Some(status) = self.tokens.held_ready.take() {
             self.out.push(build::ready_for_query(status));
         }

@@ -201,8 +201,8 @@ impl Expect {
 /// The marks waiting for a position probe, and the position once read.
 #[derive(Debug, Default)]
 pub struct Probe {
-    /// (written relations, recency token) per mark.
-    pub marks: Vec<(Vec<RelName>, u64)>,
+    /// What the commit before the probe wrote, marked once the probe answers.
+    pub marks: DeferredMarks,
     pub lsn: Option<pgfresh_lsn::Lsn>,
     /// Report the position to the client (`pgfresh.track_commit_lsn`).
     pub report: bool,
@@ -246,5 +246,126 @@ impl InFlight {
             closed,
             ..Self::injected()
         }
+    }
+}
+
+/// Relations a commit wrote, marked in the recency map only once the position probe
+/// pipelined after the commit answers, with that position. Until then the client's
+/// acknowledgement (its CommandComplete onwards) is held back, so no one can yet depend
+/// on the commit and the relations need no mark without a position meanwhile (which would
+/// send every read of them to the primary). Dropped unsettled — the probe failed, or its
+/// connection was lost — they are marked without a position: primary-only for the
+/// recency window.
+#[derive(Default)]
+pub struct DeferredMarks {
+    target: Option<(Arc<pgfresh_recency::RecencyMap>, String)>,
+    writes: Vec<Vec<RelName>>,
+}
+
+impl DeferredMarks {
+    /// Adds `writes` (relations of database `db`) to the marks.
+    pub fn push(
+        &mut self,
+        recency: &Arc<pgfresh_recency::RecencyMap>,
+        db: &str,
+        writes: Vec<RelName>,
+    ) {
+        if self.target.is_none() {
+            self.target = Some((recency.clone(), db.to_string()));
+        }
+        self.writes.push(writes);
+    }
+
+    /// Nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// Marks every relation with `lsn` (`None`: position unknown, primary only).
+    pub fn settle(&mut self, lsn: Option<pgfresh_lsn::Lsn>) {
+        let Some((recency, db)) = &self.target else {
+            return;
+        };
+        for writes in self.writes.drain(..) {
+            let keys: Vec<pgfresh_recency::RelKey<'_>> = writes
+                .iter()
+                .map(|n| pgfresh_recency::RelKey {
+                    schema: n.schema.as_deref(),
+                    name: &n.name,
+                })
+                .collect();
+            recency.mark(db, &keys, lsn);
+        }
+    }
+}
+
+impl Drop for DeferredMarks {
+    fn drop(&mut self) {
+        self.settle(None);
+    }
+}
+
+impl std::fmt::Debug for DeferredMarks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeferredMarks")
+            .field("writes", &self.writes)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgfresh_lsn::Lsn;
+    use pgfresh_recency::{ManualClock, RecencyConfig, RecencyMap, RelKey};
+
+    fn map() -> Arc<RecencyMap> {
+        let cfg = RecencyConfig {
+            ttl_ms: 1_000,
+            cold_start_ms: 0,
+            ..RecencyConfig::default()
+        };
+        Arc::new(RecencyMap::new(cfg, Arc::new(ManualClock::new(0))))
+    }
+
+    fn orders() -> Vec<RelName> {
+        vec![RelName {
+            schema: None,
+            name: "orders".into(),
+        }]
+    }
+
+    fn required(m: &RecencyMap) -> Option<Option<Lsn>> {
+        let h = m.lookup("db", &[RelKey::unqualified("orders")]);
+        h.is_hot().then(|| h.required_lsn())
+    }
+
+    #[test]
+    fn deferred_marks_wait_for_the_position_then_carry_it() {
+        let m = map();
+        let mut d = DeferredMarks::default();
+        d.push(&m, "db", orders());
+        // Not acknowledged yet: nothing is marked.
+        assert_eq!(required(&m), None);
+        d.settle(Some(Lsn(0x500)));
+        assert_eq!(required(&m), Some(Some(Lsn(0x500))));
+        // Settled once: dropping it marks nothing more.
+        drop(d);
+        assert_eq!(required(&m), Some(Some(Lsn(0x500))));
+    }
+
+    #[test]
+    fn deferred_marks_dropped_unsettled_are_primary_only() {
+        let m = map();
+        let mut d = DeferredMarks::default();
+        d.push(&m, "db", orders());
+        drop(d);
+        assert_eq!(required(&m), Some(None));
+        // A failed probe (no position) settles the same way.
+        let m = map();
+        let mut d = DeferredMarks::default();
+        d.push(&m, "db", orders());
+        d.settle(None);
+        assert_eq!(required(&m), Some(None));
     }
 }
