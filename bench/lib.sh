@@ -215,6 +215,20 @@ routed_read_counts() {
         END { printf "%d %d\n", replica, total }'
 }
 
+# The read-mostly mix as a pgbench script: 9 point reads of pgbench_accounts, then one
+# autocommit UPDATE of it (10 statements a transaction): write_mix FILE
+write_mix() {
+    {
+        for _ in 1 2 3 4 5 6 7 8 9; do
+            echo '\set aid random(1, 100000 * :scale)'
+            echo 'SELECT abalance FROM pgbench_accounts WHERE aid = :aid;'
+        done
+        echo '\set aid random(1, 100000 * :scale)'
+        echo '\set delta random(-5000, 5000)'
+        echo 'UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;'
+    } >"$1"
+}
+
 # The benchmark cluster: the one in $CLUSTER_DIR (made by cluster.sh), or a new one that
 # bench_cleanup removes. Sources its cluster.env. Needs HERE and OUTDIR.
 bench_cluster() {

@@ -87,17 +87,8 @@ fi
 bench_cluster
 bench_pgbench_init
 
-# The read-mostly mix: 9 point reads, then one autocommit write of the same table.
 MIX="$OUTDIR/mix.sql"
-{
-    for _ in 1 2 3 4 5 6 7 8 9; do
-        echo '\set aid random(1, 100000 * :scale)'
-        echo 'SELECT abalance FROM pgbench_accounts WHERE aid = :aid;'
-    done
-    echo '\set aid random(1, 100000 * :scale)'
-    echo '\set delta random(-5000, 5000)'
-    echo 'UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;'
-} >"$MIX"
+write_mix "$MIX"
 
 WORKLOADS="select-simple select-extended mix"
 
