@@ -22,9 +22,7 @@ moved past K by t.
 Ideal offload: the share of the run's time (reads are spread evenly over it) at which some
 standby had replayed every commit written before that moment. A commit counts from its
 commit time, which precedes its acknowledgement, and a standby's position from the end of
-the sample that read it, so the ideal is a slight underestimate. "Known" offload applies the
-same rule to pgfresh's known positions: what routing could do with what it knew. Offload is
-pgfresh's own count (pgfresh_routed_total): reads sent to a replica over all reads.
+the sample that read it, so the ideal is a slight underestimate. Offload is pgfresh's own count (pgfresh_routed_total): reads sent to a replica over all reads.
 """
 import argparse
 import bisect
@@ -215,8 +213,6 @@ def main():
     report["commits"] = len(commit_list)
     report["ideal_offload"] = round(ideal_share(
         grid, commit_list, [replay[n].samples for n in standbys], lambda s: (s[1], s[2])), 4)
-    report["known_offload"] = round(ideal_share(
-        grid, commit_list, [known.samples[n] for n in standbys], lambda s: (s[0], s[1])), 4)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
     reads = sum(v for (target, reason), v in delta.items() if reason != "write")
     to_replica = sum(v for (target, _), v in delta.items() if target == "replica")
