@@ -50,7 +50,8 @@ wait_standbys_caught_up() {
 }
 
 # Writes a pgfresh config for the cluster: write_pgfresh_conf FILE LISTEN_PORT ADMIN_PORT PARSER(true|false) [EXTRA_ROUTING_LINES]
-# ($PGFRESH_POOL_SIZE and $PGFRESH_POOL_EXTRA go into [pool]; max_client_connections is 10000.)
+# ($PGFRESH_POOL_SIZE and $PGFRESH_POOL_EXTRA go into [pool], $PGFRESH_MONITOR_EXTRA into
+# [monitor]; max_client_connections is 10000.)
 write_pgfresh_conf() {
     local file=$1 port=$2 admin=$3 parser=$4 extra=${5:-}
     cat >"$file" <<EOF
@@ -69,6 +70,7 @@ ${PGFRESH_POOL_EXTRA:-}
 user = "postgres"
 password = ""
 database = "postgres"
+${PGFRESH_MONITOR_EXTRA:-}
 
 [routing]
 enable_query_parser = $parser

@@ -17,8 +17,8 @@
 # Per run it prints (and writes to OUTDIR/PERIOD.json): the staleness of pgfresh's known
 # replay positions (percentiles of an upper bound, and the share within 10 ms), the ideal
 # offload (the share of the time some standby had replayed every commit made before), the
-# offload pgfresh achieved (its own routing counters), and the monitor's queries a second on
-# each standby (pg_stat_database.xact_commit of the monitor's database). The samplers add
+# offload pgfresh achieved (its own routing counters), the fast replay polls made a second
+# (pgfresh_replay_polls_total) and the proxy's CPU time. The samplers add
 # load of their own (two direct queries a millisecond, /v1/status every 2 ms): read the CPU
 # figures of bench/pgbench-compare.sh, not this run's throughput.
 set -euo pipefail
@@ -45,26 +45,26 @@ bench_cluster
 bench_pgbench_init
 write_mix "$OUTDIR/mix.sql"
 
-monitor_polls() {
-    psql_node "$1" "SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'"
+fast_polls() {
+    curl -fsS "http://127.0.0.1:$1/metrics" | awk '/^pgfresh_replay_polls_total/ { n += $2 } END { print n + 0 }'
 }
 
 for period in $PERIODS; do
     port=$(free_port); admin=$(free_port)
-    write_pgfresh_conf "$OUTDIR/p$period.toml" "$port" "$admin" true
-    sed -i "s/^\[monitor\]$/[monitor]\nreplay_check_period_ms = $period/" "$OUTDIR/p$period.toml"
+    PGFRESH_MONITOR_EXTRA="replay_check_period_ms = $period" \
+        write_pgfresh_conf "$OUTDIR/p$period.toml" "$port" "$admin" true
     start_pgfresh "$OUTDIR/p$period.toml" "$OUTDIR/p$period.log"
     PROXY_PID=$PGFRESH_PID
     wait_accepting "$port"
     wait_replica_reads "$port"
     wait_standbys_caught_up
     echo "== replay_check_period_ms = $period: $SECS s, $CLIENTS clients"
-    b1=$(monitor_polls "$STANDBY1_PORT"); b2=$(monitor_polls "$STANDBY2_PORT")
+    polls=$(fast_polls "$admin"); ticks=$(cpu_ticks "$PROXY_PID")
     python3 "$HERE/replay-freshness.py" -d "$CLUSTER_DIR" --port "$port" --admin "$admin" \
         --mix "$OUTDIR/mix.sql" --seconds "$SECS" --clients "$CLIENTS" \
         --label "replay_check_period_ms=$period" --json "$OUTDIR/p$period.json"
-    a1=$(monitor_polls "$STANDBY1_PORT"); a2=$(monitor_polls "$STANDBY2_PORT")
-    echo "   monitor queries a second on each standby: $(( (a1 - b1) / SECS )), $(( (a2 - b2) / SECS ))" \
+    polls=$(( $(fast_polls "$admin") - polls )); ticks=$(( $(cpu_ticks "$PROXY_PID") - ticks ))
+    echo "   fast replay polls a second, both standbys: $(( polls / SECS )); proxy CPU: $(awk -v t="$ticks" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", t / hz }') s" \
         | tee "$OUTDIR/p$period.polls.txt"
     stop_pid "$PROXY_PID"; PROXY_PID=""
 done

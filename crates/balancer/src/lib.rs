@@ -131,7 +131,7 @@ impl Inner {
     pub(crate) fn record_replay(&self, id: NodeId, lsn: Lsn) {
         let mut state = self.lock();
         if state.record_replay(id, lsn) {
-            self.publish(&mut state);
+            self.publish_as(&mut state, Export::Skip);
         }
     }
 
@@ -162,6 +162,12 @@ impl Inner {
 
     /// Recomputes the view from `state`, stores it, and announces it.
     fn publish(&self, state: &mut State) {
+        self.publish_as(state, Export::Gauges);
+    }
+
+    /// [`Inner::publish`]; a fast replay poll's view (up to hundreds a second) leaves the
+    /// lag gauges to the next full poll.
+    fn publish_as(&self, state: &mut State, export: Export) {
         let outstanding: Vec<u64> = self
             .outstanding
             .load()
@@ -170,7 +176,9 @@ impl Inner {
             .collect();
         let settings = self.settings.load();
         let (view, events) = state.compute(&settings, &outstanding, Instant::now());
-        export_metrics(&view, &events);
+        if export == Export::Gauges || !events.is_empty() {
+            export_metrics(&view, &events);
+        }
         for e in &events {
             log_event(&view, e);
         }
@@ -182,6 +190,13 @@ impl Inner {
         }
         self.generation.send_replace(generation);
     }
+}
+
+/// Whether a published view updates the gauges.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Export {
+    Gauges,
+    Skip,
 }
 
 /// The cluster view and replica selection. Cheap to clone; the monitor stops when the last

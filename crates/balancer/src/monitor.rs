@@ -220,12 +220,14 @@ async fn fast_polls(
     settings: &MonitorSettings,
     next: Instant,
 ) {
+    let polls = metrics::counter!("pgfresh_replay_polls_total", "node" => name.to_string());
     loop {
         tokio::select! {
             _ = sleep_until(next) => return,
             _ = inner.demand.wait_active() => {}
         }
         let tick = Instant::now() + settings.replay_check_period;
+        polls.increment(1);
         match source.poll_replay(settings).await {
             Some(Ok(Some(lsn))) => inner.record_replay(id, lsn),
             Some(Ok(None)) => {}

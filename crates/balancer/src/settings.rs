@@ -86,7 +86,7 @@ impl Default for MonitorSettings {
             password: String::new(),
             database: "postgres".to_string(),
             sr_check_period: Duration::from_millis(100),
-            replay_check_period: Duration::from_millis(5),
+            replay_check_period: Duration::from_millis(2),
             health_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             delay_threshold_bytes: None,

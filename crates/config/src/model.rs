@@ -295,7 +295,7 @@ impl Default for MonitorSection {
             password: String::new(),
             database: "postgres".into(),
             sr_check_period_ms: 100,
-            replay_check_period_ms: 5,
+            replay_check_period_ms: 2,
             health_timeout_ms: 2_000,
             connect_timeout_ms: 2_000,
         }
