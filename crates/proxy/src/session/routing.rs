@@ -363,7 +363,8 @@ impl Session {
                         metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "replica_wait_timeout")
                             .increment(1);
                     }
-                    (primary()?, Reason::HotRelation)
+                    // Counted apart from a hot read whose position is unknown.
+                    (primary()?, Reason::HotRelationLsn)
                 }
                 None => {
                     let max = self.config.routing.max_primary_fallbacks;
