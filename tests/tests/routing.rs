@@ -121,6 +121,53 @@ async fn read_after_write_never_misses_with_delayed_replicas() {
     assert_eq!(cross_misses, 0, "cross-session read-after-write misses");
 }
 
+/// pgfresh's own queries name `pg_catalog`: a session whose search path puts a schema
+/// with a `pg_current_wal_lsn()` of its own first cannot hand pgfresh a made-up commit
+/// position (one every replica has replayed, so the next read would go to a stale one).
+#[tokio::test]
+async fn a_shadowing_function_cannot_fake_a_commit_position() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("shadowed");
+    let s = unique("shadowing");
+    writer
+        .batch_execute(&format!(
+            "CREATE SCHEMA {s};
+             CREATE FUNCTION {s}.pg_current_wal_lsn() RETURNS pg_lsn
+                 LANGUAGE sql AS $$SELECT '0/1'::pg_lsn$$;
+             CREATE TABLE {t}(id int primary key)"
+        ))
+        .await
+        .unwrap();
+    wait_replicated(&writer).await;
+    writer
+        .batch_execute(&format!("SET search_path = {s}, pg_catalog, public"))
+        .await
+        .unwrap();
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 300).unwrap();
+    }
+    let mut misses = 0;
+    for i in 0..50i32 {
+        writer
+            .execute(&format!("INSERT INTO {t} VALUES ($1)"), &[&i])
+            .await
+            .unwrap();
+        let n: i64 = reader
+            .query_one(&format!("SELECT count(*) FROM {t} WHERE id = $1"), &[&i])
+            .await
+            .unwrap()
+            .get(0);
+        misses += usize::from(n != 1);
+    }
+    for i in 1..=2 {
+        cluster().set_apply_delay(i, 0).unwrap();
+    }
+    assert_eq!(misses, 0, "reads that missed the write just acknowledged");
+}
+
 #[tokio::test]
 async fn transactions_stay_on_one_node() {
     let _g = SERIAL.lock().await;

@@ -309,8 +309,11 @@ impl Session {
         self.collect_due();
         self.out.append(&mut self.due);
         if probe {
-            self.send_frames(node, &[build::query("SELECT pg_current_wal_lsn()")])
-                .await?;
+            self.send_frames(
+                node,
+                &[build::query("SELECT pg_catalog.pg_current_wal_lsn()")],
+            )
+            .await?;
             let mut f = InFlight::injected();
             f.probe = Some(super::unit::Probe::default());
             self.inflight.push_back(f);

@@ -135,7 +135,7 @@ pub struct InFlight {
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
     pub skip_acks: u32,
-    /// An injected `SELECT pg_current_wal_lsn()` sent right after a committing unit: the
+    /// An injected `SELECT pg_catalog.pg_current_wal_lsn()` sent right after a committing unit: the
     /// position it returns is at or past that commit, and resolves the unit's marks.
     pub probe: Option<Probe>,
     /// Settings events still to be matched with the server's CommandCompletes.

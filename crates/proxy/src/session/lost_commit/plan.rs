@@ -171,7 +171,7 @@ async fn query_status(shared: &Shared, node: usize, xid: u64) -> Result<Option<S
     let conn = MonitorConn::open(shared, Some(node), None, "pgfresh lost commit").await?;
     let row = conn
         .client
-        .query_one("SELECT txid_status($1)", &[&xid])
+        .query_one("SELECT pg_catalog.txid_status($1)", &[&xid])
         .await
         .map_err(|e| pgfresh_balancer::describe_pg_error(&e));
     conn.close().await;

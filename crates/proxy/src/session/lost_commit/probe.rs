@@ -5,7 +5,8 @@ use pgfresh_lsn::Lsn;
 /// The transaction-id probe pgfresh sends before a watched COMMIT: the id, the WAL
 /// insert position, and whether a logged write proves the id is in the WAL (see
 /// [`xid_probe`]).
-pub const XID_PROBE: &str = "SELECT txid_current_if_assigned(), pg_current_wal_insert_lsn()";
+pub const XID_PROBE: &str =
+    "SELECT pg_catalog.txid_current_if_assigned(), pg_catalog.pg_current_wal_insert_lsn()";
 
 /// At most this many of the transaction's written relations are checked by the probe.
 pub(super) const PROBE_RELATIONS: usize = 8;
@@ -29,11 +30,14 @@ pub fn xid_probe(writes: &[pgfresh_sql::RelName]) -> String {
         }
         let r = match &w.schema {
             Some(schema) => format!(
-                "to_regclass(format('%I.%I', {}, {}))",
+                "pg_catalog.to_regclass(pg_catalog.format('%I.%I', {}, {}))",
                 lit(schema),
                 lit(&w.name)
             ),
-            None => format!("to_regclass(quote_ident({}))", lit(&w.name)),
+            None => format!(
+                "pg_catalog.to_regclass(pg_catalog.quote_ident({}))",
+                lit(&w.name)
+            ),
         };
         if !regs.contains(&r) {
             regs.push(r);
@@ -46,9 +50,10 @@ pub fn xid_probe(writes: &[pgfresh_sql::RelName]) -> String {
         return format!("{XID_PROBE}, false");
     }
     format!(
-        "{XID_PROBE}, EXISTS (SELECT FROM pg_class c WHERE c.oid IN ({}) \
-         AND c.relpersistence = 'p' AND pg_stat_get_xact_tuples_inserted(c.oid) \
-         + pg_stat_get_xact_tuples_updated(c.oid) + pg_stat_get_xact_tuples_deleted(c.oid) > 0)",
+        "{XID_PROBE}, EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid IN ({}) \
+         AND c.relpersistence = 'p' AND pg_catalog.pg_stat_get_xact_tuples_inserted(c.oid) \
+         + pg_catalog.pg_stat_get_xact_tuples_updated(c.oid) \
+         + pg_catalog.pg_stat_get_xact_tuples_deleted(c.oid) > 0)",
         regs.join(", ")
     )
 }
