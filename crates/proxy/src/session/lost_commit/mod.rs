@@ -594,7 +594,10 @@ mod tests {
         let q = xid_probe(&[rel(None, "t"), rel(None, "t"), rel(Some("s"), "o'dd\\x")]);
         assert!(q.starts_with(XID_PROBE), "{q}");
         assert_eq!(q.matches("to_regclass").count(), 2, "{q}");
-        assert!(q.contains("to_regclass(pg_catalog.quote_ident(E't'))"), "{q}");
+        assert!(
+            q.contains("to_regclass(pg_catalog.quote_ident(E't'))"),
+            "{q}"
+        );
         assert!(
             q.contains("pg_catalog.to_regclass(pg_catalog.format('%I.%I', E's', E'o''dd\\\\x'))"),
             "{q}"
