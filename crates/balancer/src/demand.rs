@@ -48,7 +48,7 @@ impl ReplayDemand {
     pub(crate) fn record(&self) {
         let now = self.now_ms();
         let last = self.last.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < RECORD_GRANULARITY_MS {
+        if last != 0 && now.saturating_sub(last) < RECORD_GRANULARITY_MS {
             return;
         }
         self.last.store(now, Ordering::Relaxed);
@@ -95,8 +95,12 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
+        // Recorded even in the first milliseconds of the balancer's life.
         d.record();
-        waiter.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("the demand wakes the waiter")
+            .unwrap();
         assert!(d.active());
         // Already active: no wait.
         d.wait_active().await;
