@@ -58,6 +58,9 @@ pub struct DeferredBegin {
     pub analysis: Arc<pgfresh_sql::Analysis>,
 }
 
+/// The most client output held back while a commit's position is learned.
+const HOLD_LIMIT: usize = 1 << 20;
+
 pub struct Session {
     shared: Arc<Shared>,
     /// The config in force, refreshed from `config_cache` at each turn of the loop (one
@@ -707,7 +710,29 @@ impl Session {
         self.hold_from.get_or_insert(self.out.len());
     }
 
+    /// More than [`HOLD_LIMIT`] bytes held for a commit's position (a large result after
+    /// a write in the same simple query): the commit's relations are marked without a
+    /// position now (primary only for the TTL) and the output flows again, so holding
+    /// never costs more memory than that.
+    fn bound_held_output(&mut self) {
+        let Some(h) = self.hold_from else { return };
+        let held: usize = self.out[h.min(self.out.len())..]
+            .iter()
+            .map(Bytes::len)
+            .sum();
+        if held <= HOLD_LIMIT {
+            return;
+        }
+        for u in &mut self.inflight {
+            if let Some(p) = u.probe.as_mut() {
+                p.marks.settle(None);
+            }
+        }
+        self.hold_from = None;
+    }
+
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
+        self.bound_held_output();
         let ready = self
             .hold_from
             .map_or(self.out.len(), |h| h.min(self.out.len()));
