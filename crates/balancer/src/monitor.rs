@@ -363,48 +363,17 @@ async fn connect(
         // notices through the client and reconnects.
         let _ = connection.await;
     });
-    let statement = match timeout(
-        s.health_timeout.max(Duration::from_millis(1)),
-        client.prepare(POLL_SQL),
-    )
-    .await
-    {
-        Ok(Ok(st)) => st,
-        Ok(Err(e)) => {
+    let prepared = async {
+        let statement = prepare(&client, POLL_SQL, "the poll", s).await?;
+        let replay = prepare(&client, REPLAY_SQL, "the replay poll", s).await?;
+        Ok::<_, String>((statement, replay))
+    }
+    .await;
+    let (statement, replay) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
             driver.abort();
-            return Err(format!(
-                "preparing the poll failed: {}",
-                describe_pg_error(&e)
-            ));
-        }
-        Err(_) => {
-            driver.abort();
-            return Err(format!(
-                "preparing the poll timed out after {:?}",
-                s.health_timeout
-            ));
-        }
-    };
-    let replay = match timeout(
-        s.health_timeout.max(Duration::from_millis(1)),
-        client.prepare(REPLAY_SQL),
-    )
-    .await
-    {
-        Ok(Ok(st)) => st,
-        Ok(Err(e)) => {
-            driver.abort();
-            return Err(format!(
-                "preparing the replay poll failed: {}",
-                describe_pg_error(&e)
-            ));
-        }
-        Err(_) => {
-            driver.abort();
-            return Err(format!(
-                "preparing the replay poll timed out after {:?}",
-                s.health_timeout
-            ));
+            return Err(e);
         }
     };
     Ok(Conn {
@@ -482,6 +451,22 @@ pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCh
             .map_err(|e| format!("unexpected result: {e}"))?,
         tls: conn.tls,
     })
+}
+
+/// Prepares `sql` on a new monitor connection, within the health timeout.
+async fn prepare(
+    client: &Client,
+    sql: &str,
+    what: &str,
+    s: &MonitorSettings,
+) -> Result<Statement, String> {
+    timeout(
+        s.health_timeout.max(Duration::from_millis(1)),
+        client.prepare(sql),
+    )
+    .await
+    .map_err(|_| format!("preparing {what} timed out after {:?}", s.health_timeout))?
+    .map_err(|e| format!("preparing {what} failed: {}", describe_pg_error(&e)))
 }
 
 async fn poll_replay(c: &Conn, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
