@@ -574,3 +574,63 @@ async fn slow_reader_costs_no_memory(prefix: &str, limit: u64) {
     )
     .await;
 }
+
+/// A standby closes the session's connection while the session reads from another node
+/// (a terminated backend, a shutdown): the next statement bound for that standby finds
+/// it closed before anything was sent and connects again, also inside a read-only
+/// transaction, where nothing may be retried once sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_while_idle_is_replaced_before_use() {
+    let p = proxy();
+    let mut c = p.connect().await;
+    let name = unique("idle_closed");
+    let t = unique("idle_closed_t");
+    c.batch_execute(&format!(
+        "SET application_name = '{name}'; CREATE TABLE {t}(v int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
+    wait_replicated_on(cluster(), &c).await;
+    let (s1, s2) = (i32::from(node_port(1)), i32::from(node_port(2)));
+    let read = format!("SELECT inet_server_port() FROM {t}");
+    // Reads until the session holds a connection on standby 1 and last read on standby 2.
+    let (mut seen1, mut last) = (false, 0);
+    for _ in 0..2000 {
+        last = c.query_one(&read, &[]).await.unwrap().get(0);
+        seen1 |= last == s1;
+        if seen1 && last == s2 {
+            break;
+        }
+    }
+    assert!(seen1 && last == s2, "reads never went to both standbys");
+    let on_1 = format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
+    let killed = cluster()
+        .psql(
+            1,
+            "postgres",
+            &format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = '{name}'"
+            ),
+        )
+        .unwrap();
+    assert_eq!(killed, "1");
+    poll(
+        "the backend on standby 1 to be gone",
+        Duration::from_secs(60),
+        || async { (cluster().psql(1, "postgres", &on_1).ok()? == "0").then_some(()) },
+    )
+    .await;
+    // Read-only transactions until one runs on standby 1 again: none fails.
+    let mut landed = false;
+    for _ in 0..2000 {
+        let tx = c.build_transaction().read_only(true).start().await.unwrap();
+        let port: i32 = tx.query_one(&read, &[]).await.unwrap().get(0);
+        tx.commit().await.unwrap();
+        if port == s1 {
+            landed = true;
+            break;
+        }
+    }
+    assert!(landed, "no read-only transaction ran on standby 1");
+}

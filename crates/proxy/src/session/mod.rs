@@ -774,6 +774,12 @@ impl Session {
             self.backends.resize_with(node + 1, || None);
         }
         let generation = self.shared.pools.generation(node);
+        if self.idle_conn_closed(node) {
+            // Its server closed it while another node was active (a shutdown, a
+            // terminated backend): nothing was sent on it, so a new one serves the unit.
+            tracing::info!(node, "server closed an idle connection; connecting again");
+            self.backends[node] = None;
+        }
         if let Some(l) = &self.backends[node] {
             if l.conn.generation == generation {
                 self.set_active(node);
@@ -825,6 +831,35 @@ impl Session {
         self.backends[node] = Some(leased);
         self.set_active(node);
         Ok(())
+    }
+
+    /// A connection to `node` that was not being read (another node was active) may have
+    /// been closed by its server meanwhile: its socket is then readable. Costs no system
+    /// call unless the runtime already saw it readable; then reads it: end of stream, an
+    /// error, or a FATAL message mean it is gone (other messages, notices, stay buffered
+    /// for the relay).
+    fn idle_conn_closed(&mut self, node: usize) -> bool {
+        use std::future::Future;
+        if self.active == Some(node) {
+            return false;
+        }
+        let Some(l) = self.backends.get_mut(node).and_then(Option::as_mut) else {
+            return false;
+        };
+        let ready = {
+            let readable = std::pin::pin!(l.conn.stream.readable());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            readable.poll(&mut cx).is_ready()
+        };
+        if !ready {
+            return false;
+        }
+        let before = l.conn.rbuf.len();
+        match l.conn.stream.try_read_buf(&mut l.conn.rbuf) {
+            Ok(0) => true,
+            Ok(_) => relay::has_fatal(&l.conn.rbuf[before..]),
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        }
     }
 
     /// The session's connection to `node` was made before the node last changed role

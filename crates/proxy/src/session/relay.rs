@@ -461,3 +461,26 @@ impl Session {
         probe.marks.settle(probe.lsn);
     }
 }
+
+/// Whether the complete backend messages at the start of `buf` include an ErrorResponse
+/// of severity FATAL or PANIC (the server is closing the connection).
+pub(super) fn has_fatal(buf: &[u8]) -> bool {
+    let mut pos = 0;
+    while buf.len() - pos >= 5 {
+        let len =
+            u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]) as usize;
+        if len < 4 || buf.len() - pos < 1 + len {
+            return false;
+        }
+        let body = &buf[pos + 5..pos + 1 + len];
+        if buf[pos] == b'E'
+            && body
+                .split(|b| *b == 0)
+                .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
+        {
+            return true;
+        }
+        pos += 1 + len;
+    }
+    false
+}
