@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{current_lsn, settings, specs, start, until, DEADLINE};
+use common::{current_lsn, settings, specs, start, until, until_sql, DEADLINE};
 use pgfresh_balancer::{Balancer, ClusterEvent, Ineligible, Role, WaitTimeout};
 use pgfresh_localcluster::LocalCluster;
 
@@ -374,24 +374,6 @@ fn write_something(c: &LocalCluster) -> pgfresh_lsn::Lsn {
     current_lsn(c, 0)
 }
 
-/// Node `i` itself reports having replayed `lsn`.
-async fn replayed_on_node(c: &LocalCluster, i: usize, lsn: pgfresh_lsn::Lsn) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let text = c
-            .psql(i, "postgres", "SELECT pg_last_wal_replay_lsn()")
-            .unwrap();
-        if text.parse::<pgfresh_lsn::Lsn>().unwrap() >= lsn {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "node {i} never replayed {lsn}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
     let _serial = SERIAL.lock().await;
@@ -408,8 +390,9 @@ async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
     // No read has waited: the replay is not polled although both standbys moved on.
     let before = b.view();
     let lsn = write_something(c);
-    replayed_on_node(c, 1, lsn).await;
-    replayed_on_node(c, 2, lsn).await;
+    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    until_sql(c, 1, &replayed, "t").await;
+    until_sql(c, 2, &replayed, "t").await;
     let after = b.view();
     assert_eq!(after.generation, before.generation, "nothing was polled");
     assert!(after.nodes[1].replay_lsn < Some(lsn));
@@ -435,7 +418,13 @@ async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
     let b = start(c, s).await;
     until(&b, "initial roles", all_good).await;
     let lsn = write_something(c);
-    replayed_on_node(c, 1, lsn).await;
+    until_sql(
+        c,
+        1,
+        &format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'"),
+        "t",
+    )
+    .await;
     let short = tokio::time::Instant::now() + Duration::from_secs(1);
     assert_eq!(
         b.wait_for(lsn, short).await,

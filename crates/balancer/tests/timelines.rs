@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{current_lsn, settings, start, until, DEADLINE};
+use common::{current_lsn, settings, start, until, until_sql, DEADLINE};
 use pgfresh_balancer::{Role, Translation};
 use pgfresh_localcluster::{ClusterOptions, LocalCluster};
 use pgfresh_lsn::{Lsn, Position};
@@ -24,22 +24,6 @@ fn token(c: &LocalCluster, node: usize) -> Position {
     let (file_tli, lsn) = row.split_once(' ').unwrap();
     let tli = u32::from_str_radix(file_tli, 16).unwrap();
     format!("{tli}/{lsn}").parse().unwrap()
-}
-
-/// Polls `sql` on node `i` until it prints `want`.
-async fn until_sql(c: &LocalCluster, i: usize, sql: &str, want: &str) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let got = c.psql(i, "postgres", sql).unwrap();
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {sql:?} to print {want:?} on node {i} (last: {got:?})"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

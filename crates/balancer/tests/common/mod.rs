@@ -71,3 +71,20 @@ pub fn current_lsn(c: &LocalCluster, primary: usize) -> Lsn {
         .parse()
         .unwrap()
 }
+
+/// Polls `sql` on node `i` until it prints `want`.
+#[allow(dead_code)] // not every test binary waits on SQL
+pub async fn until_sql(c: &LocalCluster, i: usize, sql: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = c.psql(i, "postgres", sql).unwrap();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {sql:?} to print {want:?} on node {i} (last: {got:?})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
