@@ -334,14 +334,14 @@ fn read_requirement(
     if a.reads.is_empty() && behind.is_empty() {
         return None;
     }
-    let keys: Vec<RelKey<'_>> = a
-        .reads
-        .iter()
-        .chain(behind)
-        .map(|n| RelKey {
-            schema: n.schema.as_deref(),
-            name: &n.name,
-        })
-        .collect();
+    let keys: Vec<RelKey<'_>> = a.reads.iter().chain(behind).map(rel_key).collect();
     need(ctx.recency.lookup(ctx.database, &keys), required)
+}
+
+/// The recency map's key for a relation name.
+pub(crate) fn rel_key(n: &pgfresh_sql::RelName) -> RelKey<'_> {
+    RelKey {
+        schema: n.schema.as_deref(),
+        name: &n.name,
+    }
 }

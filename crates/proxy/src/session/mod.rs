@@ -596,11 +596,7 @@ impl Session {
         // A commit whose ReadyForQuery waited for its position report: it committed, at
         // a position no one will tell now (its relations are primary-only for the
         // recency window).
-        for u in &mut self.inflight {
-            if let Some(p) = u.probe.as_mut() {
-                p.marks.settle(None);
-            }
-        }
+        self.give_up_deferred_marks();
         self.release_held_ready();
         if self.inflight.iter().all(|u| u.injected) && !in_tx {
             // Idle (at most pgfresh's own probe was running; its marks simply stay
@@ -723,12 +719,18 @@ impl Session {
         if held <= HOLD_LIMIT {
             return;
         }
+        self.give_up_deferred_marks();
+        self.hold_from = None;
+    }
+
+    /// The relations waiting for a position probe in flight are marked without one
+    /// (primary only for the TTL): its answer will not come, or will come too late.
+    fn give_up_deferred_marks(&mut self) {
         for u in &mut self.inflight {
             if let Some(p) = u.probe.as_mut() {
                 p.marks.settle(None);
             }
         }
-        self.hold_from = None;
     }
 
     async fn flush_client(&mut self) -> Result<(), ProxyError> {

@@ -213,11 +213,7 @@ impl Session {
                 Action::Swallow
             }
             b'E' => {
-                let fatal = {
-                    let body = self.body(node, start, end);
-                    body.split(|b| *b == 0)
-                        .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
-                };
+                let fatal = is_fatal(self.body(node, start, end));
                 if fatal && self.inflight.is_empty() {
                     // A server closing an idle connection (shutdown, failover,
                     // pg_terminate_backend): the client has nothing running there and
@@ -443,13 +439,7 @@ impl Session {
                 self.hold_client_output();
             }
             None => {
-                let keys: Vec<RelKey<'_>> = writes
-                    .iter()
-                    .map(|n| RelKey {
-                        schema: n.schema.as_deref(),
-                        name: &n.name,
-                    })
-                    .collect();
+                let keys: Vec<RelKey<'_>> = writes.iter().map(crate::router::rel_key).collect();
                 recency.mark(db, &keys, None);
             }
         }
@@ -472,15 +462,17 @@ pub(super) fn has_fatal(buf: &[u8]) -> bool {
         if len < 4 || buf.len() - pos < 1 + len {
             return false;
         }
-        let body = &buf[pos + 5..pos + 1 + len];
-        if buf[pos] == b'E'
-            && body
-                .split(|b| *b == 0)
-                .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
-        {
+        if buf[pos] == b'E' && is_fatal(&buf[pos + 5..pos + 1 + len]) {
             return true;
         }
         pos += 1 + len;
     }
     false
+}
+
+/// Whether an ErrorResponse body has severity FATAL or PANIC (the server is closing the
+/// connection).
+fn is_fatal(body: &[u8]) -> bool {
+    body.split(|b| *b == 0)
+        .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
 }

@@ -301,10 +301,7 @@ impl Session {
     pub(super) fn count_forced(&self, unit: &ClientUnit) {
         let db = &self.login.database;
         for name in unit.parts.iter().flat_map(|a| &a.reads) {
-            let key = [pgfresh_recency::RelKey {
-                schema: name.schema.as_deref(),
-                name: &name.name,
-            }];
+            let key = [crate::router::rel_key(name)];
             if let pgfresh_recency::Hotness::Hot { relation, .. } =
                 self.shared.recency.lookup(db, &key)
             {

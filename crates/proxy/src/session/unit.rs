@@ -287,13 +287,8 @@ impl DeferredMarks {
             return;
         };
         for writes in self.writes.drain(..) {
-            let keys: Vec<pgfresh_recency::RelKey<'_>> = writes
-                .iter()
-                .map(|n| pgfresh_recency::RelKey {
-                    schema: n.schema.as_deref(),
-                    name: &n.name,
-                })
-                .collect();
+            let keys: Vec<pgfresh_recency::RelKey<'_>> =
+                writes.iter().map(crate::router::rel_key).collect();
             recency.mark(db, &keys, lsn);
         }
     }

@@ -408,14 +408,8 @@ impl Session {
                     self.shared.recency.mark_database(&self.login.database);
                 }
                 if !p.writes.is_empty() {
-                    let keys: Vec<RelKey<'_>> = p
-                        .writes
-                        .iter()
-                        .map(|n| RelKey {
-                            schema: n.schema.as_deref(),
-                            name: &n.name,
-                        })
-                        .collect();
+                    let keys: Vec<RelKey<'_>> =
+                        p.writes.iter().map(crate::router::rel_key).collect();
                     self.shared.recency.mark(&self.login.database, &keys, None);
                 }
                 if p.ddl {
