@@ -7,8 +7,8 @@
 //! waits on a position. So a read that found no replica at the position it needs records a
 //! *demand*; while there was one within [`DEMAND_WINDOW`], each standby's monitor also asks
 //! its node for `pg_last_wal_replay_lsn()` every `replay_check_period` (see
-//! [`crate::monitor`]). Recording is one atomic load on the hot path, plus a store and a
-//! wake-up when demand starts.
+//! [`crate::monitor`]). Recording reads the clock and one atomic; it stores at most every
+//! 10 ms, and wakes the monitors only when demand starts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
