@@ -43,7 +43,7 @@ bench_pgbench_init
 
 conf() {
     local file=$1 port=$2 admin=$3
-    PGFRESH_WORKERS=1 PGFRESH_POOL_EXTRA="pool_mode = \"$MODE\"" write_pgfresh_conf "$file" "$port" "$admin" true
+    PGFRESH_WORKERS=${PGFRESH_WORKERS:-0} PGFRESH_POOL_EXTRA="pool_mode = \"$MODE\"" write_pgfresh_conf "$file" "$port" "$admin" true
     sed -i 's/^\[monitor\]$/[monitor]\nsr_check_period_ms = 1000/' "$file"
 }
 

@@ -49,6 +49,25 @@ fn bench(c: &mut Criterion) {
             b.iter(|| analyzer.analyze(black_box(sql)))
         });
     }
+    // A simple-protocol text with an inlined value: each call carries a new literal and
+    // is answered through its literal shape.
+    let analyzer = Analyzer::new(AnalyzerOptions::default());
+    analyzer.analyze("SELECT abalance FROM pgbench_accounts WHERE aid = 1");
+    let texts: Vec<String> = (0..1024)
+        .map(|i| {
+            format!(
+                "SELECT abalance FROM pgbench_accounts WHERE aid = {}",
+                4217 + i
+            )
+        })
+        .collect();
+    let mut next = 0;
+    group.bench_function("cached_literal/oltp_select", |b| {
+        b.iter(|| {
+            next = (next + 1) % texts.len();
+            analyzer.analyze(black_box(&texts[next]))
+        })
+    });
     group.finish();
 }
 

@@ -3,7 +3,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use moka::sync::Cache;
+use quick_cache::sync::Cache;
+use quick_cache::Weighter;
 
 use crate::analyze::{analyze_bytes, analyze_uncached};
 use crate::model::Analysis;
@@ -46,12 +47,42 @@ pub struct CacheStats {
 ///
 /// Eviction is by weight: every entry weighs its estimated size but at least
 /// `cache_max_bytes / cache_max_entries`, and the total weight is capped at `cache_max_bytes`;
-/// together this enforces both bounds. Texts whose weight exceeds the whole budget are analysed
-/// but not kept. Cheap to share across threads (`&Analyzer` or `Arc<Analyzer>`).
+/// together this enforces both bounds. The cache is split into a few shards, each with its
+/// share of the budget; a text whose weight exceeds a shard's share is analysed but not kept.
+/// Cheap to share across threads (`&Analyzer` or `Arc<Analyzer>`).
 pub struct Analyzer {
-    cache: Cache<Arc<str>, Arc<Analysis>>,
+    cache: Cache<Arc<str>, Entry, EntryWeight>,
+    /// The least weight of an entry: `cache_max_bytes / cache_max_entries`.
+    floor: u64,
     hits: AtomicU64,
     misses: AtomicU64,
+}
+
+/// A cached analysis with its weight, computed once at insertion (the cache asks for it
+/// again while evicting).
+#[derive(Clone)]
+struct Entry {
+    analysis: Arc<Analysis>,
+    weight: u64,
+}
+
+#[derive(Clone, Copy)]
+struct EntryWeight;
+
+impl Weighter<Arc<str>, Entry> for EntryWeight {
+    fn weight(&self, _key: &Arc<str>, entry: &Entry) -> u64 {
+        entry.weight
+    }
+}
+
+/// What a lookup was keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keyed {
+    /// The text itself: the same bytes will always find the same analysis.
+    Text,
+    /// The text's literal shape (see [`literal_shape`]): texts with other literal values
+    /// share it.
+    Shape,
 }
 
 impl std::fmt::Debug for Analyzer {
@@ -62,26 +93,23 @@ impl std::fmt::Debug for Analyzer {
     }
 }
 
-/// Fixed per-entry overhead of the cache's own bookkeeping (key `Arc` header, the cache's entry
-/// record with its access metadata, hash-table slot, eviction-deque node), in bytes; measured
-/// with `examples/cache_memory.rs`.
-const ENTRY_OVERHEAD: usize = 480;
+/// Fixed per-entry overhead of the cache's own bookkeeping (key `Arc` header, the shard's
+/// entry record, hash-table slot), in bytes; measured with `examples/cache_memory.rs`.
+const ENTRY_OVERHEAD: usize = 256;
 
 impl Analyzer {
     /// A new analyzer with an empty cache.
     pub fn new(opts: AnalyzerOptions) -> Self {
         let max_entries = opts.cache_max_entries.max(1);
         let max_bytes = opts.cache_max_bytes.max(1);
-        let floor = (max_bytes / max_entries).max(1);
-        let cache = Cache::builder()
-            .max_capacity(max_bytes)
-            .weigher(move |key: &Arc<str>, value: &Arc<Analysis>| -> u32 {
-                let bytes = entry_weight(key, value) as u64;
-                u32::try_from(bytes.max(floor)).unwrap_or(u32::MAX)
-            })
-            .build();
+        let cache = Cache::with_weighter(
+            usize::try_from(max_entries).unwrap_or(usize::MAX),
+            max_bytes,
+            EntryWeight,
+        );
         Self {
             cache,
+            floor: (max_bytes / max_entries).max(1),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
         }
@@ -90,24 +118,38 @@ impl Analyzer {
     /// The analysis of `sql`, from the cache when the same text was analysed before.
     /// Never panics; unparseable text yields an unclassified analysis (also cached).
     pub fn analyze(&self, sql: &str) -> Arc<Analysis> {
-        if let Some(hit) = self.cache.get(sql) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            return hit;
-        }
-        // Texts that differ only in literal values share one analysis (see `shape`).
+        self.analyze_keyed(sql).0
+    }
+
+    /// [`Analyzer::analyze`], also saying whether the analysis is keyed by the text itself
+    /// or by its literal shape, for callers that keep a cache of their own by text.
+    pub fn analyze_keyed(&self, sql: &str) -> (Arc<Analysis>, Keyed) {
+        // Texts that differ only in literal values share one analysis (see `shape`); texts
+        // with no literal, and those whose analysis cannot be shared, are keyed as written.
         let shape = literal_shape(sql);
         if let Some(hit) = shape.as_deref().and_then(|s| self.cache.get(s)) {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            return hit;
+            return (hit.analysis, Keyed::Shape);
+        }
+        if let Some(hit) = self.cache.get(sql) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return (hit.analysis, Keyed::Text);
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let analysis = Arc::new(analyze_uncached(sql));
-        let key = match shape {
-            Some(shape) if shareable(&analysis) => shape,
-            _ => sql.to_string(),
+        let (key, keyed) = match shape {
+            Some(shape) if shareable(&analysis) => (shape, Keyed::Shape),
+            _ => (sql.to_string(), Keyed::Text),
         };
-        self.cache.insert(Arc::from(key), Arc::clone(&analysis));
-        analysis
+        let weight = (entry_weight(&key, &analysis) as u64).max(self.floor);
+        self.cache.insert(
+            Arc::from(key),
+            Entry {
+                analysis: Arc::clone(&analysis),
+                weight,
+            },
+        );
+        (analysis, keyed)
     }
 
     /// Like [`Analyzer::analyze`] for raw protocol bytes; text that is not UTF-8 is
@@ -119,26 +161,20 @@ impl Analyzer {
         }
     }
 
-    /// Hit/miss counters and current size.
+    /// Hit/miss counters and current size (evictions happen at insertion, so the size is
+    /// exact).
     pub fn cache_stats(&self) -> CacheStats {
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
-            entries: self.cache.entry_count(),
-            weighted_bytes: self.cache.weighted_size(),
+            entries: self.cache.len() as u64,
+            weighted_bytes: self.cache.weight(),
         }
-    }
-
-    /// Applies pending evictions now, so [`Analyzer::cache_stats`] is exact. Eviction also
-    /// happens on its own during normal use.
-    pub fn run_pending_tasks(&self) {
-        self.cache.run_pending_tasks();
     }
 
     /// Drops every cached entry (counters are kept).
     pub fn clear(&self) {
-        self.cache.invalidate_all();
-        self.cache.run_pending_tasks();
+        self.cache.clear();
     }
 }
 

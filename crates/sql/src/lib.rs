@@ -36,7 +36,7 @@ pub mod shape;
 mod visit;
 
 pub use analyze::{analyze_bytes, analyze_uncached};
-pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats};
+pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats, Keyed};
 pub use functions::{reasons_for, FunctionPolicy, Volatility, VolatilityOracle};
 pub use hints::parse_hint_lsn as parse_position;
 pub use model::{

@@ -19,14 +19,17 @@ pub const SHAPE_MARK: char = '\u{1}';
 /// or cannot be lexed with confidence.
 pub fn literal_shape(sql: &str) -> Option<String> {
     let b = sql.as_bytes();
-    let mut out = String::with_capacity(sql.len() + 1);
-    out.push(SHAPE_MARK);
-    let mut replaced = false;
+    // Allocated at the first literal: most texts of extended-protocol clients have none.
+    let mut out: Option<String> = None;
     let mut i = 0;
     let mut copied = 0; // start of the run not yet copied to `out`
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
     while i < b.len() {
         let c = b[i];
+        if !STARTS_TOKEN[usize::from(c)] {
+            i += 1;
+            continue;
+        }
         let prev_ident = i > 0 && ident(b[i - 1]);
         match c {
             b'-' if b.get(i + 1) == Some(&b'-') => {
@@ -62,9 +65,7 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 let escapes =
                     i > 0 && matches!(b[i - 1], b'e' | b'E') && !(i > 1 && ident(b[i - 2]));
                 let end = end_of_quoted(b, i, b'\'', escapes)?;
-                out.push_str(&sql[copied..i]);
-                out.push('?');
-                replaced = true;
+                placeholder(&mut out, sql, copied, i);
                 i = end;
                 copied = i;
             }
@@ -83,9 +84,7 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 let tag = &sql[i..=tag_end];
                 let body = tag_end + 1;
                 let close = sql[body..].find(tag)? + body;
-                out.push_str(&sql[copied..i]);
-                out.push('?');
-                replaced = true;
+                placeholder(&mut out, sql, copied, i);
                 i = close + tag.len();
                 copied = i;
             }
@@ -93,20 +92,41 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 if !prev_ident && (c != b'.' || b.get(i + 1).is_some_and(u8::is_ascii_digit)) =>
             {
                 let end = end_of_number(b, i)?;
-                out.push_str(&sql[copied..i]);
-                out.push('?');
-                replaced = true;
+                placeholder(&mut out, sql, copied, i);
                 i = end;
                 copied = i;
             }
             _ => i += 1,
         }
     }
-    if !replaced {
-        return None;
-    }
+    let mut out = out?;
     out.push_str(&sql[copied..]);
     Some(out)
+}
+
+/// Bytes that may start a comment, a quoted token, a literal or a parameter; the scan
+/// skips every other byte without looking further.
+const STARTS_TOKEN: [bool; 256] = {
+    let mut t = [false; 256];
+    let specials = b"-/\"'$.0123456789";
+    let mut k = 0;
+    while k < specials.len() {
+        t[specials[k] as usize] = true;
+        k += 1;
+    }
+    t
+};
+
+/// Appends `sql[copied..literal]` and a `?` for the literal at `literal`, starting the
+/// shape at the first literal.
+fn placeholder(out: &mut Option<String>, sql: &str, copied: usize, literal: usize) {
+    let out = out.get_or_insert_with(|| {
+        let mut s = String::with_capacity(sql.len() + SHAPE_MARK.len_utf8());
+        s.push(SHAPE_MARK);
+        s
+    });
+    out.push_str(&sql[copied..literal]);
+    out.push('?');
 }
 
 /// Index just past the closing quote of a quoted token starting at `start`.

@@ -301,7 +301,6 @@ fn cache_hits_and_shares() {
     assert!(!Arc::ptr_eq(&a, &c));
     let bad = analyzer.analyze("SELEC");
     assert_eq!(bad.kind, Kind::Unclassified);
-    analyzer.run_pending_tasks();
     let s = analyzer.cache_stats();
     assert_eq!((s.hits, s.misses, s.entries), (1, 3, 3));
     assert!(s.weighted_bytes > 0);
@@ -325,8 +324,6 @@ fn cache_is_bounded_by_entries_and_bytes() {
         by_entries.analyze(&sql);
         by_bytes.analyze(&sql);
     }
-    by_entries.run_pending_tasks();
-    by_bytes.run_pending_tasks();
     let e = by_entries.cache_stats();
     assert!(e.entries <= 50, "{e:?}");
     let b = by_bytes.cache_stats();
@@ -427,4 +424,23 @@ fn texts_differing_only_in_literals_share_an_analysis_but_session_effects_do_not
     let bad = a.analyze("SELECT 1e");
     assert_eq!(ok.kind, pgfresh_sql::Kind::Read);
     assert_eq!(bad.kind, pgfresh_sql::Kind::Unclassified);
+}
+
+#[test]
+fn lookups_say_which_key_answered() {
+    use pgfresh_sql::Keyed;
+    let analyzer = Analyzer::new(AnalyzerOptions::default());
+    let (_, k) = analyzer.analyze_keyed("SELECT v FROM t WHERE id = $1");
+    assert_eq!(k, Keyed::Text);
+    let (first, k) = analyzer.analyze_keyed("SELECT v FROM t WHERE id = 7");
+    assert_eq!(k, Keyed::Shape);
+    let (again, k) = analyzer.analyze_keyed("SELECT v FROM t WHERE id = 8");
+    assert_eq!(k, Keyed::Shape);
+    assert!(Arc::ptr_eq(&first, &again));
+    // Session effects replay the exact text: keyed as written, on a miss and on a hit.
+    for _ in 0..2 {
+        let (_, k) = analyzer.analyze_keyed("SELECT set_config('a.b', '1', false)");
+        assert_eq!(k, Keyed::Text);
+    }
+    assert_eq!(analyzer.cache_stats().misses, 3);
 }

@@ -54,8 +54,10 @@ impl Session {
         if let Some((_, a)) = self.recent.iter().find(|(t, _)| **t == *sql) {
             return a.clone();
         }
-        let analysis = self.shared.analyzer.analyze(sql);
-        if sql.len() > RECENT_TEXT_BYTES {
+        let (analysis, keyed) = self.shared.analyzer.analyze_keyed(sql);
+        // A text with literals is rarely sent again as it is (the next call carries other
+        // values): remembering it would cost a copy and evict a text that does come back.
+        if keyed != pgfresh_sql::Keyed::Text || sql.len() > RECENT_TEXT_BYTES {
             return analysis;
         }
         if self.recent.len() == RECENT_TEXTS {
