@@ -62,7 +62,9 @@ impl Default for ClientUnit {
 impl ClientUnit {
     pub fn new() -> Self {
         Self {
-            frames: Vec::new(),
+            // An extended-protocol batch is usually five frames (Parse, Bind, Describe,
+            // Execute, Sync): one allocation instead of a first one and a regrowth.
+            frames: Vec::with_capacity(8),
             parts: Vec::new(),
             synced: false,
             uses_statements: Vec::new(),
