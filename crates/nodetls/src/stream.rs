@@ -9,6 +9,7 @@
 //! sends them when the socket is writable again.
 
 use std::io::{self, BufRead, Read, Write};
+use std::task::Poll;
 
 use bytes::BytesMut;
 use rustls::pki_types::ServerName;
@@ -139,10 +140,17 @@ impl ServerStream {
 
     /// Wait until a read may find something.
     pub async fn readable(&self) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
+    }
+
+    /// [`ServerStream::readable`] as a poll. The waker goes to the socket's one reader
+    /// slot rather than a waiter list (a lock, a list entry and its removal on every wait):
+    /// one task reads a connection at a time, and the latest poll's waker is the one woken.
+    pub fn poll_read_ready(&self, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            ServerStream::Plain(s) => s.readable().await,
-            ServerStream::Tls(t) if t.more => Ok(()),
-            ServerStream::Tls(t) => t.tcp.readable().await,
+            ServerStream::Plain(s) => s.poll_read_ready(cx),
+            ServerStream::Tls(t) if t.more => Poll::Ready(Ok(())),
+            ServerStream::Tls(t) => t.tcp.poll_read_ready(cx),
         }
     }
 

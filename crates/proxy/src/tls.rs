@@ -49,7 +49,9 @@ impl ClientStream {
         }
         match self {
             ClientStream::Plain(s) => loop {
-                s.readable().await?;
+                // The socket's one reader slot, not a waiter list (see
+                // `ServerStream::poll_read_ready`).
+                std::future::poll_fn(|cx| s.poll_read_ready(cx)).await?;
                 match pgfresh_nodetls::try_read_drained(s, buf) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     other => return other,
