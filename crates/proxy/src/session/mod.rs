@@ -530,7 +530,9 @@ impl Session {
                     watching = false;
                     self.check_active_node()?;
                 }
-                _ = tokio::time::sleep(idle_limit.unwrap_or_default()), if idle_limit.is_some() => {
+                // An async block: the timer is made only when the branch is enabled
+                // (select! evaluates every branch's expression, enabled or not).
+                () = async { tokio::time::sleep(idle_limit.unwrap_or_default()).await }, if idle_limit.is_some() => {
                     let ms = idle_limit.unwrap_or_default().as_millis() as u64;
                     tracing::info!(user = %self.login.user.name, ms, "client idle in transaction too long; disconnected");
                     return Err(ProxyError::IdleTransactionTimeout { ms });
