@@ -322,7 +322,8 @@ impl Balancer {
         // Loaded after the view: it has a counter for every node the view names.
         let counters = self.inner.outstanding.load();
         let settings = self.inner.settings.load();
-        let candidates: Vec<Candidate> = view
+        // On the stack for up to eight nodes: this runs for every read.
+        let candidates: smallvec::SmallVec<[Candidate; 8]> = view
             .nodes
             .iter()
             .enumerate()

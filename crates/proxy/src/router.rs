@@ -334,7 +334,8 @@ fn read_requirement(
     if a.reads.is_empty() && behind.is_empty() {
         return None;
     }
-    let keys: Vec<RelKey<'_>> = a.reads.iter().chain(behind).map(rel_key).collect();
+    let keys: smallvec::SmallVec<[RelKey<'_>; 8]> =
+        a.reads.iter().chain(behind).map(rel_key).collect();
     need(ctx.recency.lookup(ctx.database, &keys), required)
 }
 

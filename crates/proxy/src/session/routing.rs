@@ -224,7 +224,7 @@ impl Session {
             database: &self.login.database,
             deps: deps.as_deref(),
         };
-        let mut parts: Vec<&Analysis> = Vec::with_capacity(unit.parts.len() + 1);
+        let mut parts: smallvec::SmallVec<[&Analysis; 8]> = smallvec::SmallVec::new();
         if let Some(d) = &self.deferred_begin {
             parts.push(&d.analysis);
         }
