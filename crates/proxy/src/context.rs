@@ -36,8 +36,9 @@ pub struct Shared {
     pub catalog: crate::catalog::Catalog,
     /// Dependency graphs per database (triggers, cascades, views, partitions, bodies).
     pub deps: crate::deps::Dependencies,
-    /// Relations that have their own label on `pgfresh_recency_forced_total` (capped).
-    pub forced_labels: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// `pgfresh_recency_forced_total` by relation label (capped; the rest count as
+    /// "other"): handles, so a hot read costs no registry lookup and no label string.
+    pub forced_labels: std::sync::Mutex<foldhash::HashMap<String, metrics::Counter>>,
     /// Where the TTL in force came from ("file", "api", "console") and when.
     pub ttl_source: ArcSwap<crate::admin::TtlSource>,
     /// SCRAM pass-through keys per user name, from the latest client login that proved
@@ -67,16 +68,24 @@ impl Shared {
 
     /// Count a read forced to the primary by a recent write to `relation`.
     pub fn count_forced(&self, relation: &str) {
-        let label = {
-            let mut labels = self.forced_labels.lock().unwrap_or_else(|p| p.into_inner());
-            if labels.contains(relation) || labels.len() < FORCED_LABEL_CAP {
-                labels.insert(relation.to_string());
-                relation.to_string()
-            } else {
-                "other".to_string()
-            }
+        let mut labels = self.forced_labels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(counter) = labels.get(relation) {
+            counter.increment(1);
+            return;
+        }
+        // One label per relation up to the cap, then "other" (which does not count
+        // towards it).
+        let label = if labels.len() < FORCED_LABEL_CAP {
+            relation
+        } else {
+            "other"
         };
-        metrics::counter!("pgfresh_recency_forced_total", "relation" => label).increment(1);
+        let counter =
+            metrics::counter!("pgfresh_recency_forced_total", "relation" => label.to_string());
+        counter.increment(1);
+        if label == relation {
+            labels.insert(relation.to_string(), counter);
+        }
     }
 
     pub fn pool_settings(c: &Config) -> PoolSettings {
