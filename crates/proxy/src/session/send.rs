@@ -34,6 +34,10 @@ fn analysis_of(stmt: &Statement) -> Analysis {
     }
 }
 
+/// The position probe that follows a committing unit on the primary (`pg_catalog`
+/// named: a session's search path must not be able to shadow it).
+const POSITION_PROBE: &str = "SELECT pg_catalog.pg_current_wal_lsn()";
+
 impl Session {
     /// Queue frames for `node` without waiting for the server to take them (see
     /// [`crate::server::ServerConn::queue`]).
@@ -228,39 +232,23 @@ impl Session {
             && !unit.force_primary
             && (continuing || !super::rewrite::plain_unit(&unit)))
         .then(|| self.rewrite_unit(node, &unit));
+        let (writes, whole_db) = self.unit_writes(&unit);
+        let probe =
+            self.needs_position_probe(node, &unit, autocommit, commit_sent, &writes, whole_db);
         let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
-        if pre.is_empty() {
+        if pre.is_empty() && !probe {
             self.send_frames(node, frames).await?;
         } else {
-            // One write: what must precede the unit, then the unit.
+            // One write: what must precede the unit, the unit, the position probe that
+            // follows it.
             pre.extend(frames.iter().cloned());
+            if probe {
+                pre.push(build::query(POSITION_PROBE));
+            }
             self.send_frames(node, &pre).await?;
         }
         let expect = rewritten.map(|r| r.expect).unwrap_or_default();
-        let (writes, whole_db) = self.unit_writes(&unit);
         let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
-        // LSN routing: a committing unit on the primary is followed by a probe of the
-        // primary's WAL position, which resolves the unit's recency marks. Not after a
-        // COPY FROM (the server would read the probe as COPY data): those writes stay
-        // primary-only for the TTL.
-        let copy_from = unit
-            .parts
-            .iter()
-            .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
-        let probe = synced
-            && !copy_from
-            && (self.config.routing.lsn_routing || self.tokens.track)
-            && Some(node) == self.shared.balancer.primary()
-            && ((autocommit && (!writes.is_empty() || whole_db))
-                || (commit_sent
-                    && (!writes.is_empty()
-                        || whole_db
-                        || !self.tx_writes.writes.is_empty()
-                        || self.tx_writes.whole_db
-                        || self
-                            .inflight
-                            .iter()
-                            .any(|u| !u.writes.is_empty() || u.whole_db))));
         let owed = if self.copy_in {
             0
         } else {
@@ -309,11 +297,7 @@ impl Session {
         self.collect_due();
         self.out.append(&mut self.due);
         if probe {
-            self.send_frames(
-                node,
-                &[build::query("SELECT pg_catalog.pg_current_wal_lsn()")],
-            )
-            .await?;
+            // Sent with the unit, just after it.
             let mut f = InFlight::injected();
             f.probe = Some(super::unit::Probe::default());
             self.inflight.push_back(f);
@@ -323,6 +307,39 @@ impl Session {
             self.after_commit_queued(node).await?;
         }
         Ok(())
+    }
+
+    /// LSN routing: a committing unit on the primary is followed by a probe of the
+    /// primary's WAL position, which resolves the unit's recency marks. Not after a COPY
+    /// FROM (the server would read the probe as COPY data): those writes stay
+    /// primary-only for the TTL.
+    fn needs_position_probe(
+        &self,
+        node: usize,
+        unit: &ClientUnit,
+        autocommit: bool,
+        commit_sent: bool,
+        writes: &[pgfresh_sql::RelName],
+        whole_db: bool,
+    ) -> bool {
+        let copy_from = unit
+            .parts
+            .iter()
+            .any(|a| a.must_primary.contains(&MustPrimary::CopyFrom));
+        unit.synced
+            && !copy_from
+            && (self.config.routing.lsn_routing || self.tokens.track)
+            && Some(node) == self.shared.balancer.primary()
+            && ((autocommit && (!writes.is_empty() || whole_db))
+                || (commit_sent
+                    && (!writes.is_empty()
+                        || whole_db
+                        || !self.tx_writes.writes.is_empty()
+                        || self.tx_writes.whole_db
+                        || self
+                            .inflight
+                            .iter()
+                            .any(|u| !u.writes.is_empty() || u.whole_db))))
     }
 
     /// The relations a unit writes: those its statements name, and what the catalog
