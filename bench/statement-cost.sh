@@ -9,6 +9,7 @@
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
+# PGFRESH_WORKERS sets [proxy] worker_threads (default 0: pgfresh's own default, one thread).
 #
 # 1. Instructions: pgfresh runs under `valgrind --tool=callgrind` with instrumentation off;
 #    it is switched on (callgrind_control) only while pgbench runs its 2 x N statements, and
@@ -29,7 +30,7 @@ while getopts "m:M:t:d:o:B" opt; do
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,19p "$0"; exit 2 ;;
+        *) sed -n 2,20p "$0"; exit 2 ;;
     esac
 done
 
