@@ -43,6 +43,28 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Every standby replays `ms` behind while this lives; back to 0 when dropped, also when
+/// the test panics (the cluster is shared by the whole test binary).
+pub struct ApplyDelay;
+
+impl ApplyDelay {
+    pub fn set(ms: u64) -> ApplyDelay {
+        let guard = ApplyDelay;
+        for i in 1..cluster().nodes().len() {
+            cluster().set_apply_delay(i, ms).expect("set apply delay");
+        }
+        guard
+    }
+}
+
+impl Drop for ApplyDelay {
+    fn drop(&mut self) {
+        for i in 1..cluster().nodes().len() {
+            let _ = cluster().set_apply_delay(i, 0);
+        }
+    }
+}
+
 /// The shared cluster, with `app` owning the public schema of database `app`.
 pub fn cluster() -> &'static LocalCluster {
     static READY: OnceLock<()> = OnceLock::new();

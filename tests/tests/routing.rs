@@ -74,9 +74,7 @@ async fn cold_reads_are_spread_over_both_replicas() {
 async fn read_after_write_never_misses_with_delayed_replicas() {
     let _g = SERIAL.lock().await;
     let p = proxy();
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 300).unwrap();
-    }
+    let delay = ApplyDelay::set(300);
     let writer = p.connect().await;
     let reader = p.connect().await;
     let t = unique("raw");
@@ -114,9 +112,7 @@ async fn read_after_write_never_misses_with_delayed_replicas() {
             .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
         cross_misses += usize::from(!found);
     }
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 0).unwrap();
-    }
+    drop(delay);
     assert_eq!(same_misses, 0, "same-session read-after-write misses");
     assert_eq!(cross_misses, 0, "cross-session read-after-write misses");
 }
@@ -146,9 +142,7 @@ async fn a_shadowing_function_cannot_fake_a_commit_position() {
         .batch_execute(&format!("SET search_path = {s}, pg_catalog, public"))
         .await
         .unwrap();
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 300).unwrap();
-    }
+    let delay = ApplyDelay::set(300);
     let mut misses = 0;
     for i in 0..50i32 {
         writer
@@ -162,9 +156,7 @@ async fn a_shadowing_function_cannot_fake_a_commit_position() {
             .get(0);
         misses += usize::from(n != 1);
     }
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 0).unwrap();
-    }
+    drop(delay);
     assert_eq!(misses, 0, "reads that missed the write just acknowledged");
 }
 
@@ -874,9 +866,7 @@ async fn replica_wait_lets_a_hot_read_wait_for_a_replica_instead_of_the_primary(
     let p = start_proxy(&config_text(
         "recent_access_ttl_ms = 60000\nreplica_wait_ms = 10000",
     ));
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 300).unwrap();
-    }
+    let delay = ApplyDelay::set(300);
     let writer = p.connect().await;
     let reader = p.connect().await;
     let t = unique("wait");
@@ -900,9 +890,7 @@ async fn replica_wait_lets_a_hot_read_wait_for_a_replica_instead_of_the_primary(
         assert_eq!(row.get::<_, i64>(1), 1, "the row just written is visible");
         on_replica += usize::from(row.get::<_, i32>(0) as u16 != primary_port());
     }
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 0).unwrap();
-    }
+    drop(delay);
     assert!(on_replica > 0, "no hot read waited for a replica");
     let metrics = pgfresh_proxy::admin::metrics_handle()
         .map(|h| h.render())

@@ -27,28 +27,6 @@ const DELAY_MS: u64 = 400;
 /// The control proxy: the same config without learned dependencies.
 const CONTROL: &str = "learn_dependencies = false";
 
-/// Both standbys replay `DELAY_MS` behind while this lives; back to 0 when dropped, also
-/// when the test panics.
-struct ApplyDelay;
-
-impl ApplyDelay {
-    fn set(ms: u64) -> ApplyDelay {
-        let guard = ApplyDelay;
-        for i in 1..cluster().nodes().len() {
-            cluster().set_apply_delay(i, ms).expect("set apply delay");
-        }
-        guard
-    }
-}
-
-impl Drop for ApplyDelay {
-    fn drop(&mut self) {
-        for i in 1..cluster().nodes().len() {
-            let _ = cluster().set_apply_delay(i, 0);
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Proto {
     /// `batch_execute` / `simple_query`, `$1` spliced in as a literal.

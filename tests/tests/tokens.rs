@@ -13,26 +13,6 @@ use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
-/// Standbys replay `ms` behind while it lives.
-struct ApplyDelay;
-
-impl ApplyDelay {
-    fn new(ms: u64) -> Self {
-        for i in 1..=2 {
-            cluster().set_apply_delay(i, ms).unwrap();
-        }
-        ApplyDelay
-    }
-}
-
-impl Drop for ApplyDelay {
-    fn drop(&mut self) {
-        for i in 1..=2 {
-            let _ = cluster().set_apply_delay(i, 0);
-        }
-    }
-}
-
 async fn simple_value(c: &tokio_postgres::Client, sql: &str) -> String {
     c.simple_query(sql)
         .await
@@ -196,7 +176,7 @@ async fn a_token_carried_to_another_proxy_never_reads_stale() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &writer).await;
-    let _delay = ApplyDelay::new(200);
+    let _delay = ApplyDelay::set(200);
     let reader = b.connect().await;
     let cold_reader = b.connect().await;
     let (mut stale, mut cold_on_replicas) = (0, 0);
@@ -242,7 +222,7 @@ async fn on_stale_error_answers_pf001_naming_the_positions() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &writer).await;
-    let _delay = ApplyDelay::new(60_000);
+    let _delay = ApplyDelay::set(60_000);
     writer
         .batch_execute(&format!("INSERT INTO {t} VALUES (1)"))
         .await
@@ -319,7 +299,7 @@ async fn psql_and_psycopg_carry_tokens() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &writer).await;
-    let _delay = ApplyDelay::new(200);
+    let _delay = ApplyDelay::set(200);
     // psycopg reads the ParameterStatus right after commit() and carries it to proxy B
     // in the startup options.
     let script = format!(
@@ -404,7 +384,7 @@ async fn read_only_transactions_honour_the_token() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &writer).await;
-    let _delay = ApplyDelay::new(200);
+    let _delay = ApplyDelay::set(200);
     let reader = b.connect().await;
     for i in 0..30 {
         writer

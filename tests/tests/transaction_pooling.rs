@@ -708,9 +708,7 @@ async fn read_after_write_misses(p: &ProxyHandle, rounds: i32) -> (usize, usize)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_after_write_holds_with_delayed_replicas() {
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 300).unwrap();
-    }
+    let delay = ApplyDelay::set(300);
     // Two connections per node: the writer's and the reader's units take turns on them.
     let p = start_proxy(&tx_config(2, ""));
     let (same, cross) = read_after_write_misses(&p, 100).await;
@@ -721,9 +719,7 @@ async fn read_after_write_holds_with_delayed_replicas() {
         "enable_recent_access_routing = false",
     ));
     let (off_same, off_cross) = read_after_write_misses(&off, 20).await;
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 0).unwrap();
-    }
+    drop(delay);
     assert_eq!(
         (same, cross),
         (0, 0),

@@ -340,9 +340,7 @@ async fn a_write_stopped_at_its_row_limit_is_marked() {
     // And what that guards: with the replicas 300 ms behind, another client reads each
     // row inserted this way at once (reads go to a replica unless the table is hot).
     p.wait_cold(&[&t]).await;
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 300).unwrap();
-    }
+    let delay = ApplyDelay::set(300);
     let mut misses = 0;
     for id in 10..20 {
         s.write_all(&wire::run(
@@ -359,9 +357,7 @@ async fn a_write_stopped_at_its_row_limit_is_marked() {
             .get(0);
         misses += usize::from(n != 1);
     }
-    for i in 1..=2 {
-        cluster().set_apply_delay(i, 0).unwrap();
-    }
+    drop(delay);
     assert_eq!(
         misses, 0,
         "reads right after a row-limited insert missed it"

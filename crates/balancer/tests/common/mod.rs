@@ -50,16 +50,32 @@ pub async fn until(
     what: &str,
     mut pred: impl FnMut(&ClusterView) -> bool,
 ) -> Arc<ClusterView> {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
+    poll(what, || {
         let v = b.view();
         if pred(&v) {
-            return v;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {v:#?}"
-        );
+    })
+    .await
+}
+
+/// The one poll loop of these tests: `check` every 10 ms until it gives `Ok`; after
+/// [`DEADLINE`] panics with `what` and the last `Err` (what was seen instead).
+async fn poll<T, Last: std::fmt::Debug>(
+    what: &str,
+    mut check: impl FnMut() -> Result<T, Last>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(last) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; last seen: {last:#?}"
+            ),
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -75,16 +91,14 @@ pub fn current_lsn(c: &LocalCluster, primary: usize) -> Lsn {
 /// Polls `sql` on node `i` until it prints `want`.
 #[allow(dead_code)] // not every test binary waits on SQL
 pub async fn until_sql(c: &LocalCluster, i: usize, sql: &str, want: &str) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
+    let what = format!("{sql:?} to print {want:?} on node {i}");
+    poll(&what, || {
         let got = c.psql(i, "postgres", sql).unwrap();
         if got == want {
-            return;
+            Ok(())
+        } else {
+            Err(got)
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {sql:?} to print {want:?} on node {i} (last: {got:?})"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
