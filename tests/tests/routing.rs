@@ -900,3 +900,124 @@ async fn replica_wait_lets_a_hot_read_wait_for_a_replica_instead_of_the_primary(
         "waits are recorded"
     );
 }
+
+/// While reads wait on replay positions, a read sent to a standby brings that standby's
+/// replay position back with it (`SELECT pg_catalog.pg_last_wal_replay_lsn()` in the same
+/// write). With the monitor's polls ten minutes apart, such a sample is the only way
+/// pgfresh can learn that a standby replayed a new write. (Reads use the simple protocol
+/// here: one unit each.)
+#[tokio::test]
+async fn a_read_on_a_standby_brings_back_its_replay_position() {
+    let _g = SERIAL.lock().await;
+    let slow = "sr_check_period_ms = 600000\nhealth_timeout_ms = 600000\n\
+                replay_check_period_ms = 600000";
+    let p = start_proxy(
+        &config_text("recent_access_ttl_ms = 600000\nrecent_access_max_ttl_ms = 600000")
+            .replace("sr_check_period_ms = 50", slow),
+    );
+    let c = p.connect().await;
+    let t = unique("sampled");
+    let hot_read = format!("SELECT inet_server_port() FROM {t}");
+    let required = || {
+        p.shared
+            .recency
+            .lookup("app", &[pgfresh_recency::RelKey::unqualified(&t)])
+            .required_lsn()
+            .expect("the write's position")
+    };
+    let known = || {
+        let view = p.shared.balancer.view();
+        [view.nodes[1].replay_lsn, view.nodes[2].replay_lsn]
+    };
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+    ))
+    .await
+    .unwrap();
+    wait_replicated(&c).await;
+    // The full poll ran before the write: the hot read goes to the primary, and starts
+    // the demand for fresher positions. Each standby's monitor polls its position once
+    // (the next fast poll is ten minutes away).
+    assert_eq!(port_via(&c, &hot_read, true).await, primary_port());
+    let first = required();
+    eventually("both standbys' fast polls", Duration::from_secs(60), || {
+        known().iter().all(|&k| k >= Some(first))
+    })
+    .await;
+    // A new write, replayed at once by both standbys; no poll will tell pgfresh.
+    c.batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+        .await
+        .unwrap();
+    let second = required();
+    assert!(second > first);
+    wait_replicated(&c).await;
+    assert!(known().iter().all(|&k| k < Some(second)), "{:?}", known());
+    assert_eq!(port_via(&c, &hot_read, true).await, primary_port());
+    // A read of nothing hot goes to a standby and samples its position; the hot read
+    // then goes to that standby.
+    let (sampled, served) = poll(
+        "a hot read served by the standby a read sampled",
+        Duration::from_secs(60),
+        || async {
+            let sampled = port_via(&c, "SELECT inet_server_port()", true).await;
+            let served = port_via(&c, &hot_read, true).await;
+            (served != primary_port()).then_some((sampled, served))
+        },
+    )
+    .await;
+    assert_ne!(sampled, primary_port());
+    assert_eq!(required(), second, "still hot, at the same position");
+    assert_eq!(
+        served, sampled,
+        "only the sampled standby is known to have the write"
+    );
+}
+
+/// Replay positions sampled after reads on standbys (see the test above) never let a read
+/// reach a standby that has not replayed the write it depends on: with the standbys'
+/// replay delayed, every read of the table just written sees the write, while reads of
+/// nothing hot keep going to the standbys and sampling them.
+#[tokio::test]
+async fn sampled_replay_positions_never_cause_a_stale_read() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let delay = ApplyDelay::set(300);
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("sampled_raw");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    let samples = || {
+        metric_value("pgfresh_replay_samples_total{node=\"pg1\"}")
+            + metric_value("pgfresh_replay_samples_total{node=\"pg2\"}")
+    };
+    let before = samples();
+    let (mut misses, mut on_standbys) = (0, 0);
+    for i in 0..100i32 {
+        writer
+            .execute(&format!("INSERT INTO {t} VALUES ({i})"), &[])
+            .await
+            .unwrap();
+        // A read of nothing hot: a standby, which may be sampled.
+        on_standbys += usize::from(
+            port_via(&reader, "SELECT inet_server_port()", true).await != primary_port(),
+        );
+        let rows = reader
+            .simple_query(&format!("SELECT id FROM {t} WHERE id = {i}"))
+            .await
+            .unwrap();
+        let found = rows
+            .iter()
+            .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
+        misses += usize::from(!found);
+    }
+    drop(delay);
+    assert_eq!(misses, 0, "read-after-write misses");
+    assert_eq!(
+        on_standbys, 100,
+        "reads of nothing hot stay on the standbys"
+    );
+    assert!(samples() > before, "the standbys were sampled");
+}

@@ -51,6 +51,7 @@
 mod demand;
 pub mod eligibility;
 pub mod lag;
+mod live;
 mod monitor;
 pub mod patroni;
 pub mod select;
@@ -60,7 +61,7 @@ pub mod timeline;
 mod view;
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -96,10 +97,13 @@ pub(crate) struct Inner {
     view: ArcSwap<ClusterView>,
     /// Reads waiting on replay positions: the standbys' monitors poll them faster.
     pub(crate) demand: demand::ReplayDemand,
-    /// Outstanding-request counter of every node ever configured, indexed by [`NodeId`].
-    /// Only ever grows (replaced under the state lock, before the view that names a new
-    /// node is published), so a loaded copy covers every id of any view loaded before it.
-    outstanding: ArcSwap<Vec<Arc<AtomicU64>>>,
+    /// The live facts ([`live`]: outstanding requests, sampled replay positions) of every
+    /// node ever configured, indexed by [`NodeId`]. Only ever grows (replaced under the
+    /// state lock, before the view that names a new node is published), so a loaded copy
+    /// covers every id of any view loaded before it.
+    live: ArcSwap<Vec<Arc<live::NodeLive>>>,
+    /// The clock of the sampled positions.
+    clock: live::Clock,
     /// Stops each node's monitor task, indexed by [`NodeId`]; `None` once retired. Only
     /// touched under the state lock.
     monitors: Mutex<Vec<Option<CancellationToken>>>,
@@ -120,10 +124,18 @@ impl Inner {
     pub(crate) fn record(&self, id: NodeId, outcome: Result<Sample, String>) {
         let mut state = self.lock();
         state.record(id, outcome, Instant::now());
+        if let Some(live) = self.live.load().get(id) {
+            live.clear_replay();
+        }
         if state.all_polled() {
             self.ready.send_if_modified(|r| !std::mem::replace(r, true));
         }
         self.publish(&mut state);
+    }
+
+    /// A replay position sampled on a client connection of `id` within `fresh`.
+    pub(crate) fn sampled_replay(&self, id: NodeId, fresh: std::time::Duration) -> Option<Lsn> {
+        self.live.load().get(id)?.replay_within(&self.clock, fresh)
     }
 
     /// Records a standby's replay position from a fast poll; publishes a view when it
@@ -169,10 +181,10 @@ impl Inner {
     /// lag gauges to the next full poll.
     fn publish_as(&self, state: &mut State, export: Export) {
         let outstanding: Vec<u64> = self
-            .outstanding
+            .live
             .load()
             .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|c| c.outstanding.load(Ordering::Relaxed))
             .collect();
         let settings = self.settings.load();
         let (view, events) = state.compute(&settings, &outstanding, Instant::now());
@@ -220,7 +232,7 @@ impl std::fmt::Debug for Balancer {
 #[derive(Debug)]
 pub struct Selection {
     node: NodeId,
-    counter: Arc<AtomicU64>,
+    counter: Arc<live::NodeLive>,
 }
 
 impl Selection {
@@ -239,7 +251,7 @@ impl Deref for Selection {
 
 impl Drop for Selection {
     fn drop(&mut self) {
-        self.counter.fetch_sub(1, Ordering::Relaxed);
+        self.counter.outstanding.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -269,9 +281,13 @@ impl Balancer {
             view: ArcSwap::from_pointee(state::initial_view(nodes)),
             state: Mutex::new(State::new(nodes.to_vec())),
             demand: demand::ReplayDemand::new(),
-            outstanding: ArcSwap::from_pointee(
-                nodes.iter().map(|_| Arc::new(AtomicU64::new(0))).collect(),
+            live: ArcSwap::from_pointee(
+                nodes
+                    .iter()
+                    .map(|n| Arc::new(live::NodeLive::new(&n.name)))
+                    .collect(),
             ),
+            clock: live::Clock::new(),
             monitors: Mutex::new(Vec::with_capacity(nodes.len())),
             runtime: tokio::runtime::Handle::current(),
             settings: ArcSwap::from_pointee(settings),
@@ -303,11 +319,11 @@ impl Balancer {
     /// replicas whose replay position has reached it. `None` when no replica qualifies.
     pub fn select_replica(&self, required: Option<Lsn>) -> Option<Selection> {
         let (node, counter) = self.pick(required)?;
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.outstanding.fetch_add(1, Ordering::Relaxed);
         Some(Selection { node, counter })
     }
 
-    fn pick(&self, required: Option<Lsn>) -> Option<(NodeId, Arc<AtomicU64>)> {
+    fn pick(&self, required: Option<Lsn>) -> Option<(NodeId, Arc<live::NodeLive>)> {
         self.pick_in(&self.inner.view.load(), required, None)
     }
 
@@ -318,9 +334,9 @@ impl Balancer {
         view: &ClusterView,
         required: Option<Lsn>,
         timeline: Option<u32>,
-    ) -> Option<(NodeId, Arc<AtomicU64>)> {
-        // Loaded after the view: it has a counter for every node the view names.
-        let counters = self.inner.outstanding.load();
+    ) -> Option<(NodeId, Arc<live::NodeLive>)> {
+        // Loaded after the view: it has an entry for every node the view names.
+        let counters = self.inner.live.load();
         let settings = self.inner.settings.load();
         // On the stack for up to eight nodes: this runs for every read.
         let candidates: smallvec::SmallVec<[Candidate; 8]> = view
@@ -328,13 +344,17 @@ impl Balancer {
             .iter()
             .enumerate()
             .filter(|(_, n)| n.eligible)
-            .filter(|(_, n)| required.is_none_or(|r| n.replay_lsn.is_some_and(|l| l >= r)))
+            .filter(|(i, n)| {
+                // The newer of the view's position and one sampled since.
+                let sampled = counters.get(*i).and_then(|l| l.replay());
+                required.is_none_or(|r| n.replay_lsn.max(sampled).is_some_and(|l| l >= r))
+            })
             .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
             .filter_map(|(i, n)| {
                 Some(Candidate {
                     node: i,
                     weight: n.spec.weight,
-                    outstanding: counters.get(i)?.load(Ordering::Relaxed),
+                    outstanding: counters.get(i)?.outstanding.load(Ordering::Relaxed),
                     lag_bytes: n.lag_bytes,
                     lag_ms: n.lag_ms,
                 })
@@ -372,7 +392,7 @@ impl Balancer {
     ) -> Result<Selection, Translation> {
         let view = self.inner.view.load();
         let (node, counter) = self.pick_for(&view, &required.into())?;
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.outstanding.fetch_add(1, Ordering::Relaxed);
         Ok(Selection { node, counter })
     }
 
@@ -380,7 +400,7 @@ impl Balancer {
         &self,
         view: &ClusterView,
         required: &TokenOrLsn,
-    ) -> Result<(NodeId, Arc<AtomicU64>), Translation> {
+    ) -> Result<(NodeId, Arc<live::NodeLive>), Translation> {
         let translation = view.translate_token(required);
         let Translation::Current(lsn) = translation else {
             return Err(translation);
@@ -431,6 +451,31 @@ impl Balancer {
                 // The monitor is gone: no new view will come.
                 Ok(Err(_)) | Err(_) => return Err(WaitTimeout { required }),
             }
+        }
+    }
+
+    /// A session is about to send a read to standby `node`: true when it should ask that
+    /// standby for its replay position in the same write ([`live`]) — reads are waiting on
+    /// replay positions, fast replay checks are on, and no session claimed a sample of
+    /// this node within `replay_check_period`. Report the answer with
+    /// [`Balancer::learn_replay`].
+    pub fn claim_replay_sample(&self, node: NodeId) -> bool {
+        let period = self.inner.settings.load().replay_check_period;
+        !period.is_zero()
+            && self.inner.demand.active()
+            && self
+                .inner
+                .live
+                .load()
+                .get(node)
+                .is_some_and(|l| l.claim(&self.inner.clock, period))
+    }
+
+    /// Standby `node` answered a replay sample with `lsn`: reads that need at most that
+    /// position may go there from now on.
+    pub fn learn_replay(&self, node: NodeId, lsn: Lsn) {
+        if let Some(l) = self.inner.live.load().get(node) {
+            l.learn(&self.inner.clock, lsn);
         }
     }
 
@@ -508,9 +553,11 @@ impl Balancer {
         let mut state = self.inner.lock();
         let membership = state.update_nodes(nodes);
         if !membership.added.is_empty() {
-            let mut counters = Vec::clone(&self.inner.outstanding.load());
-            counters.resize_with(state.len(), || Arc::new(AtomicU64::new(0)));
-            self.inner.outstanding.store(Arc::new(counters));
+            let mut live = Vec::clone(&self.inner.live.load());
+            while live.len() < state.len() {
+                live.push(Arc::new(live::NodeLive::new(&state.spec(live.len()).name)));
+            }
+            self.inner.live.store(Arc::new(live));
         }
         {
             let mut monitors = self

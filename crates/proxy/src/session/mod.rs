@@ -582,7 +582,7 @@ impl Session {
     fn on_backend_lost(&mut self, node: usize, reason: &str) -> Result<(), ProxyError> {
         let was_primary = self.shared.balancer.primary() == Some(node);
         let in_tx = self.tx != TxStatus::Idle && self.deferred_begin.is_none();
-        let mut client_units = self.inflight.iter().filter(|u| !u.injected);
+        let mut client_units = self.inflight.iter().filter(|u| !u.is_injected());
         let first = client_units.next();
         let only_one = client_units.next().is_none();
         let retry = match first {
@@ -600,7 +600,7 @@ impl Session {
         // recency window).
         self.give_up_deferred_marks();
         self.release_held_ready();
-        if self.inflight.iter().all(|u| u.injected) && !in_tx {
+        if self.inflight.iter().all(InFlight::is_injected) && !in_tx {
             // Idle (at most pgfresh's own probe was running; its marks simply stay
             // primary-only until they expire): nothing of the client's was lost. The next statement connects to whatever node
             // then holds the role it needs, with the session's state replayed. The
@@ -628,7 +628,7 @@ impl Session {
         let owed: u32 = self
             .inflight
             .iter()
-            .filter(|u| !u.injected)
+            .filter(|u| !u.is_injected())
             .map(|u| u.owed.max(1))
             .sum();
         self.inflight.clear();
@@ -676,7 +676,7 @@ impl Session {
     fn client_idle(&self) -> bool {
         self.tx == TxStatus::Idle
             && self.ready.is_empty()
-            && self.inflight.iter().all(|u| u.injected)
+            && self.inflight.iter().all(InFlight::is_injected)
             // A commit's ReadyForQuery waiting for its position is still the client's.
             && self.tokens.held_ready.is_none()
     }
@@ -729,7 +729,7 @@ impl Session {
     /// (primary only for the TTL): its answer will not come, or will come too late.
     fn give_up_deferred_marks(&mut self) {
         for u in &mut self.inflight {
-            if let Some(p) = u.probe.as_mut() {
+            if let Some(p) = u.probe_mut() {
                 p.marks.settle(None);
             }
         }

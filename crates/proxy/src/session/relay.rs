@@ -9,6 +9,7 @@ use pgfresh_recency::RelKey;
 use pgfresh_wire::{ErrorFields, TxStatus};
 
 use super::settings::{self, SettingChange, StmtEvent};
+use super::unit::{InFlight, Injected};
 use super::Session;
 use crate::error::ProxyError;
 use crate::server::server_limits;
@@ -82,7 +83,7 @@ impl Session {
 
     /// Inspect one server frame (bytes `[start, end)` of the node's buffer are its body).
     fn on_server_message(&mut self, node: usize, tag: u8, start: usize, end: usize) -> Action {
-        let injected = self.inflight.front().is_some_and(|u| u.injected);
+        let injected = self.inflight.front().is_some_and(InFlight::is_injected);
         if !injected && self.expect_reply(node, tag) {
             return Action::Swallow;
         }
@@ -113,19 +114,12 @@ impl Session {
                     self.collect_due();
                 }
                 match unit {
-                    Some(u) if u.injected => {
-                        if u.replay && u.error {
-                            // A replayed setting was refused: this connection is not
-                            // up to date, so the next unit replays again.
-                            if let Some(l) = self.backends[node].as_mut() {
-                                l.conn.settings = None;
-                            }
-                        }
-                        if let Some(probe) = u.probe {
-                            let (lsn, report) = (probe.lsn, probe.report);
-                            self.resolve_probe(probe);
-                            self.report_commit_position(node, lsn, report);
-                        }
+                    Some(InFlight {
+                        injected: Some(what),
+                        error,
+                        ..
+                    }) => {
+                        self.injected_done(node, what, error);
                         Action::Swallow
                     }
                     Some(u) => {
@@ -147,7 +141,7 @@ impl Session {
                         let hold = self
                             .inflight
                             .front()
-                            .and_then(|f| f.probe.as_ref())
+                            .and_then(InFlight::probe)
                             .is_some_and(|p| p.report || !p.marks.is_empty());
                         if hold {
                             // The commit's position comes first: its marks are resolved
@@ -196,20 +190,7 @@ impl Session {
                 Action::Forward
             }
             b'D' if injected => {
-                if self.inflight.front().is_some_and(|u| u.xid_probe) {
-                    let row = super::lost_commit::parse_probe(self.body(node, start, end));
-                    self.xid_learned(row);
-                    return Action::Swallow;
-                }
-                // A position probe's answer: one text column, `X/Y`.
-                let body = self.body(node, start, end);
-                let lsn = body
-                    .get(6..)
-                    .and_then(|v| std::str::from_utf8(v).ok())
-                    .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok());
-                if let Some(p) = self.inflight.front_mut().and_then(|u| u.probe.as_mut()) {
-                    p.lsn = lsn;
-                }
+                self.injected_row(node, start, end);
                 Action::Swallow
             }
             b'E' => {
@@ -372,7 +353,7 @@ impl Session {
         field: impl Fn(&mut super::unit::InFlight) -> &mut u32,
     ) -> Action {
         match self.inflight.front_mut() {
-            Some(u) if u.injected => Action::Swallow,
+            Some(u) if u.is_injected() => Action::Swallow,
             Some(u) => {
                 let n = field(u);
                 if *n > 0 {
@@ -410,7 +391,7 @@ impl Session {
     /// the mark is pending until the probe's answer resolves it.
     fn mark(&mut self, writes: Vec<pgfresh_sql::RelName>, whole_db: bool) {
         let track = self.tokens.track;
-        let probe = self.inflight.get_mut(1).and_then(|u| u.probe.as_mut());
+        let probe = self.inflight.get_mut(1).and_then(InFlight::probe_mut);
         if let Some(p) = probe {
             // A commit that wrote: a tracking session gets its position.
             p.report |= track;
@@ -429,7 +410,7 @@ impl Session {
         match self
             .inflight
             .get_mut(1)
-            .and_then(|u| u.probe.as_mut())
+            .and_then(InFlight::probe_mut)
             .filter(|_| lsn_routing)
         {
             Some(probe) => {
@@ -449,6 +430,60 @@ impl Session {
     /// it (a replica that has replayed it may serve their reads).
     fn resolve_probe(&self, mut probe: super::unit::Probe) {
         probe.marks.settle(probe.lsn);
+    }
+
+    /// A row of an injected query's answer (bytes `[start, end)` of `node`'s buffer).
+    fn injected_row(&mut self, node: usize, start: usize, end: usize) {
+        // The position probes answer one text column, `X/Y`.
+        let lsn = || {
+            self.body(node, start, end)
+                .get(6..)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok())
+        };
+        match self.inflight.front().and_then(|u| u.injected.as_ref()) {
+            Some(Injected::XidProbe) => {
+                let row = super::lost_commit::parse_probe(self.body(node, start, end));
+                self.xid_learned(row);
+            }
+            Some(Injected::Position(_)) => {
+                let lsn = lsn();
+                if let Some(p) = self.inflight.front_mut().and_then(InFlight::probe_mut) {
+                    p.lsn = lsn;
+                }
+            }
+            Some(Injected::ReplaySample(_)) => {
+                let lsn = lsn();
+                if let Some(Injected::ReplaySample(known)) =
+                    self.inflight.front_mut().and_then(|u| u.injected.as_mut())
+                {
+                    *known = lsn;
+                }
+            }
+            Some(Injected::Plain | Injected::Setting) | None => {}
+        }
+    }
+
+    /// An injected unit ended (its ReadyForQuery arrived).
+    fn injected_done(&mut self, node: usize, what: Injected, error: bool) {
+        match what {
+            Injected::Setting if error => {
+                // A replayed setting was refused: this connection is not up to date, so
+                // the next unit replays again.
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.settings = None;
+                }
+            }
+            Injected::Position(probe) => {
+                let (lsn, report) = (probe.lsn, probe.report);
+                self.resolve_probe(probe);
+                self.report_commit_position(node, lsn, report);
+            }
+            Injected::ReplaySample(Some(lsn)) if !error => {
+                self.shared.balancer.learn_replay(node, lsn);
+            }
+            _ => {}
+        }
     }
 }
 

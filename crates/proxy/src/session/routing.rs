@@ -193,7 +193,7 @@ impl Session {
 
     /// Units of the client's are running: anything pgfresh answers itself must wait.
     pub(super) fn client_busy(&self) -> bool {
-        self.inflight.iter().any(|u| !u.injected) || self.tokens.held_ready.is_some()
+        self.inflight.iter().any(|u| !u.is_injected()) || self.tokens.held_ready.is_some()
     }
 
     pub(super) fn route(&self, unit: &ClientUnit, token: TokenNeed) -> Decision {

@@ -11,7 +11,7 @@ use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, 
 use pgfresh_wire::{build, TxStatus};
 
 use super::state::{text_hash, PinReason};
-use super::unit::{ClientUnit, InFlight};
+use super::unit::{ClientUnit, InFlight, Injected};
 use super::Session;
 use crate::error::ProxyError;
 use crate::router::{Decision, Reason};
@@ -34,9 +34,34 @@ fn analysis_of(stmt: &Statement) -> Analysis {
     }
 }
 
+/// What [`Session::write_unit`] wrote, for [`Session::track_unit`].
+struct Written {
+    /// Replies to swallow: ParseComplete and CloseComplete of statements pgfresh
+    /// prepared again or closed ahead of the unit.
+    swallow_parse: u32,
+    swallow_close: u32,
+    /// The unit runs outside a transaction.
+    autocommit: bool,
+    /// The unit ends a transaction with COMMIT.
+    commit_sent: bool,
+    /// What the unit writes (behind the text too), or the whole database.
+    writes: Vec<pgfresh_sql::RelName>,
+    whole_db: bool,
+    /// A position probe follows the unit.
+    probe: bool,
+    /// A replay sample follows the unit.
+    sample: bool,
+    /// Transaction mode: the replies the unit's messages get, in order.
+    expect: std::collections::VecDeque<super::unit::Expect>,
+}
+
 /// The position probe that follows a committing unit on the primary (`pg_catalog`
 /// named: a session's search path must not be able to shadow it).
 const POSITION_PROBE: &str = "SELECT pg_catalog.pg_current_wal_lsn()";
+
+/// The replay sample that may follow an autocommit read on a standby (see
+/// `pgfresh_balancer::live`).
+const REPLAY_SAMPLE: &str = "SELECT pg_catalog.pg_last_wal_replay_lsn()";
 
 impl Session {
     /// Queue frames for `node` without waiting for the server to take them (see
@@ -74,9 +99,8 @@ impl Session {
         let frames: Vec<Bytes> = self.state.replay_statements().map(build::query).collect();
         self.send_frames(node, &frames).await?;
         for _ in &frames {
-            let mut f = InFlight::injected();
-            f.replay = true;
-            self.inflight.push_back(f);
+            self.inflight
+                .push_back(InFlight::injected(Injected::Setting));
         }
         Ok(())
     }
@@ -84,12 +108,13 @@ impl Session {
     /// Queue an injected simple query (its replies are swallowed).
     pub(super) async fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
         self.send_frames(node, &[build::query(sql)]).await?;
-        self.inflight.push_back(InFlight::injected());
+        self.inflight.push_back(InFlight::injected(Injected::Plain));
         Ok(())
     }
 
-    /// Send a routed unit to `node`, after whatever must precede it there: replayed
-    /// settings, a deferred BEGIN, statements to prepare again.
+    /// Send a routed unit to `node` (`decision` is `None` for the rest of a unit already
+    /// running there), after whatever must precede it there: replayed settings, a
+    /// deferred BEGIN, statements to prepare again.
     pub(super) async fn send_unit(
         &mut self,
         node: usize,
@@ -101,7 +126,42 @@ impl Session {
         // An autocommit read bound for a replica may be sent again elsewhere if the
         // replica fails before answering.
         let retryable = decision.is_some_and(|d| self.retryable_read(&d.target, &unit, node));
-        let synced = unit.synced;
+        match self
+            .write_unit(node, &mut unit, continuing, retryable)
+            .await
+        {
+            Ok(written) => {
+                self.track_unit(node, unit, written, reason, continuing, retryable)
+                    .await
+            }
+            Err(e)
+                if retryable
+                    && unit.retries < self.config.routing.read_retry_budget
+                    && self.inflight.iter().all(InFlight::is_injected) =>
+            {
+                // The replica's connection failed before the read went out (its server
+                // closed it just after its last reply, say): as for a replica that
+                // fails before answering, the read goes to another node. What pgfresh
+                // had of its own in flight there is gone with the connection.
+                self.inflight.clear();
+                self.open_unit_node = None;
+                self.replica_guard = None;
+                self.retry_read(unit, node, &e.to_string());
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Write `unit` to `node`, with what must precede it and the probe or sample that
+    /// follows it, and update what the connection holds.
+    async fn write_unit(
+        &mut self,
+        node: usize,
+        unit: &mut ClientUnit,
+        continuing: bool,
+        retryable: bool,
+    ) -> Result<Written, ProxyError> {
         if !continuing {
             let stale = self.backends[node].as_ref().is_none_or(|l| {
                 super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
@@ -173,7 +233,7 @@ impl Session {
         }
         // Session effects of this unit, applied optimistically; the node that runs the
         // unit is then up to date with the session's settings.
-        self.apply_session_effects(&unit);
+        self.apply_session_effects(unit);
         for s in unit.parts.iter().flat_map(|a| &a.statements) {
             let key_hash = match &s.session {
                 Some(SessionEffect::Prepare { name, .. }) => self
@@ -223,31 +283,71 @@ impl Session {
         }
         if commit_sent {
             // resolve_lost_commits: the transaction-id probe goes first.
-            self.watch_commit(node, &unit, continuing, &mut pre);
+            self.watch_commit(node, unit, continuing, &mut pre);
         }
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
         let rewritten = (!session_mode
             && unit.simple_sql.is_none()
             && !unit.force_primary
-            && (continuing || !super::rewrite::plain_unit(&unit)))
-        .then(|| self.rewrite_unit(node, &unit));
-        let (writes, whole_db) = self.unit_writes(&unit);
+            && (continuing || !super::rewrite::plain_unit(unit)))
+        .then(|| self.rewrite_unit(node, unit));
+        let (writes, whole_db) = self.unit_writes(unit);
         let probe =
-            self.needs_position_probe(node, &unit, autocommit, commit_sent, &writes, whole_db);
+            self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db);
+        // A read on a standby while reads wait on replay positions: the standby's position
+        // is asked for right after it (at most once per replay_check_period per standby).
+        let sample = retryable && autocommit && self.shared.balancer.claim_replay_sample(node);
         let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
-        if pre.is_empty() && !probe {
+        if pre.is_empty() && !probe && !sample {
             self.send_frames(node, frames).await?;
         } else {
-            // One write: what must precede the unit, the unit, the position probe that
-            // follows it.
+            // One write: what must precede the unit, the unit, the position probe or
+            // replay sample that follows it.
             pre.extend(frames.iter().cloned());
             if probe {
                 pre.push(build::query(POSITION_PROBE));
             }
+            if sample {
+                pre.push(build::query(REPLAY_SAMPLE));
+            }
             self.send_frames(node, &pre).await?;
         }
-        let expect = rewritten.map(|r| r.expect).unwrap_or_default();
+        Ok(Written {
+            swallow_parse,
+            swallow_close,
+            autocommit,
+            commit_sent,
+            writes,
+            whole_db,
+            probe,
+            sample,
+            expect: rewritten.map(|r| r.expect).unwrap_or_default(),
+        })
+    }
+
+    /// Record what the replies to `unit`, just written to `node`, are for.
+    async fn track_unit(
+        &mut self,
+        node: usize,
+        mut unit: ClientUnit,
+        written: Written,
+        reason: Reason,
+        continuing: bool,
+        retryable: bool,
+    ) -> Result<(), ProxyError> {
+        let Written {
+            swallow_parse,
+            swallow_close,
+            autocommit,
+            commit_sent,
+            writes,
+            whole_db,
+            probe,
+            sample,
+            expect,
+        } = written;
+        let synced = unit.synced;
         let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
         let owed = if self.copy_in {
             0
@@ -298,9 +398,12 @@ impl Session {
         self.out.append(&mut self.due);
         if probe {
             // Sent with the unit, just after it.
-            let mut f = InFlight::injected();
-            f.probe = Some(super::unit::Probe::default());
-            self.inflight.push_back(f);
+            let probe = Injected::Position(super::unit::Probe::default());
+            self.inflight.push_back(InFlight::injected(probe));
+        }
+        if sample {
+            self.inflight
+                .push_back(InFlight::injected(Injected::ReplaySample(None)));
         }
         self.open_unit_node = if synced { None } else { Some(node) };
         if commit_sent {

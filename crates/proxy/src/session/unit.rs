@@ -102,8 +102,9 @@ impl ClientUnit {
 /// A unit on its way through a backend: what to do with its replies.
 #[derive(Debug)]
 pub struct InFlight {
-    /// Injected by pgfresh: its replies are not the client's and are swallowed.
-    pub injected: bool,
+    /// Injected by pgfresh (its replies are not the client's and are swallowed), and
+    /// what for; `None` for the client's own unit.
+    pub injected: Option<Injected>,
     /// ParseComplete/CloseComplete replies to swallow (re-prepares sent ahead of the
     /// client's own messages).
     pub swallow_parse: u32,
@@ -137,9 +138,6 @@ pub struct InFlight {
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
     pub skip_acks: u32,
-    /// An injected `SELECT pg_catalog.pg_current_wal_lsn()` sent right after a committing unit: the
-    /// position it returns is at or past that commit, and resolves the unit's marks.
-    pub probe: Option<Probe>,
     /// Settings events still to be matched with the server's CommandCompletes.
     pub events: std::collections::VecDeque<StmtEvent>,
     /// Something the unit runs may write anything in the database (an unanalysable
@@ -147,12 +145,6 @@ pub struct InFlight {
     pub whole_db: bool,
     /// The unit runs DDL: the database's dependency graph is reloaded once it commits.
     pub ddl: bool,
-    /// An injected replay of the session's settings: if it fails, the connection is
-    /// not up to date.
-    pub replay: bool,
-    /// An injected `SELECT txid_current_if_assigned()` ahead of a COMMIT
-    /// (`resolve_lost_commits`, see `lost_commit`).
-    pub xid_probe: bool,
     /// Transaction mode: the replies expected for an extended unit, in order (empty
     /// when nothing needs to be swallowed or synthesized).
     pub expect: std::collections::VecDeque<Expect>,
@@ -210,10 +202,30 @@ pub struct Probe {
     pub report: bool,
 }
 
+/// What pgfresh injected a unit for.
+#[derive(Debug)]
+pub enum Injected {
+    /// A query whose answer nothing needs (a deferred BEGIN, a statement prepared again).
+    Plain,
+    /// A replay of one of the session's settings: if it fails, the connection is not up
+    /// to date.
+    Setting,
+    /// `SELECT txid_current_if_assigned()` ahead of a COMMIT (`resolve_lost_commits`, see
+    /// `lost_commit`).
+    XidProbe,
+    /// `SELECT pg_catalog.pg_current_wal_lsn()` right after a committing unit: the position
+    /// it returns is at or past that commit, and resolves the unit's marks.
+    Position(Probe),
+    /// `SELECT pg_catalog.pg_last_wal_replay_lsn()` right after a read on a standby: the
+    /// standby's replay position, for the balancer (see `pgfresh_balancer::live`).
+    ReplaySample(Option<pgfresh_lsn::Lsn>),
+}
+
 impl InFlight {
-    pub fn injected() -> Self {
+    /// A unit pgfresh injected for `what`.
+    pub fn injected(what: Injected) -> Self {
         Self {
-            injected: true,
+            injected: Some(what),
             swallow_parse: 0,
             swallow_close: 0,
             writes: Vec::new(),
@@ -229,24 +241,41 @@ impl InFlight {
             retry: None,
             acks: 0,
             skip_acks: 0,
-            probe: None,
             events: std::collections::VecDeque::new(),
             whole_db: false,
             ddl: false,
-            replay: false,
-            xid_probe: false,
             expect: std::collections::VecDeque::new(),
         }
     }
 
     pub fn client(writes: Vec<RelName>, autocommit: bool, reason: Reason, closed: bool) -> Self {
         Self {
-            injected: false,
+            injected: None,
             writes,
             autocommit,
             reason: Some(reason),
             closed,
-            ..Self::injected()
+            ..Self::injected(Injected::Plain)
+        }
+    }
+
+    /// pgfresh's own work, not the client's.
+    pub fn is_injected(&self) -> bool {
+        self.injected.is_some()
+    }
+
+    /// The position probe's state, when this is one.
+    pub fn probe(&self) -> Option<&Probe> {
+        match &self.injected {
+            Some(Injected::Position(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub fn probe_mut(&mut self) -> Option<&mut Probe> {
+        match &mut self.injected {
+            Some(Injected::Position(p)) => Some(p),
+            _ => None,
         }
     }
 }

@@ -237,8 +237,7 @@ impl Session {
         };
         // The unit is only a COMMIT: the transaction's writes are all in `tx_writes`.
         pre.insert(0, build::query(&xid_probe(&self.tx_writes.writes)));
-        let mut f = InFlight::injected();
-        f.xid_probe = true;
+        let f = InFlight::injected(super::unit::Injected::XidProbe);
         self.inflight.push_back(f);
         let timeline = self
             .shared
@@ -272,7 +271,7 @@ impl Session {
         if watch.is_none() && !self.config.routing.resolve_lost_commits {
             return false;
         }
-        let mut units = self.inflight.iter().filter(|u| !u.injected);
+        let mut units = self.inflight.iter().filter(|u| !u.is_injected());
         let (unit, more) = (units.next(), units.next().is_some());
         let known = match (unit, watch.as_ref()) {
             (Some(u), _) if !more && u.committed && u.simple => Known::Committed,
@@ -480,7 +479,10 @@ impl Session {
         }
         // The replies up to the transaction-id probe's are read and relayed; what the
         // server sends for the COMMIT is dropped unread.
-        let upto = self.inflight.iter().position(|u| u.xid_probe);
+        let upto = self
+            .inflight
+            .iter()
+            .position(|u| matches!(u.injected, Some(super::unit::Injected::XidProbe)));
         if let Some(i) = upto {
             let need: u32 = self.inflight.iter().take(i + 1).map(|u| u.owed).sum();
             loop {
