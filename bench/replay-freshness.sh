@@ -18,7 +18,14 @@
 # replay positions (percentiles of an upper bound, and the share within 10 ms), the ideal
 # offload (the share of the time some standby had replayed every commit made before), the
 # offload pgfresh achieved (its own routing counters), the fast replay polls made a second
-# (pgfresh_replay_polls_total) and the proxy's CPU time. The samplers add
+# (pgfresh_replay_polls_total), the replay samples taken after reads a second
+# (pgfresh_replay_samples_total) and the proxy's CPU time. Then, still through the same
+# pgfresh, a read-your-writes check for half as long: each transaction raises a random
+# account's balance (UPDATE … RETURNING), reads it back 0 to 3 ms later (so that a good
+# share of these reads find a standby that replayed the write, and the routing decides
+# at the edge), and records the read in
+# pgfresh_stale_reads on the primary when it saw less; it reports the checks made, the
+# stale reads (must be 0) and the share of the checking reads served by a replica. The samplers add
 # load of their own (two direct queries a millisecond, /v1/status every 2 ms): read the CPU
 # figures of bench/pgbench-compare.sh, not this run's throughput.
 set -euo pipefail
@@ -44,9 +51,31 @@ bench_start freshness
 bench_cluster
 bench_pgbench_init
 write_mix "$OUTDIR/mix.sql"
+# The read-your-writes check (balances only grow, so a concurrent update by another
+# client can only make the read see more).
+cat >"$OUTDIR/check.sql" <<'EOT'
+\set aid random(1, 100000 * :scale)
+\set delta random(1, 5000)
+\set pause random(0, 3)
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid RETURNING abalance AS written \gset
+\sleep :pause ms
+SELECT abalance AS seen FROM pgbench_accounts WHERE aid = :aid \gset
+\if :seen < :written
+INSERT INTO pgfresh_stale_reads VALUES (:aid, :written, :seen);
+\endif
+EOT
+psql_node "$PRIMARY_PORT" "DROP TABLE IF EXISTS pgfresh_stale_reads" \
+    "CREATE TABLE pgfresh_stale_reads (aid int, written int, seen int)" \
+    "GRANT ALL ON pgfresh_stale_reads TO app" >/dev/null
 
-fast_polls() {
-    curl -fsS "http://127.0.0.1:$1/metrics" | awk '/^pgfresh_replay_polls_total/ { n += $2 } END { print n + 0 }'
+replica_reads() {
+    curl -fsS "http://127.0.0.1:$1/metrics" |
+        awk -v t="$2" '/^pgfresh_routed_total/ && $0 ~ "target=\"" t "\"" && $0 !~ "reason=\"write\"" { n += $2 } END { print n + 0 }'
+}
+
+# The sum of a counter over its labels, from pgfresh's metrics: counter_sum ADMIN_PORT NAME
+counter_sum() {
+    curl -fsS "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 ~ "^" m "[{ ]" || $1 == m { n += $2 } END { print n + 0 }'
 }
 
 for period in $PERIODS; do
@@ -59,13 +88,24 @@ for period in $PERIODS; do
     wait_replica_reads "$port"
     wait_standbys_caught_up
     echo "== replay_check_period_ms = $period: $SECS s, $CLIENTS clients"
-    polls=$(fast_polls "$admin"); ticks=$(cpu_ticks "$PROXY_PID")
+    polls=$(counter_sum "$admin" pgfresh_replay_polls_total)
+    samples=$(counter_sum "$admin" pgfresh_replay_samples_total); ticks=$(cpu_ticks "$PROXY_PID")
     python3 "$HERE/replay-freshness.py" -d "$CLUSTER_DIR" --port "$port" --admin "$admin" \
         --mix "$OUTDIR/mix.sql" --seconds "$SECS" --clients "$CLIENTS" \
         --label "replay_check_period_ms=$period" --json "$OUTDIR/p$period.json"
-    polls=$(( $(fast_polls "$admin") - polls )); ticks=$(( $(cpu_ticks "$PROXY_PID") - ticks ))
-    echo "   fast replay polls a second, both standbys: $(( polls / SECS )); proxy CPU: $(awk -v t="$ticks" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", t / hz }') s" \
+    polls=$(( $(counter_sum "$admin" pgfresh_replay_polls_total) - polls ))
+    samples=$(( $(counter_sum "$admin" pgfresh_replay_samples_total) - samples ))
+    ticks=$(( $(cpu_ticks "$PROXY_PID") - ticks ))
+    echo "   a second, both standbys: $(( polls / SECS )) fast replay polls, $(( samples / SECS )) samples after reads; proxy CPU: $(awk -v t="$ticks" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", t / hz }') s" \
         | tee "$OUTDIR/p$period.polls.txt"
+    r0=$(replica_reads "$admin" replica); p0=$(replica_reads "$admin" primary)
+    "$PG_BINDIR/pgbench" -n -c "$CLIENTS" -j 2 -T $(( (SECS + 1) / 2 )) -M extended -f "$OUTDIR/check.sql" \
+        -h 127.0.0.1 -p "$port" -U app app >"$OUTDIR/p$period.check.log" 2>&1
+    r1=$(( $(replica_reads "$admin" replica) - r0 )); p1=$(( $(replica_reads "$admin" primary) - p0 ))
+    checks=$(awk '/actually processed/ { print $NF }' "$OUTDIR/p$period.check.log")
+    stale=$(psql_node "$PRIMARY_PORT" "SELECT count(*) FROM pgfresh_stale_reads")
+    echo "   read-your-writes check: $checks reads of a row just written, $stale stale; reads served by a replica: $r1 of $(( r1 + p1 ))" \
+        | tee "$OUTDIR/p$period.check.txt"
     stop_pid "$PROXY_PID"; PROXY_PID=""
 done
 echo "results in $OUTDIR"

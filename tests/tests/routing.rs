@@ -926,7 +926,7 @@ async fn a_read_on_a_standby_brings_back_its_replay_position() {
             .expect("the write's position")
     };
     let known = || {
-        let view = p.shared.balancer.view();
+        let view = p.shared.balancer.view_now();
         [view.nodes[1].replay_lsn, view.nodes[2].replay_lsn]
     };
     c.batch_execute(&format!(

@@ -133,17 +133,11 @@ impl Inner {
         self.publish(&mut state);
     }
 
-    /// A replay position sampled on a client connection of `id` within `fresh`.
-    pub(crate) fn sampled_replay(&self, id: NodeId, fresh: std::time::Duration) -> Option<Lsn> {
-        self.live.load().get(id)?.replay_within(&self.clock, fresh)
-    }
-
-    /// Records a standby's replay position from a fast poll; publishes a view when it
-    /// moved.
-    pub(crate) fn record_replay(&self, id: NodeId, lsn: Lsn) {
-        let mut state = self.lock();
-        if state.record_replay(id, lsn) {
-            self.publish_as(&mut state, Export::Skip);
+    /// Standby `id` replayed `lsn` (a fast poll or a sample said so; see [`live`]).
+    /// Waiters on a position look again when it moved.
+    pub(crate) fn learn_replay(&self, id: NodeId, lsn: Lsn) {
+        if self.live.load().get(id).is_some_and(|l| l.advance(lsn)) {
+            self.generation.send_modify(|_| {});
         }
     }
 
@@ -174,12 +168,6 @@ impl Inner {
 
     /// Recomputes the view from `state`, stores it, and announces it.
     fn publish(&self, state: &mut State) {
-        self.publish_as(state, Export::Gauges);
-    }
-
-    /// [`Inner::publish`]; a fast replay poll's view (up to hundreds a second) leaves the
-    /// lag gauges to the next full poll.
-    fn publish_as(&self, state: &mut State, export: Export) {
         let outstanding: Vec<u64> = self
             .live
             .load()
@@ -188,9 +176,7 @@ impl Inner {
             .collect();
         let settings = self.settings.load();
         let (view, events) = state.compute(&settings, &outstanding, Instant::now());
-        if export == Export::Gauges || !events.is_empty() {
-            export_metrics(&view, &events);
-        }
+        export_metrics(&view, &events);
         for e in &events {
             log_event(&view, e);
         }
@@ -202,13 +188,6 @@ impl Inner {
         }
         self.generation.send_replace(generation);
     }
-}
-
-/// Whether a published view updates the gauges.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Export {
-    Gauges,
-    Skip,
 }
 
 /// The cluster view and replica selection. Cheap to clone; the monitor stops when the last
@@ -474,9 +453,27 @@ impl Balancer {
     /// Standby `node` answered a replay sample with `lsn`: reads that need at most that
     /// position may go there from now on.
     pub fn learn_replay(&self, node: NodeId, lsn: Lsn) {
-        if let Some(l) = self.inner.live.load().get(node) {
-            l.learn(&self.inner.clock, lsn);
+        let moved = self
+            .inner
+            .live
+            .load()
+            .get(node)
+            .is_some_and(|l| l.learn(lsn));
+        if moved {
+            self.inner.generation.send_modify(|_| {});
         }
+    }
+
+    /// [`Balancer::view`] with the replay positions learned since it was published
+    /// ([`live`]) in place of older ones: what replica selection knows now. For status
+    /// pages (it copies the view).
+    pub fn view_now(&self) -> ClusterView {
+        let mut view = ClusterView::clone(&self.inner.view.load());
+        let live = self.inner.live.load();
+        for (n, l) in view.nodes.iter_mut().zip(live.iter()) {
+            n.replay_lsn = n.replay_lsn.max(l.replay());
+        }
+        view
     }
 
     /// Role, primary and eligibility changes from now on.

@@ -1,19 +1,20 @@
-//! What sessions tell the balancer between polls, per node and without a lock: the reads
-//! outstanding on it (for `least_outstanding`), and replay positions *sampled* on a client
-//! connection that just served a read.
+//! What the balancer learns between full polls, per node and without a lock: the reads
+//! outstanding on it (for `least_outstanding`), and replay positions newer than the
+//! published view's.
 //!
-//! While reads wait on replay positions ([`crate::demand`]), a session that sends a read to
-//! a standby may ask that standby for `pg_last_wal_replay_lsn()` in the same write, right
-//! after the read ([`crate::Balancer::claim_replay_sample`], at most once per
-//! `replay_check_period` per standby, across all sessions). The answer costs no round trip
-//! of its own and is as fresh as the read; it is kept here
-//! ([`crate::Balancer::learn_replay`]) and replica selection takes the newer of it and the
-//! published view's position. A standby's fast poll ([`crate::monitor`]) is skipped while
-//! samples are fresher than its period; the tick then publishes the sampled position
-//! instead, so the view, the status page and waiters on a position keep up.
+//! While reads wait on replay positions ([`crate::demand`]), two sources report a
+//! standby's `pg_last_wal_replay_lsn()`:
+//! - its fast polls ([`crate::monitor`]), every `replay_check_period`;
+//! - *samples*: a session that sends a read to a standby asks for it in the same write,
+//!   right after the read ([`crate::Balancer::claim_replay_sample`], at most once per
+//!   `replay_check_period` per standby across all sessions), and reports the answer
+//!   ([`crate::Balancer::learn_replay`]). A sample costs no round trip of its own and is
+//!   as fresh as the read it follows.
 //!
-//! A full poll of the node clears its sample: the poll's own answer then stands, and
-//! whatever a restarted or re-pointed standby answered before cannot outlive it.
+//! Either lands here, not in a new view: replica selection takes the newer of this and
+//! the view's position, and waiters on a position are woken. A full poll of the node
+//! clears it: the poll's own answer then stands, and whatever a restarted or re-pointed
+//! standby answered before cannot outlive it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -25,12 +26,11 @@ use pgfresh_lsn::Lsn;
 pub(crate) struct NodeLive {
     /// Selections alive on the node.
     pub(crate) outstanding: AtomicU64,
-    /// The latest sampled replay position (its raw value); 0: none since the last full
-    /// poll.
+    /// The newest replay position learned since the last full poll (its raw value; 0:
+    /// none).
     replay: AtomicU64,
-    /// When it was sampled: microseconds since the balancer's epoch, plus one (0: never).
-    replay_at: AtomicU64,
-    /// When a session last claimed a sample (same clock).
+    /// When a session last claimed a sample: microseconds since the balancer's epoch,
+    /// plus one (0: never).
     claimed_at: AtomicU64,
     /// The node's name, for `pgfresh_replay_samples_total{node}`.
     name: String,
@@ -44,28 +44,18 @@ impl NodeLive {
         NodeLive {
             outstanding: AtomicU64::new(0),
             replay: AtomicU64::new(0),
-            replay_at: AtomicU64::new(0),
             claimed_at: AtomicU64::new(0),
             name: name.to_string(),
             samples: std::sync::OnceLock::new(),
         }
     }
 
-    /// The sampled replay position, if any since the last full poll.
+    /// The replay position learned since the last full poll, if any.
     pub(crate) fn replay(&self) -> Option<Lsn> {
         match self.replay.load(Ordering::Acquire) {
             0 => None,
             raw => Some(Lsn(raw)),
         }
-    }
-
-    /// The sampled position if it was taken within `fresh` before `now`.
-    pub(crate) fn replay_within(&self, clock: &Clock, fresh: Duration) -> Option<Lsn> {
-        let at = self.replay_at.load(Ordering::Acquire);
-        let age = clock.now().saturating_sub(at);
-        (at != 0 && age < micros(fresh))
-            .then(|| self.replay())
-            .flatten()
     }
 
     /// Claims the next sample if none was claimed within `period`; true for exactly one
@@ -81,21 +71,24 @@ impl NodeLive {
             .is_ok()
     }
 
-    /// A sample answered `lsn` (positions only move forward).
-    pub(crate) fn learn(&self, clock: &Clock, lsn: Lsn) {
+    /// A sample answered `lsn`: [`NodeLive::advance`], counted.
+    pub(crate) fn learn(&self, lsn: Lsn) -> bool {
         self.samples
             .get_or_init(
                 || metrics::counter!("pgfresh_replay_samples_total", "node" => self.name.clone()),
             )
             .increment(1);
-        self.replay.fetch_max(lsn.0, Ordering::AcqRel);
-        self.replay_at.fetch_max(clock.now(), Ordering::AcqRel);
+        self.advance(lsn)
+    }
+
+    /// The node replayed `lsn` (positions only move forward); true when it moved.
+    pub(crate) fn advance(&self, lsn: Lsn) -> bool {
+        self.replay.fetch_max(lsn.0, Ordering::AcqRel) < lsn.0
     }
 
     /// A full poll answered (or failed): its answer stands.
     pub(crate) fn clear_replay(&self) {
         self.replay.store(0, Ordering::Release);
-        self.replay_at.store(0, Ordering::Release);
     }
 }
 
@@ -139,20 +132,16 @@ mod tests {
     }
 
     #[test]
-    fn samples_only_move_forward_and_a_full_poll_clears_them() {
-        let clock = Clock::new();
+    fn positions_only_move_forward_and_a_full_poll_clears_them() {
         let live = NodeLive::new("n");
         assert_eq!(live.replay(), None);
-        live.learn(&clock, Lsn(200));
-        live.learn(&clock, Lsn(100));
+        assert!(live.learn(Lsn(200)));
+        assert!(!live.advance(Lsn(100)));
+        assert!(!live.learn(Lsn(200)));
         assert_eq!(live.replay(), Some(Lsn(200)));
-        assert_eq!(
-            live.replay_within(&clock, Duration::from_secs(3600)),
-            Some(Lsn(200))
-        );
-        assert_eq!(live.replay_within(&clock, Duration::ZERO), None);
+        assert!(live.advance(Lsn(300)));
+        assert_eq!(live.replay(), Some(Lsn(300)));
         live.clear_replay();
         assert_eq!(live.replay(), None);
-        assert_eq!(live.replay_within(&clock, Duration::from_secs(3600)), None);
     }
 }

@@ -227,19 +227,9 @@ async fn fast_polls(
             _ = inner.demand.wait_active() => {}
         }
         let tick = Instant::now() + settings.replay_check_period;
-        if let Some(lsn) = inner.sampled_replay(id, settings.replay_check_period) {
-            // A session sampled the position within the period (see `live`): no query,
-            // the sample is published.
-            inner.record_replay(id, lsn);
-            sleep_until(tick.min(next)).await;
-            if tick >= next {
-                return;
-            }
-            continue;
-        }
         polls.increment(1);
         match source.poll_replay(settings).await {
-            Some(Ok(Some(lsn))) => inner.record_replay(id, lsn),
+            Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn),
             Some(Ok(None)) => {}
             Some(Err(e)) => {
                 tracing::debug!(node = %name, error = %e, "fast replay poll failed");

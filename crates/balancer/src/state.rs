@@ -132,26 +132,6 @@ impl State {
         }
     }
 
-    /// A standby's replay position from a fast poll (`pg_last_wal_replay_lsn()` alone).
-    /// Kept only while the last full poll found the node in recovery and only when it
-    /// moves forward; returns whether it did.
-    pub(crate) fn record_replay(&mut self, id: NodeId, lsn: Lsn) -> bool {
-        let Some(sample) = self
-            .nodes
-            .get_mut(id)
-            .filter(|n| !n.retired)
-            .and_then(|n| n.sample.as_mut())
-            .filter(|s| s.in_recovery)
-        else {
-            return false;
-        };
-        if sample.replay_lsn.is_some_and(|known| known >= lsn) {
-            return false;
-        }
-        sample.replay_lsn = Some(lsn);
-        true
-    }
-
     /// Every current node has been polled at least once (successfully or not).
     pub(crate) fn all_polled(&self) -> bool {
         self.nodes.iter().all(|n| n.polled || n.retired)

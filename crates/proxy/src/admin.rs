@@ -556,7 +556,7 @@ fn node_json(n: &pgfresh_balancer::NodeStatus) -> Value {
 /// The JSON of `GET /v1/status`, also read by the status page.
 pub fn status_json(proxy: &Proxy) -> Value {
     let shared = &proxy.shared;
-    let view = shared.balancer.view();
+    let view = shared.balancer.view_now();
     let nodes: Vec<Value> = view.nodes.iter().map(node_json).collect();
     let stats = shared.recency.stats();
     let hot: Vec<Value> = shared

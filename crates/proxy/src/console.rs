@@ -300,7 +300,7 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 }
 
 fn show_nodes(shared: &Shared, out: &mut BytesMut) {
-    let view = shared.balancer.view();
+    let view = shared.balancer.view_now();
     let rows = view
         .nodes
         .iter()

@@ -44,14 +44,16 @@ pub async fn start(c: &LocalCluster, settings: MonitorSettings) -> Balancer {
     b
 }
 
-/// Polls the view until `pred` holds; panics with the last view after [`DEADLINE`].
+/// Polls the view, with the replay positions learned since it was published
+/// ([`Balancer::view_now`]), until `pred` holds; panics with the last view after
+/// [`DEADLINE`].
 pub async fn until(
     b: &Balancer,
     what: &str,
     mut pred: impl FnMut(&ClusterView) -> bool,
 ) -> Arc<ClusterView> {
     poll(what, || {
-        let v = b.view();
+        let v = Arc::new(b.view_now());
         if pred(&v) {
             Ok(v)
         } else {

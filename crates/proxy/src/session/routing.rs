@@ -242,7 +242,7 @@ impl Session {
     /// The PF001 error of `on_stale = "error"`, naming the position a read required and the
     /// most advanced replay position among the replicas in the pool.
     fn stale_error(&self, required: Option<pgfresh_lsn::Lsn>) -> ProxyError {
-        let view = self.shared.balancer.view();
+        let view = self.shared.balancer.view_now();
         let best = view
             .eligible()
             .filter_map(|id| view.node(id).and_then(|n| n.replay_lsn.map(|l| (n, l))))
