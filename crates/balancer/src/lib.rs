@@ -102,8 +102,6 @@ pub(crate) struct Inner {
     /// state lock, before the view that names a new node is published), so a loaded copy
     /// covers every id of any view loaded before it.
     live: ArcSwap<Vec<Arc<live::NodeLive>>>,
-    /// The clock of the sampled positions.
-    clock: live::Clock,
     /// Stops each node's monitor task, indexed by [`NodeId`]; `None` once retired. Only
     /// touched under the state lock.
     monitors: Mutex<Vec<Option<CancellationToken>>>,
@@ -131,6 +129,11 @@ impl Inner {
             self.ready.send_if_modified(|r| !std::mem::replace(r, true));
         }
         self.publish(&mut state);
+    }
+
+    /// Node `id`'s live facts ([`live`]).
+    pub(crate) fn live(&self, id: NodeId) -> Option<Arc<live::NodeLive>> {
+        self.live.load().get(id).cloned()
     }
 
     /// Standby `id` replayed `lsn` (a fast poll or a sample said so; see [`live`]).
@@ -219,6 +222,15 @@ impl Selection {
     pub fn node(&self) -> NodeId {
         self.node
     }
+
+    /// A read is about to go to this replica: true when it should ask the replica for its
+    /// replay position in the same write, right after the read ([`live`]: reads are
+    /// waiting on replay positions, and the replica's fast-poll task granted a sample
+    /// this period that no other read took). Report the answer with
+    /// [`Balancer::learn_replay`].
+    pub fn take_replay_sample(&self) -> bool {
+        self.counter.take_sample()
+    }
 }
 
 impl Deref for Selection {
@@ -266,7 +278,6 @@ impl Balancer {
                     .map(|n| Arc::new(live::NodeLive::new(&n.name)))
                     .collect(),
             ),
-            clock: live::Clock::new(),
             monitors: Mutex::new(Vec::with_capacity(nodes.len())),
             runtime: tokio::runtime::Handle::current(),
             settings: ArcSwap::from_pointee(settings),
@@ -324,9 +335,11 @@ impl Balancer {
             .enumerate()
             .filter(|(_, n)| n.eligible)
             .filter(|(i, n)| {
-                // The newer of the view's position and one sampled since.
-                let sampled = counters.get(*i).and_then(|l| l.replay());
-                required.is_none_or(|r| n.replay_lsn.max(sampled).is_some_and(|l| l >= r))
+                required.is_none_or(|r| {
+                    // The newer of the view's position and one learned since.
+                    let learned = counters.get(*i).and_then(|l| l.replay());
+                    n.replay_lsn.max(learned).is_some_and(|l| l >= r)
+                })
             })
             .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
             .filter_map(|(i, n)| {
@@ -431,23 +444,6 @@ impl Balancer {
                 Ok(Err(_)) | Err(_) => return Err(WaitTimeout { required }),
             }
         }
-    }
-
-    /// A session is about to send a read to standby `node`: true when it should ask that
-    /// standby for its replay position in the same write ([`live`]) — reads are waiting on
-    /// replay positions, fast replay checks are on, and no session claimed a sample of
-    /// this node within `replay_check_period`. Report the answer with
-    /// [`Balancer::learn_replay`].
-    pub fn claim_replay_sample(&self, node: NodeId) -> bool {
-        let period = self.inner.settings.load().replay_check_period;
-        !period.is_zero()
-            && self.inner.demand.active()
-            && self
-                .inner
-                .live
-                .load()
-                .get(node)
-                .is_some_and(|l| l.claim(&self.inner.clock, period))
     }
 
     /// Standby `node` answered a replay sample with `lsn`: reads that need at most that

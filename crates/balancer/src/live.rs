@@ -6,18 +6,18 @@
 //! standby's `pg_last_wal_replay_lsn()`:
 //! - its fast polls ([`crate::monitor`]), every `replay_check_period`;
 //! - *samples*: a session that sends a read to a standby asks for it in the same write,
-//!   right after the read ([`crate::Balancer::claim_replay_sample`], at most once per
-//!   `replay_check_period` per standby across all sessions), and reports the answer
-//!   ([`crate::Balancer::learn_replay`]). A sample costs no round trip of its own and is
-//!   as fresh as the read it follows.
+//!   right after the read, and reports the answer ([`crate::Balancer::learn_replay`]). A
+//!   sample costs no round trip of its own and is as fresh as the read it follows. The
+//!   standby's fast-poll task grants one sample a period; the first read to that standby
+//!   takes it ([`crate::Selection::take_replay_sample`]: an atomic load, and a swap when
+//!   granted — no clock, no lock on the read path).
 //!
 //! Either lands here, not in a new view: replica selection takes the newer of this and
 //! the view's position, and waiters on a position are woken. A full poll of the node
 //! clears it: the poll's own answer then stands, and whatever a restarted or re-pointed
 //! standby answered before cannot outlive it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pgfresh_lsn::Lsn;
 
@@ -29,9 +29,9 @@ pub(crate) struct NodeLive {
     /// The newest replay position learned since the last full poll (its raw value; 0:
     /// none).
     replay: AtomicU64,
-    /// When a session last claimed a sample: microseconds since the balancer's epoch,
-    /// plus one (0: never).
-    claimed_at: AtomicU64,
+    /// A sample may be taken (granted by the node's fast-poll task, once a period while
+    /// reads wait on replay positions).
+    sample_granted: AtomicBool,
     /// The node's name, for `pgfresh_replay_samples_total{node}`.
     name: String,
     /// That counter, registered at the first sample (the metrics recorder is installed
@@ -44,7 +44,7 @@ impl NodeLive {
         NodeLive {
             outstanding: AtomicU64::new(0),
             replay: AtomicU64::new(0),
-            claimed_at: AtomicU64::new(0),
+            sample_granted: AtomicBool::new(false),
             name: name.to_string(),
             samples: std::sync::OnceLock::new(),
         }
@@ -58,17 +58,16 @@ impl NodeLive {
         }
     }
 
-    /// Claims the next sample if none was claimed within `period`; true for exactly one
-    /// of the callers racing for it.
-    pub(crate) fn claim(&self, clock: &Clock, period: Duration) -> bool {
-        let now = clock.now();
-        let last = self.claimed_at.load(Ordering::Relaxed);
-        if last != 0 && now.saturating_sub(last) < micros(period) {
-            return false;
-        }
-        self.claimed_at
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+    /// Grants the next read to this node a sample (or, with `false`, takes the grant
+    /// back).
+    pub(crate) fn grant_sample(&self, granted: bool) {
+        self.sample_granted.store(granted, Ordering::Relaxed);
+    }
+
+    /// Takes the granted sample; true for exactly one of the callers racing for it.
+    pub(crate) fn take_sample(&self) -> bool {
+        self.sample_granted.load(Ordering::Relaxed)
+            && self.sample_granted.swap(false, Ordering::Relaxed)
     }
 
     /// A sample answered `lsn`: [`NodeLive::advance`], counted.
@@ -92,43 +91,20 @@ impl NodeLive {
     }
 }
 
-/// A monotonic clock in microseconds since the balancer started, plus one (so that 0 can
-/// mean "never").
-pub(crate) struct Clock {
-    epoch: Instant,
-}
-
-impl Clock {
-    pub(crate) fn new() -> Clock {
-        Clock {
-            epoch: Instant::now(),
-        }
-    }
-
-    pub(crate) fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
-    }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn one_claim_per_period() {
-        let clock = Clock::new();
+    fn one_sample_per_grant() {
         let live = NodeLive::new("n");
-        let hour = Duration::from_secs(3600);
-        assert!(live.claim(&clock, hour));
-        assert!(!live.claim(&clock, hour));
-        assert!(!live.claim(&clock, hour));
-        // A zero period never holds a claim back.
-        assert!(live.claim(&clock, Duration::ZERO));
-        assert!(live.claim(&clock, Duration::ZERO));
+        assert!(!live.take_sample());
+        live.grant_sample(true);
+        assert!(live.take_sample());
+        assert!(!live.take_sample());
+        live.grant_sample(true);
+        live.grant_sample(false);
+        assert!(!live.take_sample());
     }
 
     #[test]

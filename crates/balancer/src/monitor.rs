@@ -221,12 +221,23 @@ async fn fast_polls(
     next: Instant,
 ) {
     let polls = metrics::counter!("pgfresh_replay_polls_total", "node" => name.to_string());
+    let live = inner.live(id);
+    let grant = |granted: bool| {
+        if let Some(l) = &live {
+            l.grant_sample(granted);
+        }
+    };
     loop {
+        if !inner.demand.active() {
+            grant(false);
+        }
         tokio::select! {
-            _ = sleep_until(next) => return,
+            _ = sleep_until(next) => return grant(false),
             _ = inner.demand.wait_active() => {}
         }
         let tick = Instant::now() + settings.replay_check_period;
+        // A read to this standby may ask for its position this period too (see `live`).
+        grant(true);
         polls.increment(1);
         match source.poll_replay(settings).await {
             Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn),

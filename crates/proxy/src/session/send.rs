@@ -131,8 +131,12 @@ impl Session {
             .await
         {
             Ok(written) => {
-                self.track_unit(node, unit, written, reason, continuing, retryable)
-                    .await
+                let commit_sent = written.commit_sent;
+                self.track_unit(node, unit, written, reason, continuing, retryable);
+                if commit_sent {
+                    self.after_commit_queued(node).await?;
+                }
+                Ok(())
             }
             Err(e)
                 if retryable
@@ -297,7 +301,12 @@ impl Session {
             self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db);
         // A read on a standby while reads wait on replay positions: the standby's position
         // is asked for right after it (at most once per replay_check_period per standby).
-        let sample = retryable && autocommit && self.shared.balancer.claim_replay_sample(node);
+        let sample = retryable
+            && autocommit
+            && self
+                .replica_guard
+                .as_ref()
+                .is_some_and(|s| s.node() == node && s.take_replay_sample());
         let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
         if pre.is_empty() && !probe && !sample {
             self.send_frames(node, frames).await?;
@@ -327,7 +336,7 @@ impl Session {
     }
 
     /// Record what the replies to `unit`, just written to `node`, are for.
-    async fn track_unit(
+    fn track_unit(
         &mut self,
         node: usize,
         mut unit: ClientUnit,
@@ -335,7 +344,7 @@ impl Session {
         reason: Reason,
         continuing: bool,
         retryable: bool,
-    ) -> Result<(), ProxyError> {
+    ) {
         let Written {
             swallow_parse,
             swallow_close,
@@ -406,10 +415,6 @@ impl Session {
                 .push_back(InFlight::injected(Injected::ReplaySample(None)));
         }
         self.open_unit_node = if synced { None } else { Some(node) };
-        if commit_sent {
-            self.after_commit_queued(node).await?;
-        }
-        Ok(())
     }
 
     /// LSN routing: a committing unit on the primary is followed by a probe of the
