@@ -118,6 +118,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A database's entry, kept by a caller between calls of [`Dependencies::graph_of`]
+/// (entries are never removed; `None` past [`MAX_DATABASES`]).
+pub struct DbEntry(Option<Arc<Entry>>);
+
 /// The dependency graphs of the databases clients use (held in [`Shared`] as `deps`).
 pub struct Dependencies {
     dbs: ArcSwap<foldhash::HashMap<String, Arc<Entry>>>,
@@ -215,11 +219,23 @@ impl Dependencies {
     /// manual rules alone (None without rules). Cheap: no lock is held across an await, no
     /// I/O is waited for.
     pub fn graph(&self, shared: &Arc<Shared>, db: &str) -> Option<Arc<DepGraph>> {
+        self.graph_of(shared, db, &std::sync::OnceLock::new())
+    }
+
+    /// [`Self::graph`] for a caller that asks again and again for the same database
+    /// (a session): `entry` keeps the database's entry between calls, so a call does
+    /// not look the name up.
+    pub fn graph_of(
+        &self,
+        shared: &Arc<Shared>,
+        db: &str,
+        entry: &std::sync::OnceLock<DbEntry>,
+    ) -> Option<Arc<DepGraph>> {
         if !self.learning() {
             return self.rules.load().rules_only.clone();
         }
         self.attach(shared);
-        let entry = self.entry(db)?;
+        let entry = entry.get_or_init(|| DbEntry(self.entry(db))).0.as_ref()?;
         let now = self.now_ms();
         let due = entry.due_ms.load(Ordering::Relaxed);
         if now >= due {
@@ -234,14 +250,14 @@ impl Dependencies {
                 )
                 .is_ok()
             {
-                self.schedule(&entry, true, None);
+                self.schedule(entry, true, None);
             }
         } else {
             let built = entry.built_with.load(Ordering::Relaxed);
             if built != 0 && built != self.rules.load().generation {
                 // The rules changed and the eager rebuild has not finished (or could not
                 // start): ask again; requests coalesce.
-                self.schedule(&entry, false, None);
+                self.schedule(entry, false, None);
             }
         }
         entry.graph.load_full()

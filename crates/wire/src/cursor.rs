@@ -80,6 +80,11 @@ impl<'a> Cursor<'a> {
         std::str::from_utf8(raw).map_err(|e| self.malformed(format!("{what}: invalid UTF-8 ({e})")))
     }
 
+    /// What remains, without consuming it.
+    pub(crate) fn remaining(&self) -> &'a [u8] {
+        self.buf
+    }
+
     /// Everything that remains.
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)

@@ -2,7 +2,9 @@
 //!
 //! [`parse_frontend`] reads a [`Frame`] on demand; the returned view borrows
 //! strings and byte slices from the frame, so inspecting a message costs no
-//! copies beyond the small vectors of Parse and Bind. Every field is
+//! copies beyond the small vector of Parse's parameter types. Format codes are read
+//! as-is: their meaning (and the consistency of their count with the parameters) is the
+//! server's to judge, so a client gets the same error it would get without the proxy. Every field is
 //! validated: strings must be NUL-terminated UTF-8, counts must be
 //! non-negative and fit in the body, and no bytes may trail the last field.
 
@@ -32,12 +34,9 @@ pub enum FrontendMessage<'a> {
         portal: &'a str,
         /// Prepared statement name, empty for the unnamed statement.
         statement: &'a str,
-        /// Parameter format codes (0 text, 1 binary).
-        param_formats: Vec<i16>,
-        /// Parameter values; `None` is SQL NULL.
-        params: Vec<Option<&'a [u8]>>,
-        /// Result column format codes.
-        result_formats: Vec<i16>,
+        /// Format codes, parameter values and result formats, validated and read on
+        /// demand (routing needs only the names).
+        params: BindParams<'a>,
     },
     /// Describe (`D`) a statement (`kind = b'S'`) or portal (`b'P'`).
     Describe {
@@ -158,41 +157,86 @@ fn parse_bind<'a>(cur: &mut Cursor<'a>) -> Result<FrontendMessage<'a>, FrameErro
     let portal = cur.cstr("portal name")?;
     let statement = cur.cstr("statement name")?;
     let n = cur.count(2, "parameter format count")?;
-    let mut param_formats = Vec::with_capacity(n);
-    for _ in 0..n {
-        param_formats.push(format_code(cur, "parameter format")?);
-    }
+    let formats = cur.bytes(2 * n, "parameter format")?;
     let n = cur.count(4, "parameter count")?;
-    let mut params = Vec::with_capacity(n);
+    let start = cur.remaining();
     for _ in 0..n {
         let len = cur.i32("parameter length")?;
-        params.push(match len {
-            -1 => None,
+        match len {
+            -1 => {}
             len if len < 0 => {
                 return Err(cur.malformed(format!("parameter length {len} is negative")))
             }
-            len => Some(cur.bytes(len as usize, "parameter value")?),
-        });
+            len => {
+                cur.bytes(len as usize, "parameter value")?;
+            }
+        }
     }
-    let n = cur.count(2, "result format count")?;
-    let mut result_formats = Vec::with_capacity(n);
-    for _ in 0..n {
-        result_formats.push(format_code(cur, "result format")?);
-    }
+    let values = &start[..start.len() - cur.remaining().len()];
+    let n_results = cur.count(2, "result format count")?;
+    let results = cur.bytes(2 * n_results, "result format")?;
     Ok(FrontendMessage::Bind {
         portal,
         statement,
-        param_formats,
-        params,
-        result_formats,
+        params: BindParams {
+            formats,
+            values,
+            count: n as u16,
+            results,
+        },
     })
 }
 
-/// Format codes are read as-is: their meaning (and the consistency of their
-/// count with the parameters) is the server's to judge, so a client gets the
-/// same error it would get without the proxy.
-fn format_code(cur: &mut Cursor<'_>, what: &str) -> Result<i16, FrameError> {
-    cur.i16(what)
+/// The parameter part of a Bind, borrowed from the frame and already validated: every
+/// count fits the body, every value length is -1 (NULL) or fits. Reading it allocates
+/// nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindParams<'a> {
+    formats: &'a [u8],
+    values: &'a [u8],
+    count: u16,
+    results: &'a [u8],
+}
+
+impl<'a> BindParams<'a> {
+    /// Parameter format codes (0 text, 1 binary), as the client sent them.
+    pub fn param_formats(&self) -> impl ExactSizeIterator<Item = i16> + 'a {
+        codes(self.formats)
+    }
+
+    /// The number of parameter values.
+    pub fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// No parameter values.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Parameter values in order; `None` is SQL NULL.
+    pub fn values(&self) -> impl Iterator<Item = Option<&'a [u8]>> + 'a {
+        let mut rest = self.values;
+        (0..self.count).map(move |_| {
+            let len = i32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            rest = &rest[4..];
+            (len >= 0).then(|| {
+                let (value, tail) = rest.split_at(len as usize);
+                rest = tail;
+                value
+            })
+        })
+    }
+
+    /// Result column format codes.
+    pub fn result_formats(&self) -> impl ExactSizeIterator<Item = i16> + 'a {
+        codes(self.results)
+    }
+}
+
+fn codes(raw: &[u8]) -> impl ExactSizeIterator<Item = i16> + '_ {
+    raw.chunks_exact(2)
+        .map(|c| i16::from_be_bytes([c[0], c[1]]))
 }
 
 impl FrontendMessage<'_> {

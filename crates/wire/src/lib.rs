@@ -37,5 +37,5 @@ pub use framing::{
     decode_backend, decode_frame, decode_frontend, decode_startup, CancelKey, Decoded, Frame,
     FrameError, Limits, StartupMessage, StartupPacket,
 };
-pub use frontend::{parse_frontend, FrontendMessage};
+pub use frontend::{parse_frontend, BindParams, FrontendMessage};
 pub use startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};

@@ -36,16 +36,6 @@ fn frontend_builders_round_trip() {
             },
         ),
         (
-            build::bind("p", "s1", &[1], &[Some(b"\0\0\0\x01"), None], &[0, 1]),
-            FrontendMessage::Bind {
-                portal: "p",
-                statement: "s1",
-                param_formats: vec![1],
-                params: vec![Some(&b"\0\0\0\x01"[..]), None],
-                result_formats: vec![0, 1],
-            },
-        ),
-        (
             build::describe(b'S', "s1"),
             FrontendMessage::Describe {
                 kind: b'S',
@@ -95,6 +85,43 @@ fn frontend_builders_round_trip() {
     }
     let f = raw(b'F', b"\0\0\0\x01anything");
     assert_eq!(parse_frontend(&f), Ok(FrontendMessage::FunctionCall));
+}
+
+#[test]
+fn bind_reads_its_parameters_on_demand() {
+    let f = frame(build::bind(
+        "p",
+        "s1",
+        &[1],
+        &[Some(b"\0\0\0\x01"), None, Some(b"")],
+        &[0, 1],
+    ));
+    let Ok(FrontendMessage::Bind {
+        portal,
+        statement,
+        params,
+    }) = parse_frontend(&f)
+    else {
+        panic!("not a Bind");
+    };
+    assert_eq!((portal, statement), ("p", "s1"));
+    assert_eq!(params.param_formats().collect::<Vec<_>>(), vec![1]);
+    assert_eq!(params.len(), 3);
+    assert_eq!(
+        params.values().collect::<Vec<_>>(),
+        vec![Some(&b"\0\0\0\x01"[..]), None, Some(&b""[..])]
+    );
+    assert_eq!(params.result_formats().collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(
+        f.raw,
+        build::bind(
+            portal,
+            statement,
+            &[1],
+            &params.values().collect::<Vec<_>>(),
+            &[0, 1]
+        )
+    );
 }
 
 #[test]

@@ -112,10 +112,14 @@ fn rebuild(msg: &FrontendMessage<'_>) -> Bytes {
         FrontendMessage::Bind {
             portal,
             statement,
-            param_formats,
             params,
-            result_formats,
-        } => build::bind(portal, statement, param_formats, params, result_formats),
+        } => build::bind(
+            portal,
+            statement,
+            &params.param_formats().collect::<Vec<_>>(),
+            &params.values().collect::<Vec<_>>(),
+            &params.result_formats().collect::<Vec<_>>(),
+        ),
         FrontendMessage::Describe { kind, name } => build::describe(*kind, name),
         FrontendMessage::Execute { portal, max_rows } => build::execute(portal, *max_rows),
         FrontendMessage::Close { kind, name } => build::close(*kind, name),

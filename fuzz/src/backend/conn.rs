@@ -184,9 +184,12 @@ impl Conn {
                 portal,
                 statement,
                 params,
-                result_formats,
-                ..
-            } => self.bind(portal, statement, params.len(), result_formats),
+            } => self.bind(
+                portal,
+                statement,
+                params.len(),
+                params.result_formats().collect(),
+            ),
             FrontendMessage::Describe { kind, name } => self.describe(kind, name),
             FrontendMessage::Execute { portal, max_rows } => {
                 return self.execute(portal, max_rows).await

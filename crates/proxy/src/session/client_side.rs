@@ -10,7 +10,7 @@ use pgfresh_wire::{parse_frontend, FrontendMessage};
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
 use super::state::{text_hash, Prepared};
-use super::unit::{ClientUnit, Undo};
+use super::unit::{ClientUnit, InFlight, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
@@ -203,12 +203,12 @@ impl Session {
                 FrontendMessage::Sync => {
                     self.batch.frames.push(frame.raw);
                     self.batch.synced = true;
-                    let unit = std::mem::take(&mut self.batch);
+                    let unit = self.take_batch();
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::Flush => {
                     self.batch.frames.push(frame.raw);
-                    let unit = std::mem::take(&mut self.batch);
+                    let unit = self.take_batch();
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::CopyData(_)
@@ -248,15 +248,45 @@ impl Session {
     /// message that does not belong to the batch.
     fn close_batch_early(&mut self) {
         if !self.batch.frames.is_empty() {
-            let unit = std::mem::take(&mut self.batch);
+            let unit = self.take_batch();
             self.ready.push_back(unit);
+        }
+    }
+
+    /// The batch collected so far, replaced by a fresh one (the spare unit when there
+    /// is one).
+    fn take_batch(&mut self) -> ClientUnit {
+        let next = self.spare.take().unwrap_or_default();
+        std::mem::replace(&mut self.batch, next)
+    }
+
+    /// Keeps a finished unit's vectors for a later batch.
+    pub(super) fn recycle_unit(&mut self, mut unit: ClientUnit) {
+        if self.spare.is_none() && unit.frames.capacity() > 0 {
+            unit.recycle();
+            self.spare = Some(unit);
+        }
+    }
+
+    /// Takes back what a finished unit kept: the unit held for a retry (and its box),
+    /// and the buffer of its settings events.
+    pub(super) fn recycle_finished(&mut self, f: &mut InFlight) {
+        if let Some(mut kept) = f.retry.take() {
+            let unit = std::mem::replace(&mut *kept, ClientUnit::empty());
+            self.recycle_unit(unit);
+            self.spare_box = Some(kept);
+        }
+        if let Some(spare) = self.spare.as_mut().filter(|s| s.events.capacity() == 0) {
+            let mut events = std::mem::take(&mut f.events);
+            events.clear();
+            spare.events = events.into();
         }
     }
 
     fn push_batch(&mut self, raw: Bytes) {
         self.batch.frames.push(raw);
         if self.batch.bytes() > MAX_BATCH_BYTES {
-            let unit = std::mem::take(&mut self.batch);
+            let unit = self.take_batch();
             self.ready.push_back(unit);
         }
     }

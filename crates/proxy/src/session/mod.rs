@@ -69,6 +69,8 @@ pub struct Session {
     config_cache: pgfresh_config::ConfigCache,
     /// This turn's dependency graph (see `dep_graph`), emptied at each turn.
     graph: std::sync::OnceLock<Option<Arc<pgfresh_deps::DepGraph>>>,
+    /// The session database's entry in the shared dependency graphs, once looked up.
+    deps_entry: std::sync::OnceLock<crate::deps::DbEntry>,
     /// The analyses of this session's latest texts (`client_side::RECENT_TEXTS`).
     recent: std::collections::VecDeque<(Box<str>, Arc<pgfresh_sql::Analysis>)>,
     /// Connection targets by node, with the cluster-view generation they were built in.
@@ -101,6 +103,10 @@ pub struct Session {
     tx_writes: TxWrites,
     /// The extended-protocol batch being collected (up to Sync or Flush).
     batch: ClientUnit,
+    /// A finished unit, cleared, whose vectors the next batch reuses; and the box a
+    /// retryable read was kept in. Reused instead of allocated for each statement.
+    spare: Option<ClientUnit>,
+    spare_box: Option<Box<ClientUnit>>,
     /// Units read from the client, in order, not yet sent. The front one may be
     /// waiting for the active backend to drain before the session can move nodes.
     ready: VecDeque<ClientUnit>,
@@ -186,6 +192,7 @@ impl Session {
             },
             config_cache: shared.config.cache(),
             graph: Default::default(),
+            deps_entry: Default::default(),
             routed: Vec::new(),
             targets: Vec::new(),
             recent: Default::default(),
@@ -207,6 +214,8 @@ impl Session {
             deferred_begin: None,
             tx_writes: TxWrites::default(),
             batch: ClientUnit::new(),
+            spare: None,
+            spare_box: None,
             ready: VecDeque::new(),
             open_unit_node: None,
             replica_guard: None,

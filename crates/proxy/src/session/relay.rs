@@ -122,7 +122,8 @@ impl Session {
                         self.injected_done(node, what, error);
                         Action::Swallow
                     }
-                    Some(u) => {
+                    Some(mut u) => {
+                        self.recycle_finished(&mut u);
                         let settled = self.pending_settings.on_ready(status, u.error);
                         self.apply_settings(node, settled);
                         if status == TxStatus::Idle {

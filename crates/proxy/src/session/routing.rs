@@ -264,12 +264,17 @@ impl Session {
         }
     }
 
-    /// The dependency graph of the session's database, when learned (or configured).
-    /// The database's dependency graph, looked up once per turn of the session loop
+    /// The dependency graph of the session's database, when learned (or configured),
+    /// looked up once per turn of the session loop
     /// (routing and marking both ask for it).
     pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
         self.graph
-            .get_or_init(|| self.shared.deps.graph(&self.shared, &self.login.database))
+            .get_or_init(|| {
+                let db = &self.login.database;
+                self.shared
+                    .deps
+                    .graph_of(&self.shared, db, &self.deps_entry)
+            })
             .clone()
     }
 

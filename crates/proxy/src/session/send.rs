@@ -392,8 +392,16 @@ impl Session {
             f.simple = unit.simple_sql.is_some() || unit.force_primary;
             f.skip_acks = unit.skip_acks;
             f.expect = expect;
-            // Kept (moved, not copied) so it can be sent again elsewhere.
-            f.retry = retryable.then(|| Box::new(unit));
+            // Kept (moved, not copied) so it can be sent again elsewhere, in the box
+            // the last one was kept in.
+            if retryable {
+                let mut kept = self
+                    .spare_box
+                    .take()
+                    .unwrap_or_else(|| Box::new(ClientUnit::empty()));
+                std::mem::swap(&mut *kept, &mut unit);
+                f.retry = Some(kept);
+            }
             self.inflight.push_back(f);
         }
         if continuing {
@@ -415,6 +423,7 @@ impl Session {
                 .push_back(InFlight::injected(Injected::ReplaySample(None)));
         }
         self.open_unit_node = if synced { None } else { Some(node) };
+        self.recycle_unit(unit);
     }
 
     /// LSN routing: a committing unit on the primary is followed by a probe of the

@@ -61,10 +61,14 @@ impl Default for ClientUnit {
 
 impl ClientUnit {
     pub fn new() -> Self {
+        // An extended-protocol batch is usually five frames (Parse, Bind, Describe,
+        // Execute, Sync): one allocation instead of a first one and a regrowth.
+        Self::new_with(Vec::with_capacity(8))
+    }
+
+    fn new_with(frames: Vec<Bytes>) -> Self {
         Self {
-            // An extended-protocol batch is usually five frames (Parse, Bind, Describe,
-            // Execute, Sync): one allocation instead of a first one and a regrowth.
-            frames: Vec::with_capacity(8),
+            frames,
             parts: Vec::new(),
             synced: false,
             uses_statements: Vec::new(),
@@ -81,6 +85,51 @@ impl ClientUnit {
             statement_refs: Vec::new(),
             statement_undo: Vec::new(),
         }
+    }
+
+    /// A unit that holds no allocation (a placeholder).
+    pub fn empty() -> Self {
+        Self::new_with(Vec::new())
+    }
+
+    /// Clears the unit for the next batch, keeping its vectors' capacity (a session
+    /// reuses its units instead of allocating a few vectors a statement).
+    pub fn recycle(&mut self) {
+        // Every field named: a new one cannot be forgotten here.
+        let Self {
+            frames,
+            parts,
+            synced,
+            uses_statements,
+            parses,
+            sql_executes,
+            simple_sql,
+            passthrough,
+            force_primary,
+            retries,
+            avoid,
+            failover_deadline,
+            skip_acks,
+            events,
+            statement_refs,
+            statement_undo,
+        } = self;
+        frames.clear();
+        parts.clear();
+        *synced = false;
+        uses_statements.clear();
+        parses.clear();
+        sql_executes.clear();
+        *simple_sql = None;
+        *passthrough = false;
+        *force_primary = false;
+        *retries = 0;
+        *avoid = None;
+        *failover_deadline = None;
+        *skip_acks = 0;
+        events.clear();
+        statement_refs.clear();
+        statement_undo.clear();
     }
 
     pub fn bytes(&self) -> usize {
