@@ -81,7 +81,7 @@ impl Session {
             match msg {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
-                    let mut unit = ClientUnit::new();
+                    let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
                     for name in analysis.executes() {
                         if let Some((_, inner)) = self.state.sql_prepared.get(name) {
@@ -221,13 +221,13 @@ impl Session {
                         last.frames.push(frame.raw);
                         continue;
                     }
-                    let mut unit = ClientUnit::new();
+                    let mut unit = self.fresh_unit();
                     unit.passthrough = true;
                     unit.frames.push(frame.raw);
                     self.ready.push_back(unit);
                 }
                 FrontendMessage::FunctionCall => {
-                    let mut unit = ClientUnit::new();
+                    let mut unit = self.fresh_unit();
                     unit.force_primary = true;
                     unit.synced = true;
                     unit.frames.push(frame.raw);
@@ -255,26 +255,31 @@ impl Session {
 
     /// The batch collected so far, replaced by a fresh one (the spare unit when there
     /// is one).
-    fn take_batch(&mut self) -> ClientUnit {
-        let next = self.spare.take().unwrap_or_default();
+    fn take_batch(&mut self) -> Box<ClientUnit> {
+        let next = self.fresh_unit();
         std::mem::replace(&mut self.batch, next)
     }
 
-    /// Keeps a finished unit's vectors for a later batch.
-    pub(super) fn recycle_unit(&mut self, mut unit: ClientUnit) {
-        if self.spare.is_none() && unit.frames.capacity() > 0 {
+    /// An empty unit: the spare one when there is one.
+    fn fresh_unit(&mut self) -> Box<ClientUnit> {
+        self.spare
+            .take()
+            .unwrap_or_else(|| Box::new(ClientUnit::new()))
+    }
+
+    /// Keeps a finished unit (its box and vectors) for a later batch.
+    pub(super) fn recycle_unit(&mut self, mut unit: Box<ClientUnit>) {
+        if self.spare.is_none() {
             unit.recycle();
             self.spare = Some(unit);
         }
     }
 
-    /// Takes back what a finished unit kept: the unit held for a retry (and its box),
-    /// and the buffer of its settings events.
+    /// Takes back what a finished unit kept: the unit held for a retry, and the buffer
+    /// of its settings events.
     pub(super) fn recycle_finished(&mut self, f: &mut InFlight) {
-        if let Some(mut kept) = f.retry.take() {
-            let unit = std::mem::replace(&mut *kept, ClientUnit::empty());
-            self.recycle_unit(unit);
-            self.spare_box = Some(kept);
+        if let Some(kept) = f.retry.take() {
+            self.recycle_unit(kept);
         }
         if let Some(spare) = self.spare.as_mut().filter(|s| s.events.capacity() == 0) {
             let mut events = std::mem::take(&mut f.events);

@@ -101,15 +101,15 @@ pub struct Session {
     deferred_begin: Option<DeferredBegin>,
     /// What the open explicit transaction wrote, marked when it commits.
     tx_writes: TxWrites,
-    /// The extended-protocol batch being collected (up to Sync or Flush).
-    batch: ClientUnit,
-    /// A finished unit, cleared, whose vectors the next batch reuses; and the box a
-    /// retryable read was kept in. Reused instead of allocated for each statement.
-    spare: Option<ClientUnit>,
-    spare_box: Option<Box<ClientUnit>>,
+    /// The extended-protocol batch being collected (up to Sync or Flush). Units are
+    /// boxed: they move from batch to queue to send to retry without being copied.
+    batch: Box<ClientUnit>,
+    /// A finished unit, cleared, that the next batch reuses (its box and vectors)
+    /// instead of allocating them for each statement.
+    spare: Option<Box<ClientUnit>>,
     /// Units read from the client, in order, not yet sent. The front one may be
     /// waiting for the active backend to drain before the session can move nodes.
-    ready: VecDeque<ClientUnit>,
+    ready: VecDeque<Box<ClientUnit>>,
     /// An extended batch was sent up to a Flush: the rest of it, up to Sync, goes to
     /// the same node.
     open_unit_node: Option<usize>,
@@ -213,9 +213,8 @@ impl Session {
             tx: TxStatus::Idle,
             deferred_begin: None,
             tx_writes: TxWrites::default(),
-            batch: ClientUnit::new(),
+            batch: Box::new(ClientUnit::new()),
             spare: None,
-            spare_box: None,
             ready: VecDeque::new(),
             open_unit_node: None,
             replica_guard: None,
@@ -623,7 +622,7 @@ impl Session {
             self.inflight.clear();
             self.open_unit_node = None;
             self.replica_guard = None;
-            self.retry_read(*unit, node, reason);
+            self.retry_read(unit, node, reason);
             return Ok(());
         }
         if self.lost_commit(node, &err) {
@@ -668,7 +667,7 @@ impl Session {
 
     /// Send `unit`, a read `node` failed, to another node next (the caller checked the
     /// retry budget).
-    fn retry_read(&mut self, mut unit: ClientUnit, node: usize, reason: &str) {
+    fn retry_read(&mut self, mut unit: Box<ClientUnit>, node: usize, reason: &str) {
         unit.retries += 1;
         unit.avoid = Some(node);
         metrics::counter!("pgfresh_read_retries_total").increment(1);

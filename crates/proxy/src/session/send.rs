@@ -118,7 +118,7 @@ impl Session {
     pub(super) async fn send_unit(
         &mut self,
         node: usize,
-        mut unit: ClientUnit,
+        mut unit: Box<ClientUnit>,
         decision: Option<Decision>,
         reason: Reason,
     ) -> Result<(), ProxyError> {
@@ -339,7 +339,7 @@ impl Session {
     fn track_unit(
         &mut self,
         node: usize,
-        mut unit: ClientUnit,
+        mut unit: Box<ClientUnit>,
         written: Written,
         reason: Reason,
         continuing: bool,
@@ -369,7 +369,7 @@ impl Session {
         // Moved, not copied: a unit kept for a retry is a replica read, whose statements
         // change no settings.
         let events = std::mem::take(&mut unit.events);
-        if continuing {
+        let leftover = if continuing {
             if let Some(last) = self.inflight.back_mut() {
                 last.events.extend(events);
                 last.writes.extend(writes);
@@ -380,6 +380,7 @@ impl Session {
                 last.owed += owed;
                 last.expect.extend(expect);
             }
+            Some(unit)
         } else {
             let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
             f.events = events.into();
@@ -392,18 +393,16 @@ impl Session {
             f.simple = unit.simple_sql.is_some() || unit.force_primary;
             f.skip_acks = unit.skip_acks;
             f.expect = expect;
-            // Kept (moved, not copied) so it can be sent again elsewhere, in the box
-            // the last one was kept in.
-            if retryable {
-                let mut kept = self
-                    .spare_box
-                    .take()
-                    .unwrap_or_else(|| Box::new(ClientUnit::empty()));
-                std::mem::swap(&mut *kept, &mut unit);
-                f.retry = Some(kept);
-            }
+            // Kept (moved, not copied) so it can be sent again elsewhere.
+            let leftover = if retryable {
+                f.retry = Some(unit);
+                None
+            } else {
+                Some(unit)
+            };
             self.inflight.push_back(f);
-        }
+            leftover
+        };
         if continuing {
             if let Some(last) = self.inflight.back_mut() {
                 last.swallow_parse += swallow_parse;
@@ -423,7 +422,9 @@ impl Session {
                 .push_back(InFlight::injected(Injected::ReplaySample(None)));
         }
         self.open_unit_node = if synced { None } else { Some(node) };
-        self.recycle_unit(unit);
+        if let Some(unit) = leftover {
+            self.recycle_unit(unit);
+        }
     }
 
     /// LSN routing: a committing unit on the primary is followed by a probe of the

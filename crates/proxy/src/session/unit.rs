@@ -63,12 +63,8 @@ impl ClientUnit {
     pub fn new() -> Self {
         // An extended-protocol batch is usually five frames (Parse, Bind, Describe,
         // Execute, Sync): one allocation instead of a first one and a regrowth.
-        Self::new_with(Vec::with_capacity(8))
-    }
-
-    fn new_with(frames: Vec<Bytes>) -> Self {
         Self {
-            frames,
+            frames: Vec::with_capacity(8),
             parts: Vec::new(),
             synced: false,
             uses_statements: Vec::new(),
@@ -85,11 +81,6 @@ impl ClientUnit {
             statement_refs: Vec::new(),
             statement_undo: Vec::new(),
         }
-    }
-
-    /// A unit that holds no allocation (a placeholder).
-    pub fn empty() -> Self {
-        Self::new_with(Vec::new())
     }
 
     /// Clears the unit for the next batch, keeping its vectors' capacity (a session
