@@ -65,6 +65,44 @@ impl Drop for ApplyDelay {
     }
 }
 
+/// Every standby of the shared cluster stops replaying while this lives
+/// (`pg_wal_replay_pause()`: no record after the call is applied); replay resumes when
+/// it is dropped, also when the test panics.
+pub struct ReplayPause;
+
+impl ReplayPause {
+    pub fn all() -> ReplayPause {
+        let guard = ReplayPause;
+        for i in 1..cluster().nodes().len() {
+            cluster()
+                .psql(i, "postgres", "SELECT pg_wal_replay_pause()")
+                .expect("pause replay");
+        }
+        guard
+    }
+
+    /// Each standby's replay position now (stopped while the pause lives).
+    pub fn positions(&self) -> Vec<pgfresh_recency::Lsn> {
+        (1..cluster().nodes().len())
+            .map(|i| {
+                cluster()
+                    .psql(i, "postgres", "SELECT pg_last_wal_replay_lsn()")
+                    .expect("replay position")
+                    .parse()
+                    .expect("an LSN")
+            })
+            .collect()
+    }
+}
+
+impl Drop for ReplayPause {
+    fn drop(&mut self) {
+        for i in 1..cluster().nodes().len() {
+            let _ = cluster().psql(i, "postgres", "SELECT pg_wal_replay_resume()");
+        }
+    }
+}
+
 /// The shared cluster, with `app` owning the public schema of database `app`.
 pub fn cluster() -> &'static LocalCluster {
     static READY: OnceLock<()> = OnceLock::new();

@@ -935,21 +935,28 @@ async fn a_read_on_a_standby_brings_back_its_replay_position() {
     .await
     .unwrap();
     wait_replicated(&c).await;
-    // The full poll ran before the write: the hot read goes to the primary, and starts
-    // the demand for fresher positions. Each standby's monitor polls its position once
-    // (the next fast poll is ten minutes away).
-    assert_eq!(port_via(&c, &hot_read, true).await, primary_port());
-    let first = required();
-    eventually("both standbys' fast polls", Duration::from_secs(60), || {
-        known().iter().all(|&k| k >= Some(first))
-    })
-    .await;
-    // A new write, replayed at once by both standbys; no poll will tell pgfresh.
+    // The standbys stop replaying before the next write: the first hot read cannot find
+    // a standby that has it, whatever the fast polls it starts answer meanwhile (they
+    // run beside the session on the test's runtime), so it goes to the primary.
+    let paused = ReplayPause::all();
     c.batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
         .await
         .unwrap();
     let second = required();
-    assert!(second > first);
+    assert_eq!(port_via(&c, &hot_read, true).await, primary_port());
+    // That read started the demand for fresher positions: each standby's monitor polls
+    // its position once (the next fast poll is ten minutes away), and learns where
+    // replay stopped.
+    let stopped = paused.positions();
+    eventually("both standbys' fast polls", Duration::from_secs(60), || {
+        known()
+            .iter()
+            .zip(&stopped)
+            .all(|(k, s)| k.is_some_and(|k| k >= *s))
+    })
+    .await;
+    // Replay goes on, and both standbys have the write; no poll will tell pgfresh.
+    drop(paused);
     wait_replicated(&c).await;
     assert!(known().iter().all(|&k| k < Some(second)), "{:?}", known());
     assert_eq!(port_via(&c, &hot_read, true).await, primary_port());
