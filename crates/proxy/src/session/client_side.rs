@@ -18,6 +18,8 @@ use crate::router::{Reason, Target};
 
 /// An extended batch larger than this is sent before its Sync arrives.
 const MAX_BATCH_BYTES: usize = 1 << 20;
+/// A finished unit whose vectors hold more items than this is not kept for reuse.
+const MAX_SPARE_ITEMS: usize = 64;
 
 /// What executing the statement prepared as `p` means for the session's settings.
 fn portal_event(p: &Prepared) -> StmtEvent {
@@ -267,9 +269,11 @@ impl Session {
             .unwrap_or_else(|| Box::new(ClientUnit::new()))
     }
 
-    /// Keeps a finished unit (its box and vectors) for a later batch.
+    /// Keeps a finished unit (its box and vectors) for a later batch, unless it grew
+    /// large (a COPY's stream of frames, a long pipeline): an idle session keeps no
+    /// more than a usual batch needs.
     pub(super) fn recycle_unit(&mut self, mut unit: Box<ClientUnit>) {
-        if self.spare.is_none() {
+        if self.spare.is_none() && unit.capacity() <= MAX_SPARE_ITEMS {
             unit.recycle();
             self.spare = Some(unit);
         }

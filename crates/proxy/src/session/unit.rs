@@ -123,6 +123,23 @@ impl ClientUnit {
         statement_undo.clear();
     }
 
+    /// The most items any of the unit's vectors has room for.
+    pub fn capacity(&self) -> usize {
+        [
+            self.frames.capacity(),
+            self.parts.capacity(),
+            self.uses_statements.capacity(),
+            self.parses.capacity(),
+            self.sql_executes.capacity(),
+            self.events.capacity(),
+            self.statement_refs.capacity(),
+            self.statement_undo.capacity(),
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+
     pub fn bytes(&self) -> usize {
         self.frames.iter().map(Bytes::len).sum()
     }
@@ -384,6 +401,34 @@ mod tests {
     use super::*;
     use pgfresh_lsn::Lsn;
     use pgfresh_recency::{ManualClock, RecencyConfig, RecencyMap, RelKey};
+
+    #[test]
+    fn a_recycled_unit_is_a_new_one_with_room() {
+        let mut u = ClientUnit::new();
+        u.frames.push(Bytes::from_static(b"S\0\0\0\x04"));
+        u.parts.push(Arc::new(Analysis::not_analyzed()));
+        u.synced = true;
+        u.uses_statements.push("s1".into());
+        u.parses.push("s1".into());
+        u.sql_executes.push("p".into());
+        u.simple_sql = Some("select 1".into());
+        u.passthrough = true;
+        u.force_primary = true;
+        u.retries = 2;
+        u.avoid = Some(1);
+        u.failover_deadline = Some(std::time::Instant::now());
+        u.skip_acks = 3;
+        u.events.push(StmtEvent::Other);
+        u.statement_refs.push(None);
+        u.statement_undo.push(Undo {
+            name: "s1".into(),
+            previous: None,
+        });
+        u.recycle();
+        // Debug shows every field's value, not the vectors' capacity.
+        assert_eq!(format!("{u:?}"), format!("{:?}", ClientUnit::new()));
+        assert!(u.parts.capacity() >= 1 && u.events.capacity() >= 1);
+    }
 
     fn map() -> Arc<RecencyMap> {
         let cfg = RecencyConfig {
