@@ -74,9 +74,7 @@ impl ReplayPause {
     pub fn all() -> ReplayPause {
         let guard = ReplayPause;
         for i in 1..cluster().nodes().len() {
-            cluster()
-                .psql(i, "postgres", "SELECT pg_wal_replay_pause()")
-                .expect("pause replay");
+            cluster().pause_replay(i).expect("pause replay");
         }
         guard
     }
@@ -98,7 +96,7 @@ impl ReplayPause {
 impl Drop for ReplayPause {
     fn drop(&mut self) {
         for i in 1..cluster().nodes().len() {
-            let _ = cluster().psql(i, "postgres", "SELECT pg_wal_replay_resume()");
+            let _ = cluster().resume_replay(i);
         }
     }
 }
