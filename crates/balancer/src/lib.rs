@@ -136,10 +136,10 @@ impl Inner {
         self.live.load().get(id).cloned()
     }
 
-    /// Standby `id` replayed `lsn` (a fast poll or a sample said so; see [`live`]).
-    /// Waiters on a position look again when it moved.
-    pub(crate) fn learn_replay(&self, id: NodeId, lsn: Lsn) {
-        if self.live.load().get(id).is_some_and(|l| l.advance(lsn)) {
+    /// Standby `id` replayed `lsn`, as `from` said ([`live`]). Waiters on a position
+    /// look again when it moved.
+    pub(crate) fn learn_replay(&self, id: NodeId, lsn: Lsn, from: live::Source) {
+        if self.live.load().get(id).is_some_and(|l| l.learn(lsn, from)) {
             self.generation.send_modify(|_| {});
         }
     }
@@ -449,15 +449,7 @@ impl Balancer {
     /// Standby `node` answered a replay sample with `lsn`: reads that need at most that
     /// position may go there from now on.
     pub fn learn_replay(&self, node: NodeId, lsn: Lsn) {
-        let moved = self
-            .inner
-            .live
-            .load()
-            .get(node)
-            .is_some_and(|l| l.learn(lsn));
-        if moved {
-            self.inner.generation.send_modify(|_| {});
-        }
+        self.inner.learn_replay(node, lsn, live::Source::Sample);
     }
 
     /// [`Balancer::view`] with the replay positions learned since it was published

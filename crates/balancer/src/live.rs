@@ -21,6 +21,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use pgfresh_lsn::Lsn;
 
+/// Where a replay position learned between full polls came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The standby's fast poll.
+    Poll,
+    /// A sample after a read the standby served.
+    Sample,
+}
+
 /// One node's lock-free live facts.
 #[derive(Debug)]
 pub(crate) struct NodeLive {
@@ -70,18 +79,20 @@ impl NodeLive {
             && self.sample_granted.swap(false, Ordering::Relaxed)
     }
 
-    /// A sample answered `lsn`: [`NodeLive::advance`], counted.
-    pub(crate) fn learn(&self, lsn: Lsn) -> bool {
-        self.samples
-            .get_or_init(
-                || metrics::counter!("pgfresh_replay_samples_total", "node" => self.name.clone()),
-            )
-            .increment(1);
+    /// `from` said the node replayed `lsn`: [`NodeLive::advance`], samples counted.
+    pub(crate) fn learn(&self, lsn: Lsn, from: Source) -> bool {
+        if from == Source::Sample {
+            self.samples
+                .get_or_init(|| {
+                    metrics::counter!("pgfresh_replay_samples_total", "node" => self.name.clone())
+                })
+                .increment(1);
+        }
         self.advance(lsn)
     }
 
     /// The node replayed `lsn` (positions only move forward); true when it moved.
-    pub(crate) fn advance(&self, lsn: Lsn) -> bool {
+    fn advance(&self, lsn: Lsn) -> bool {
         self.replay.fetch_max(lsn.0, Ordering::AcqRel) < lsn.0
     }
 
@@ -111,9 +122,9 @@ mod tests {
     fn positions_only_move_forward_and_a_full_poll_clears_them() {
         let live = NodeLive::new("n");
         assert_eq!(live.replay(), None);
-        assert!(live.learn(Lsn(200)));
+        assert!(live.learn(Lsn(200), Source::Sample));
         assert!(!live.advance(Lsn(100)));
-        assert!(!live.learn(Lsn(200)));
+        assert!(!live.learn(Lsn(200), Source::Poll));
         assert_eq!(live.replay(), Some(Lsn(200)));
         assert!(live.advance(Lsn(300)));
         assert_eq!(live.replay(), Some(Lsn(300)));

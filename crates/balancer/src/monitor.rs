@@ -240,7 +240,7 @@ async fn fast_polls(
         grant(true);
         polls.increment(1);
         match source.poll_replay(settings).await {
-            Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn),
+            Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn, crate::live::Source::Poll),
             Some(Ok(None)) => {}
             Some(Err(e)) => {
                 tracing::debug!(node = %name, error = %e, "fast replay poll failed");

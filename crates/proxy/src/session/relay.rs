@@ -435,33 +435,25 @@ impl Session {
 
     /// A row of an injected query's answer (bytes `[start, end)` of `node`'s buffer).
     fn injected_row(&mut self, node: usize, start: usize, end: usize) {
-        // The position probes answer one text column, `X/Y`.
-        let lsn = || {
-            self.body(node, start, end)
-                .get(6..)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok())
-        };
-        match self.inflight.front().and_then(|u| u.injected.as_ref()) {
-            Some(Injected::XidProbe) => {
-                let row = super::lost_commit::parse_probe(self.body(node, start, end));
-                self.xid_learned(row);
-            }
-            Some(Injected::Position(_)) => {
-                let lsn = lsn();
-                if let Some(p) = self.inflight.front_mut().and_then(InFlight::probe_mut) {
-                    p.lsn = lsn;
-                }
-            }
-            Some(Injected::ReplaySample(_)) => {
-                let lsn = lsn();
-                if let Some(Injected::ReplaySample(known)) =
-                    self.inflight.front_mut().and_then(|u| u.injected.as_mut())
-                {
-                    *known = lsn;
-                }
-            }
-            Some(Injected::Plain | Injected::Setting) | None => {}
+        let body = self.body(node, start, end);
+        if self
+            .inflight
+            .front()
+            .is_some_and(|u| matches!(u.injected, Some(Injected::XidProbe)))
+        {
+            let row = super::lost_commit::parse_probe(body);
+            self.xid_learned(row);
+            return;
+        }
+        // The position probe and the replay sample answer one text column, `X/Y`.
+        let lsn = body
+            .get(6..)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok());
+        match self.inflight.front_mut().and_then(|u| u.injected.as_mut()) {
+            Some(Injected::Position(p)) => p.lsn = lsn,
+            Some(Injected::ReplaySample(known)) => *known = lsn,
+            _ => {}
         }
     }
 

@@ -379,6 +379,8 @@ impl Session {
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
                 last.expect.extend(expect);
+                last.swallow_parse += swallow_parse;
+                last.swallow_close += swallow_close;
             }
             Some(unit)
         } else {
@@ -403,12 +405,6 @@ impl Session {
             self.inflight.push_back(f);
             leftover
         };
-        if continuing {
-            if let Some(last) = self.inflight.back_mut() {
-                last.swallow_parse += swallow_parse;
-                last.swallow_close += swallow_close;
-            }
-        }
         // Replies made here that nothing ahead of them waits for go out now.
         self.collect_due();
         self.out.append(&mut self.due);
