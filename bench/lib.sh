@@ -276,6 +276,8 @@ bench_start() {
 # Starts PgBouncer in front of the primary (trust auth, user app): start_pgbouncer DIR PORT
 # POOL_MODE [EXTRA_INI_LINES]; sets PROXY_PID and returns once it accepts. Runs as the
 # postgres user when we are root (PgBouncer refuses root), with a raised file limit.
+# PGBOUNCER_WRAP, when set, is a command PgBouncer runs under (valgrind); PROXY_PID is then
+# that command's process.
 start_pgbouncer() {
     local bdir=$1 port=$2 mode=$3 extra=${4:-}
     as_pg mkdir -p "$bdir"
@@ -297,9 +299,9 @@ $extra
 EOT
     echo '"app" ""' | as_pg tee "$bdir/userlist.txt" >/dev/null
     if [ "$(id -u)" -eq 0 ]; then
-        setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+        setpriv --reuid=postgres --regid=postgres --init-groups -- bash -c "ulimit -n 65536 2>/dev/null; exec ${PGBOUNCER_WRAP:-} pgbouncer '$bdir/pgbouncer.ini'" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
     else
-        pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
+        ${PGBOUNCER_WRAP:-} pgbouncer "$bdir/pgbouncer.ini" >"$OUTDIR/pgbouncer.server.log" 2>&1 &
     fi
     PROXY_PID=$!
     wait_accepting "$port"

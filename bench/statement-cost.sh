@@ -1,38 +1,51 @@
 #!/usr/bin/env bash
 # What one statement costs pgfresh, in numbers a busy machine does not blur: user-space
-# instructions (callgrind) and system calls (perf stat), with pgbench -S through the proxy.
+# instructions (callgrind) and system calls (perf stat), with pgbench through the proxy,
+# and the same for PgBouncer when it is installed.
 #
 #   bench/statement-cost.sh [options]
 #     -m MODE        pool_mode: session (default) or transaction
 #     -M PROTOCOL    pgbench protocol: extended (default), simple or prepared
-#     -t N           transactions per client, two clients (default 2000)
+#     -w WORKLOAD    select (default: pgbench -S) or mix (9 point reads + 1 autocommit
+#                    UPDATE, 10 statements a transaction; see write_mix in bench/lib.sh)
+#     -t N           transactions per client, two clients (default 2000; a mix
+#                    transaction is 10 statements)
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
 # PGFRESH_WORKERS sets [proxy] worker_threads (default 0: pgfresh's own default, one thread).
 #
 # 1. Instructions: pgfresh runs under `valgrind --tool=callgrind` with instrumentation off;
-#    it is switched on (callgrind_control) only while pgbench runs its 2 x N statements, and
-#    the total is divided by them. The monitor polls once a second, so its share is small.
-#    The profile is left in OUT/callgrind.out* for callgrind_annotate.
+#    it is switched on (callgrind_control) only while pgbench runs its statements, and the
+#    total is divided by them. The monitor's full poll runs once a second, so its share is
+#    small; in the mix the fast replay polls run (every replay_check_period_ms while reads
+#    wait on positions), and pgfresh runs slower under valgrind, so their share a statement
+#    is larger than it is at full speed. The profile is left in OUT/callgrind.out* for
+#    callgrind_annotate. PgBouncer (session or transaction mode, as -m) is measured the
+#    same way, from OUT/pgbouncer-callgrind.out*.
 # 2. System calls: pgfresh runs normally; `perf stat` counts recvfrom, sendto and epoll_wait
 #    while pgbench runs 8 clients x 5000 statements, next to the same for PgBouncer in
 #    session mode when it is installed.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-MODE=session PROTO=extended N=2000 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "m:M:t:d:o:B" opt; do
+MODE=session PROTO=extended WORKLOAD=select N=2000 CLUSTER_DIR="" OUTDIR="" BUILD=1
+while getopts "m:M:w:t:d:o:B" opt; do
     case $opt in
         m) MODE=$OPTARG ;;
         M) PROTO=$OPTARG ;;
+        w) WORKLOAD=$OPTARG ;;
         t) N=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,20p "$0"; exit 2 ;;
+        *) sed -n 2,30p "$0"; exit 2 ;;
     esac
 done
+case $WORKLOAD in
+    select | mix) ;;
+    *) echo "unknown workload $WORKLOAD (select or mix)" >&2; exit 2 ;;
+esac
 
 SCALE=1
 
@@ -48,9 +61,37 @@ conf() {
     sed -i 's/^\[monitor\]$/[monitor]\nsr_check_period_ms = 1000/' "$file"
 }
 
+STMTS=1
+SCRIPT=(-S)
+if [ "$WORKLOAD" = mix ]; then
+    write_mix "$OUTDIR/mix.sql"
+    STMTS=10
+    SCRIPT=(-f "$OUTDIR/mix.sql" -s "$SCALE")
+fi
+
 pgbench_run() {
     local port=$1 clients=$2 tx=$3
-    "$PG_BINDIR/pgbench" -n -S -M "$PROTO" -c "$clients" -j 2 -t "$tx" -h 127.0.0.1 -p "$port" -U app app
+    "$PG_BINDIR/pgbench" -n "${SCRIPT[@]}" -M "$PROTO" -c "$clients" -j 2 -t "$tx" -h 127.0.0.1 -p "$port" -U app app
+}
+
+# Instructions a statement of the process PID (run under callgrind, dumping to FILE*),
+# counted while pgbench runs 2 x N transactions through PORT: callgrind_at PID PORT FILE
+callgrind_at() {
+    local pid=$1 port=$2 file=$3 total
+    pgbench_run "$port" 2 200 >/dev/null 2>&1
+    as_owner "$pid" callgrind_control -z "$pid" >/dev/null 2>&1
+    as_owner "$pid" callgrind_control -i on "$pid" >/dev/null 2>&1
+    pgbench_run "$port" 2 "$N" >"$file.pgbench.log" 2>&1
+    as_owner "$pid" callgrind_control -i off "$pid" >/dev/null 2>&1
+    as_owner "$pid" callgrind_control -d "$pid" >/dev/null 2>&1
+    total=$(cat "$file".* | awk '/^totals:/ { s += $2 } END { print s + 0 }')
+    echo "$((total / (2 * N * STMTS))) instructions a statement ($total over $((2 * N * STMTS)))"
+}
+
+# Runs a command as the owner of process PID (callgrind_control must be).
+as_owner() {
+    local pid=$1; shift
+    if [ "$(stat -c %u "/proc/$pid")" != "$(id -u)" ]; then as_pg "$@"; else "$@"; fi
 }
 
 # 1. Instructions per statement.
@@ -65,14 +106,30 @@ until "$PG_BINDIR/psql" -XAtq -h 127.0.0.1 -p "$port" -U app -d app -c "SELECT 1
     sleep 0.5
 done
 wait_replica_reads "$port"
-pgbench_run "$port" 2 200 >/dev/null 2>&1
-callgrind_control -i on "$PROXY_PID" >/dev/null
-pgbench_run "$port" 2 "$N" >"$OUTDIR/callgrind.pgbench.log" 2>&1
-callgrind_control -i off "$PROXY_PID" >/dev/null
-callgrind_control -d "$PROXY_PID" >/dev/null
+echo "pgfresh ($MODE, $WORKLOAD, -M $PROTO): $(callgrind_at "$PROXY_PID" "$port" "$OUTDIR/callgrind.out")" | tee "$OUTDIR/results.txt"
 stop_pid "$PROXY_PID"; PROXY_PID=""
-total=$(cat "$OUTDIR"/callgrind.out* | awk '/^totals:/ { s += $2 } END { print s + 0 }')
-echo "pgfresh ($MODE, -M $PROTO): $((total / (2 * N))) instructions a statement ($total over $((2 * N)))" | tee "$OUTDIR/results.txt"
+# The monitor's share (its polls and their tokio-postgres connections): under valgrind
+# pgfresh runs slower while the fast polls keep their period, so this share a statement is
+# inflated; the rest is the one to compare between builds.
+callgrind_annotate --inclusive=yes "$OUTDIR/callgrind.out.1" 2>/dev/null | awk -v n=$((2 * N * STMTS)) '
+    /PROGRAM TOTALS/ { gsub(",", "", $1); t = $1 }
+    /monitor::run::\{\{closure\}\} \[/ { gsub(",", "", $1); m += $1 }
+    /tokio_postgres::connection::Connection<S,T> as core::future::future::Future>::poll \[/ { gsub(",", "", $1); m += $1 }
+    END { printf "  of which the monitor: %d; the rest: %d instructions a statement\n", m / n, (t - m) / n }' |
+    tee -a "$OUTDIR/results.txt"
+
+if command -v pgbouncer >/dev/null; then
+    port=$(free_port)
+    as_pg mkdir -p "$CLUSTER_DIR/pgbouncer-cost"
+    as_pg rm -f "$CLUSTER_DIR"/pgbouncer-cost/callgrind.out*
+    PGBOUNCER_WRAP="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$CLUSTER_DIR/pgbouncer-cost/callgrind.out" \
+        start_pgbouncer "$CLUSTER_DIR/pgbouncer-cost" "$port" "$MODE"
+    echo "pgbouncer ($MODE, $WORKLOAD, -M $PROTO): $(callgrind_at "$PROXY_PID" "$port" "$CLUSTER_DIR/pgbouncer-cost/callgrind.out")" | tee -a "$OUTDIR/results.txt"
+    stop_pid "$PROXY_PID"; PROXY_PID=""
+    for f in "$CLUSTER_DIR"/pgbouncer-cost/callgrind.out.*; do
+        cp "$f" "$OUTDIR/pgbouncer-${f##*/}"
+    done
+fi
 
 # 2. System calls per statement.
 count_syscalls() {
@@ -82,7 +139,7 @@ count_syscalls() {
         -p "$pid" -x, -o "$OUTDIR/$name.perf" &
     local perf=$!
     sleep 0.5
-    pgbench_run "$port" 8 5000 >"$OUTDIR/$name.pgbench.log" 2>&1
+    pgbench_run "$port" 8 $((5000 / STMTS)) >"$OUTDIR/$name.pgbench.log" 2>&1
     kill -INT $perf; wait $perf || true
     awk -F, -v who="$name" '/syscalls/ { split($3, e, ":"); sub("sys_enter_", "", e[2]); printf "%s: %.2f %s a statement\n", who, $1 / 40000, e[2] }' "$OUTDIR/$name.perf" | tee -a "$OUTDIR/results.txt"
 }

@@ -336,7 +336,7 @@ fn read_requirement(
     }
     let keys: smallvec::SmallVec<[RelKey<'_>; 8]> =
         a.reads.iter().chain(behind).map(rel_key).collect();
-    need(ctx.recency.lookup(ctx.database, &keys), required)
+    need(ctx.recency.requirement(ctx.database, &keys), required)
 }
 
 /// The recency map's key for a relation name.

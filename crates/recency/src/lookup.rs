@@ -92,6 +92,17 @@ impl RecencyMap {
     ///
     /// Never allocates when the answer is `Cold`.
     pub fn lookup(&self, db: &str, rels: &[RelKey<'_>]) -> Hotness {
+        self.answer(db, rels, true)
+    }
+
+    /// [`Self::lookup`] without naming the relation that made the answer hot
+    /// (`relation` is `None` for a recent write): for the router, which needs only the
+    /// required position, so a hot read under constant writes allocates nothing.
+    pub fn requirement(&self, db: &str, rels: &[RelKey<'_>]) -> Hotness {
+        self.answer(db, rels, false)
+    }
+
+    fn answer(&self, db: &str, rels: &[RelKey<'_>], name: bool) -> Hotness {
         self.counters.lookups.add(1);
         if let Some(hot) = self.always_hot(rels) {
             return hot;
@@ -139,7 +150,7 @@ impl RecencyMap {
                 }
                 entry.hits.fetch_add(1, Ordering::Relaxed);
                 verdict.add(HotReason::RecentWrite, entry.known_lsn());
-                if verdict.relation.is_none() {
+                if name && verdict.relation.is_none() {
                     let written = RelKey {
                         schema: entry.schema.as_deref(),
                         name: rel.name,

@@ -95,6 +95,32 @@ fn hot_answer_names_the_written_relation() {
 }
 
 #[test]
+fn requirement_answers_as_lookup_without_the_name() {
+    let (clock, map) = map(1_000);
+    let rels = [U("items"), U("orders")];
+    assert_eq!(map.requirement("db", &rels), Hotness::Cold);
+    map.mark("db", &[Q("app", "orders")], Some(Lsn(7)));
+    map.mark("db", &[U("items")], Some(Lsn(9)));
+    assert_eq!(
+        map.requirement("db", &rels),
+        Hotness::Hot {
+            reason: HotReason::RecentWrite,
+            relation: None,
+            required_lsn: Some(Lsn(9)),
+        }
+    );
+    assert_eq!(
+        map.lookup("db", &rels).required_lsn(),
+        map.requirement("db", &rels).required_lsn()
+    );
+    map.mark("db", &[U("orders")], None);
+    assert_eq!(map.requirement("db", &rels).required_lsn(), None);
+    assert!(map.requirement("db", &rels).is_hot());
+    clock.advance(1_000);
+    assert_eq!(map.requirement("db", &rels), Hotness::Cold);
+}
+
+#[test]
 fn ttl_changes_apply_to_existing_entries() {
     let (clock, map) = map(1_000);
     map.mark("db", &[U("orders")], None);
