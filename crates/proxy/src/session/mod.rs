@@ -13,6 +13,7 @@ mod rewrite;
 mod routing;
 mod send;
 pub mod settings;
+mod shutdown;
 pub mod state;
 pub mod tokens;
 pub mod unit;
@@ -441,12 +442,8 @@ impl Session {
     async fn main_loop(&mut self) -> Result<(), ProxyError> {
         // One future for the whole session (not one per turn): it ends when shutdown
         // begins (or the proxy is gone).
-        let mut shutdown = self.shared.shutdown.clone();
-        let mut stopping = *shutdown.borrow();
-        let stop = async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        };
-        tokio::pin!(stop);
+        let mut stopping = *self.shared.shutdown.borrow();
+        let mut stop = shutdown::ShutdownWait::new(&self.shared.shutdown);
         // Armed while something is in flight, to give up on a node that stopped
         // answering (see `watchdog`); reset only when it fires or is re-armed, not per
         // turn, and polled only while something is in flight (one that fired meanwhile
