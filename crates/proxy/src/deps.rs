@@ -128,6 +128,9 @@ pub struct Dependencies {
     /// Serializes insertions into `dbs` (copy on write; readers never wait).
     insert: Mutex<()>,
     rules: ArcSwap<Rules>,
+    /// `rules`' generation, read by every session turn that asks for a graph (an atomic
+    /// load instead of loading the rules).
+    generation: AtomicU64,
     learn: AtomicBool,
     epoch: Instant,
     /// The shared state loads run with; set once by [`Dependencies::attach`].
@@ -141,6 +144,7 @@ impl Dependencies {
             dbs: ArcSwap::from_pointee(Default::default()),
             insert: Mutex::new(()),
             rules: ArcSwap::from_pointee(Rules::new(1, &config.routing.relation_dependencies)),
+            generation: AtomicU64::new(1),
             learn: AtomicBool::new(config.routing.learn_dependencies),
             epoch: Instant::now(),
             shared: OnceLock::new(),
@@ -169,7 +173,9 @@ impl Dependencies {
             rules = rules.parsed.len(),
             "relation_dependencies changed; rebuilding dependency graphs"
         );
+        let generation = rules.generation;
         self.rules.store(Arc::new(rules));
+        self.generation.store(generation, Ordering::Release);
         for entry in self.dbs.load().values() {
             if entry.built_with.load(Ordering::Relaxed) != 0 {
                 self.schedule(entry, false, None);
@@ -254,7 +260,7 @@ impl Dependencies {
             }
         } else {
             let built = entry.built_with.load(Ordering::Relaxed);
-            if built != 0 && built != self.rules.load().generation {
+            if built != 0 && built != self.generation.load(Ordering::Acquire) {
                 // The rules changed and the eager rebuild has not finished (or could not
                 // start): ask again; requests coalesce.
                 self.schedule(entry, false, None);

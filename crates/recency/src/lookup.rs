@@ -163,6 +163,9 @@ impl RecencyMap {
     }
 
     fn always_hot(&self, rels: &[RelKey<'_>]) -> Option<Hotness> {
+        if !self.any_always_hot.load(Ordering::Acquire) {
+            return None;
+        }
         let lists = self.lists.load();
         if lists.always_hot.is_empty() {
             return None;

@@ -1,7 +1,7 @@
 //! The map itself: construction, settings, and recording writes.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -176,6 +176,9 @@ pub struct RecencyMap {
     pub(crate) max_entries: AtomicUsize,
     pub(crate) entries: AtomicUsize,
     pub(crate) lists: ArcSwap<Lists>,
+    /// The always-hot list is not empty: lookups load `lists` only then (most
+    /// configurations have none, and every read looks).
+    pub(crate) any_always_hot: AtomicBool,
     pub(crate) slots: DashMap<SlotKey, Slot, Hasher>,
     pub(crate) overflow: DashMap<Box<str>, OverflowState, Hasher>,
     pub(crate) overflow_dbs: AtomicUsize,
@@ -211,6 +214,7 @@ impl RecencyMap {
             cold_start_until: AtomicU64::new(0),
             max_entries: AtomicUsize::new(cfg.max_entries),
             entries: AtomicUsize::new(0),
+            any_always_hot: AtomicBool::new(!cfg.always_hot.is_empty()),
             lists: ArcSwap::from_pointee(Lists {
                 never_track: cfg.never_track,
                 always_hot: cfg.always_hot,
@@ -285,10 +289,12 @@ impl RecencyMap {
     /// Replaces the never-track and always-hot lists. Entries already recorded for a
     /// relation that becomes never-tracked stay until they expire.
     pub fn set_lists(&self, never_track: Vec<RelPattern>, always_hot: Vec<RelPattern>) {
+        let any = !always_hot.is_empty();
         self.lists.store(Arc::new(Lists {
             never_track,
             always_hot,
         }));
+        self.any_always_hot.store(any, Ordering::Release);
     }
 
     /// Starts a cold-start window of `cold_start_ms` from now: every lookup answers

@@ -332,6 +332,12 @@ fn never_track_and_always_hot_lists() {
     assert!(!hot(&map, "db", &[U("settings")]));
     map.mark("db", &[U("events")], None);
     assert!(hot(&map, "db", &[U("events")]));
+    // A list given later (a config reload) applies at once, to both kinds of lookup.
+    map.set_lists(Vec::new(), vec!["flags".parse().unwrap()]);
+    assert_eq!(
+        map.requirement("db", &[U("flags")]).reason(),
+        Some(HotReason::AlwaysHot)
+    );
 }
 
 #[test]

@@ -68,8 +68,8 @@ pub struct Session {
     /// atomic read while it stays the same) instead of loaded per use.
     config: Arc<pgfresh_config::Config>,
     config_cache: pgfresh_config::ConfigCache,
-    /// This turn's dependency graph (see `dep_graph`), emptied at each turn.
-    graph: std::sync::OnceLock<Option<Arc<pgfresh_deps::DepGraph>>>,
+    /// This turn's dependency graph once looked up (see `dep_graph`), emptied at each turn.
+    graph: Option<Option<Arc<pgfresh_deps::DepGraph>>>,
     /// The session database's entry in the shared dependency graphs, once looked up.
     deps_entry: std::sync::OnceLock<crate::deps::DbEntry>,
     /// The analyses of this session's latest texts (`client_side::RECENT_TEXTS`).
@@ -432,7 +432,7 @@ impl Session {
     /// A new turn of the loop: the config in force now (if it changed), and the
     /// dependency graph looked up afresh when next needed.
     fn start_turn(&mut self) {
-        self.graph = Default::default();
+        self.graph = None;
         let current = self.config_cache.load();
         if !Arc::ptr_eq(current, &self.config) {
             self.config = current.clone();

@@ -196,7 +196,7 @@ impl Session {
         self.inflight.iter().any(|u| !u.is_injected()) || self.tokens.held_ready.is_some()
     }
 
-    pub(super) fn route(&self, unit: &ClientUnit, token: TokenNeed) -> Decision {
+    pub(super) fn route(&mut self, unit: &ClientUnit, token: TokenNeed) -> Decision {
         if unit.force_primary {
             return Decision {
                 target: Target::Primary,
@@ -267,15 +267,16 @@ impl Session {
     /// The dependency graph of the session's database, when learned (or configured),
     /// looked up once per turn of the session loop
     /// (routing and marking both ask for it).
-    pub(super) fn dep_graph(&self) -> Option<Arc<pgfresh_deps::DepGraph>> {
-        self.graph
-            .get_or_init(|| {
-                let db = &self.login.database;
-                self.shared
-                    .deps
-                    .graph_of(&self.shared, db, &self.deps_entry)
-            })
-            .clone()
+    pub(super) fn dep_graph(&mut self) -> Option<Arc<pgfresh_deps::DepGraph>> {
+        if let Some(g) = &self.graph {
+            return g.clone();
+        }
+        let g = self
+            .shared
+            .deps
+            .graph_of(&self.shared, &self.login.database, &self.deps_entry);
+        self.graph = Some(g.clone());
+        g
     }
 
     /// DDL committed: the database's dependencies may have changed.

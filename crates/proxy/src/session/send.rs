@@ -460,7 +460,7 @@ impl Session {
     /// says those writes and the functions it calls write behind them (triggers,
     /// cascades, partitions, function bodies). `true` when something unanalysable may
     /// write anything in the database.
-    fn unit_writes(&self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
+    fn unit_writes(&mut self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
         let mut writes = unit.writes();
         let unnamed = unit
             .parts
