@@ -9,6 +9,9 @@
 #     -c CLIENTS     pgbench clients (default 8)
 #     -j THREADS     pgbench threads (default 2)
 #     -s SCALE       pgbench scale factor (default 10)
+#     -R ROUNDS      run every target and workload this many times, round after round
+#                    (default 1); the tables then give medians over the rounds, and each
+#                    pgfresh / PgBouncer ratio is the median of the ratios within a round
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
@@ -34,7 +37,7 @@
 # without it installed (apt-get install -y pgpool2) it is skipped with a message, and
 # PgBouncer likewise (apt-get install -y pgbouncer).
 #
-# Recorded per run, in OUTDIR/results.tsv: tps, average latency, p99 latency (from pgbench's
+# Recorded per run, in OUTDIR/results.tsv (with its round): tps, average latency, p99 latency (from pgbench's
 # per-transaction log, -l), failed transactions, the proxy's CPU time (utime + stime from
 # /proc of the proxy and its child processes, exited ones included, before and after the run)
 # per statement in µs, the 1-minute load average at the end; for pgfresh the reads routed to
@@ -51,13 +54,14 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SECS=20 CLIENTS=8 THREADS=2 SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "T:c:j:s:d:o:B" opt; do
+SECS=20 CLIENTS=8 THREADS=2 SCALE=10 ROUNDS=1 CLUSTER_DIR="" OUTDIR="" BUILD=1
+while getopts "T:c:j:s:R:d:o:B" opt; do
     case $opt in
         T) SECS=$OPTARG ;;
         c) CLIENTS=$OPTARG ;;
         j) THREADS=$OPTARG ;;
         s) SCALE=$OPTARG ;;
+        R) ROUNDS=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
@@ -93,7 +97,7 @@ write_mix "$MIX"
 WORKLOADS="select-simple select-extended mix"
 
 RESULTS="$OUTDIR/results.tsv"
-printf "target\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\n" >"$RESULTS"
+printf "round\ttarget\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\n" >"$RESULTS"
 
 # SELECTs pgpool-II on PORT has sent to standbys and to all nodes (select_cnt of SHOW
 # pool_nodes): prints "STANDBY TOTAL".
@@ -108,7 +112,7 @@ pgpool_select_counts() {
 # port, or empty) and KIND (pgfresh, pgpool or other) describe the target.
 run_pgbench() {
     local target=$1 port=$2 workload=$3
-    local tag="${target}_${workload}" rc=0 before=0 after=0
+    local tag="${target}_${workload}${ROUND_TAG}" rc=0 before=0 after=0
     local log="$OUTDIR/$tag.log" txlog="$OUTDIR/txlog_$tag"
     local stmts=1 args
     case $workload in
@@ -117,7 +121,7 @@ run_pgbench() {
         # pgbench sets :scale from -s for a custom script (1 without it).
         mix) args=(-M extended -s "$SCALE" -f "$MIX"); stmts=10 ;;
     esac
-    echo "== $target: $workload ($SECS s)"
+    echo "== $target: $workload ($SECS s)${ROUND_TAG:+, round $ROUND}"
     psql_node "$PRIMARY_PORT" "CHECKPOINT" >/dev/null
     wait_standbys_caught_up
     local sel_before="0 0" sel_after="0 0"
@@ -165,7 +169,7 @@ run_pgbench() {
     if [ "$reads" != "-" ]; then
         share=$(awk -v r="$rep" -v n="$reads" 'BEGIN { if (n > 0) printf "%.3f", r / n; else print "n/a" }')
     fi
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$CLIENTS" \
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$ROUND" "$target" "$workload" "$CLIENTS" \
         "$THREADS" "$SECS" "$tx" "$stmts" "$failed" "$tps" "$lat" "$p99" "$cpu_s" "$per" "$rep" "$reads" "$share" "$primary" "$load" >>"$RESULTS"
     local line="   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed load=$load"
     if [ -n "$PROXY_PID" ]; then line="$line proxy_cpu=${cpu_s}s (${per} us/stmt)"; fi
@@ -179,69 +183,75 @@ run_suite() {
     for w in $WORKLOADS; do run_pgbench "$target" "$port" "$w"; done
 }
 
-# 1. Direct to the primary.
-if ! skipped direct; then
-    PROXY_PID="" ADMIN="" KIND=other
-    run_suite direct "$PRIMARY_PORT"
-else
-    echo "== direct: skipped (SKIP)"
-fi
+for ROUND in $(seq 1 "$ROUNDS"); do
+    ROUND_TAG=""
+    if [ "$ROUNDS" -gt 1 ]; then ROUND_TAG="_r$ROUND"; echo "== round $ROUND of $ROUNDS"; fi
 
-# 2. pgfresh, session and transaction mode, 20 server connections per node.
-for target in pgfresh-session pgfresh-tx; do
-    if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
-    port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
-    if [ "$target" = pgfresh-tx ]; then
-        PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
-            write_pgfresh_conf "$OUTDIR/$target.toml" "$port" "$ADMIN" true
+    # 1. Direct to the primary.
+    if ! skipped direct; then
+        PROXY_PID="" ADMIN="" KIND=other
+        run_suite direct "$PRIMARY_PORT"
     else
-        write_pgfresh_conf "$OUTDIR/$target.toml" "$port" "$ADMIN" true
+        echo "== direct: skipped (SKIP)"
     fi
-    start_pgfresh "$OUTDIR/$target.toml" "$OUTDIR/$target.server.log"
-    PROXY_PID=$PGFRESH_PID
-    wait_accepting "$port"
-    wait_replica_reads "$port"
-    run_suite "$target" "$port"
-    metrics_snapshot "$ADMIN" "$OUTDIR/$target.metrics.txt" || true
-    stop_pid "$PROXY_PID"; PROXY_PID=""
-done
 
-# 3. PgBouncer, session and transaction mode, in front of the primary (as postgres when root).
-for target in pgbouncer-session pgbouncer-tx; do
-    if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
-    if [ $PGBOUNCER_OK = 0 ]; then echo "== $target: PgBouncer is not installed (apt-get install -y pgbouncer): skipped"; continue; fi
-    port=$(free_port); ADMIN="" KIND=other
-    bdir="$CLUSTER_DIR/$target"
-    start_pgbouncer "$bdir" "$port" "$([ "$target" = pgbouncer-tx ] && echo transaction || echo session)"
-    run_suite "$target" "$port"
-    stop_pid "$PROXY_PID"; PROXY_PID=""
-    mv "$OUTDIR/pgbouncer.server.log" "$OUTDIR/$target.server.log" 2>/dev/null || true
-    cp "$bdir/pgbouncer.log" "$OUTDIR/$target.log" 2>/dev/null || true
-done
+    # 2. pgfresh, session and transaction mode, 20 server connections per node.
+    for target in pgfresh-session pgfresh-tx; do
+        if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
+        port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
+        if [ "$target" = pgfresh-tx ]; then
+            PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+                write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
+        else
+            write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
+        fi
+        start_pgfresh "$OUTDIR/$target$ROUND_TAG.toml" "$OUTDIR/$target$ROUND_TAG.server.log"
+        PROXY_PID=$PGFRESH_PID
+        wait_accepting "$port"
+        wait_replica_reads "$port"
+        run_suite "$target" "$port"
+        metrics_snapshot "$ADMIN" "$OUTDIR/$target$ROUND_TAG.metrics.txt" || true
+        stop_pid "$PROXY_PID"; PROXY_PID=""
+    done
 
-# 4. pgpool-II, streaming-replication mode, load balancing over the three nodes.
-if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
-    echo "== pgpool: skipped (SKIP or PGPOOL=0)"
-elif [ $PGPOOL_OK = 0 ]; then
-    echo "== pgpool: pgpool-II is not installed (Debian: apt-get install -y pgpool2; PGPOOL=0 silences this): skipped"
-else
-    port=$(free_port); ADMIN="" KIND=pgpool
-    # Enough child processes for every client (pgpool-II serves one client per child).
-    children=$((CLIENTS + 8 > 32 ? CLIENTS + 8 : 32))
-    if start_pgpool "$CLUSTER_DIR/pgpool" "$port" on "num_init_children = $children"; then
-        run_suite pgpool "$port"
+    # 3. PgBouncer, session and transaction mode, in front of the primary (as postgres when root).
+    for target in pgbouncer-session pgbouncer-tx; do
+        if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
+        if [ $PGBOUNCER_OK = 0 ]; then echo "== $target: PgBouncer is not installed (apt-get install -y pgbouncer): skipped"; continue; fi
+        port=$(free_port); ADMIN="" KIND=other
+        bdir="$CLUSTER_DIR/$target"
+        start_pgbouncer "$bdir" "$port" "$([ "$target" = pgbouncer-tx ] && echo transaction || echo session)"
+        run_suite "$target" "$port"
+        stop_pid "$PROXY_PID"; PROXY_PID=""
+        mv "$OUTDIR/pgbouncer.server.log" "$OUTDIR/$target$ROUND_TAG.server.log" 2>/dev/null || true
+        cp "$bdir/pgbouncer.log" "$OUTDIR/$target$ROUND_TAG.log" 2>/dev/null || true
+    done
+
+    # 4. pgpool-II, streaming-replication mode, load balancing over the three nodes.
+    if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
+        echo "== pgpool: skipped (SKIP or PGPOOL=0)"
+    elif [ $PGPOOL_OK = 0 ]; then
+        echo "== pgpool: pgpool-II is not installed (Debian: apt-get install -y pgpool2; PGPOOL=0 silences this): skipped"
     else
-        echo "== pgpool: did not start; its log ($OUTDIR/pgpool.server.log):"; tail -20 "$OUTDIR/pgpool.server.log" | sed 's/^/   | /'
+        port=$(free_port); ADMIN="" KIND=pgpool
+        # Enough child processes for every client (pgpool-II serves one client per child).
+        children=$((CLIENTS + 8 > 32 ? CLIENTS + 8 : 32))
+        if start_pgpool "$CLUSTER_DIR/pgpool" "$port" on "num_init_children = $children"; then
+            run_suite pgpool "$port"
+        else
+            echo "== pgpool: did not start; its log ($OUTDIR/pgpool.server.log):"; tail -20 "$OUTDIR/pgpool.server.log" | sed 's/^/   | /'
+        fi
+        stop_pid "$PROXY_PID"; PROXY_PID=""
     fi
-    stop_pid "$PROXY_PID"; PROXY_PID=""
-fi
+done
 
 # 5. The tables.
 COMMIT=$(git -C "$BENCH_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$BENCH_ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then COMMIT="$COMMIT+changes"; fi
-python3 - "$RESULTS" "$OUTDIR/table.md" "$COMMIT" "$CLIENTS" "$THREADS" "$SECS" "$SCALE" <<'PY'
-import csv, sys, datetime
-results, out, commit, clients, threads, secs, scale = sys.argv[1:8]
+python3 - "$RESULTS" "$OUTDIR/table.md" "$COMMIT" "$CLIENTS" "$THREADS" "$SECS" "$SCALE" "$ROUNDS" <<'PY'
+import csv, sys, datetime, statistics
+results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
+rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
 order = ["direct", "pgfresh-session", "pgfresh-tx", "pgbouncer-session", "pgbouncer-tx", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
@@ -249,7 +259,10 @@ proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
              ("select-extended", "select-only, `-S -M extended` (1 stmt/tx)"),
              ("mix", "read-mostly mix, `-M extended` (9 reads + 1 UPDATE: 10 stmts/tx)")]
-get = {(r["target"], r["workload"]): r for r in rows}
+# (target, workload) -> {round: row}
+runs = {}
+for r in rows:
+    runs.setdefault((r["target"], r["workload"]), {})[r["round"]] = r
 
 def num(s):
     try:
@@ -257,19 +270,43 @@ def num(s):
     except (TypeError, ValueError):
         return None
 
+def values(t, w, key):
+    return [v for v in (num(r.get(key)) for r in runs.get((t, w), {}).values()) if v is not None]
+
+def median(t, w, key):
+    v = values(t, w, key)
+    return statistics.median(v) if v else None
+
 def cell(t, w, key, fmt):
-    v = num(get.get((t, w), {}).get(key))
+    v = median(t, w, key)
     return fmt(v) if v is not None else "–"
 
 def ratio(a, b, w):
-    x = num(get.get((a, w), {}).get("proxy_cpu_us_per_stmt"))
-    y = num(get.get((b, w), {}).get("proxy_cpu_us_per_stmt"))
-    return f"{x / y:.2f}×" if x is not None and y else "–"
+    # Within each round, then the median: both ran minutes apart, not a whole run apart.
+    ra, rb = runs.get((a, w), {}), runs.get((b, w), {})
+    rs = []
+    for k in ra:
+        x = num(ra[k].get("proxy_cpu_us_per_stmt"))
+        y = num(rb.get(k, {}).get("proxy_cpu_us_per_stmt"))
+        if x is not None and y:
+            rs.append(x / y)
+    if not rs:
+        return "–"
+    text = f"{statistics.median(rs):.2f}×"
+    if len(rs) > 1:
+        text += f" ({min(rs):.2f}–{max(rs):.2f})"
+    return text
 
 L = []
-L.append(f"pgbench `-c {clients} -j {threads} -T {secs}`, scale {scale}; commit {commit}; "
+L.append(f"pgbench `-c {clients} -j {threads} -T {secs}`, scale {scale}"
+         + (f", {rounds} rounds" if rounds > 1 else "")
+         + f"; commit {commit}; "
          f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} (`bench/pgbench-compare.sh`)")
 L.append("")
+if rounds > 1:
+    L.append(f"Each figure is the median of the {rounds} rounds; each ratio is the median of the "
+             "ratios within a round, with their range.")
+    L.append("")
 L.append("### Proxy CPU per statement (µs)")
 L.append("")
 pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"))
@@ -289,11 +326,10 @@ L.append("|---|" + "---:|" * len(targets))
 for w, label in workloads:
     cells = []
     for t in targets:
-        r = get.get((t, w))
-        if r is None:
+        tps, p99 = median(t, w, "tps"), median(t, w, "p99_ms")
+        if tps is None:
             cells.append("–")
             continue
-        tps, p99 = num(r["tps"]), num(r["p99_ms"])
         cells.append(f"{tps:.0f} / " + (f"{p99:.2f}" if p99 is not None else "n/a"))
     L.append(f"| {label} | " + " | ".join(cells) + " |")
 L.append("")
@@ -302,23 +338,28 @@ if share_targets:
     L.append("### Reads sent to the standbys during the run")
     L.append("")
     L.append("pgfresh: replica-routed reads over all reads (`pgfresh_routed_total`); "
-             "pgpool-II: SELECTs on the standbys over all SELECTs (`SHOW pool_nodes` select_cnt).")
+             "pgpool-II: SELECTs on the standbys over all SELECTs (`SHOW pool_nodes` select_cnt)"
+             + ("; summed over the rounds." if rounds > 1 else "."))
     L.append("")
     L.append("| workload | " + " | ".join(share_targets) + " |")
     L.append("|---|" + "---:|" * len(share_targets))
     for w, label in workloads:
         cells = []
         for t in share_targets:
-            r = get.get((t, w))
-            s = num(r["replica_share"]) if r else None
-            cells.append(f"{100 * s:.1f} % ({r['replica_reads']} of {r['reads']})" if s is not None else "–")
+            rep, reads = sum(values(t, w, "replica_reads")), sum(values(t, w, "reads"))
+            cells.append(f"{100 * rep / reads:.1f} % ({rep:.0f} of {reads:.0f})" if reads else "–")
         L.append(f"| {label} | " + " | ".join(cells) + " |")
     L.append("")
     for t in ("pgfresh-session", "pgfresh-tx"):
-        r = get.get((t, "mix"))
-        if r and r.get("primary_by_reason") not in (None, "", "-"):
+        by = {}
+        for r in runs.get((t, "mix"), {}).values():
+            for part in (r.get("primary_by_reason") or "-").split(","):
+                if "=" in part:
+                    k, v = part.split("=", 1)
+                    by[k] = by.get(k, 0) + (num(v) or 0)
+        if by:
             L.append(f"{t}, mix: statements routed to the primary, by reason: "
-                     + ", ".join(x.replace("=", " ") for x in r["primary_by_reason"].split(",")) + ".")
+                     + ", ".join(f"{k} {v:.0f}" for k, v in by.items()) + ".")
     L.append("")
 failed = [(r["target"], r["workload"], r["failed"]) for r in rows if r["failed"] not in ("0", "")]
 L.append("Failed transactions: " + ("0 in every run." if not failed else
