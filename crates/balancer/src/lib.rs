@@ -54,6 +54,7 @@ pub mod lag;
 mod live;
 mod monitor;
 pub mod patroni;
+mod reader;
 pub mod select;
 mod settings;
 mod state;
@@ -72,6 +73,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub use eligibility::{Ineligible, Role};
 pub use monitor::{check_login, describe_connect_error, describe_pg_error, LoginCheck};
+pub use reader::Reader;
 pub use select::Candidate;
 pub use settings::{LagTarget, LoadBalance, MonitorSettings, NodeId, NodeSpec};
 pub use timeline::{HistoryError, Switch, TimelineHistory, Translation};
@@ -92,16 +94,16 @@ pub struct WaitTimeout {
 
 /// Shared between the handle and the monitor tasks.
 pub(crate) struct Inner {
-    pub(crate) settings: ArcSwap<MonitorSettings>,
+    pub(crate) settings: Arc<ArcSwap<MonitorSettings>>,
     state: Mutex<State>,
-    view: ArcSwap<ClusterView>,
+    view: Arc<ArcSwap<ClusterView>>,
     /// Reads waiting on replay positions: the standbys' monitors poll them faster.
     pub(crate) demand: demand::ReplayDemand,
     /// The live facts ([`live`]: outstanding requests, sampled replay positions) of every
     /// node ever configured, indexed by [`NodeId`]. Only ever grows (replaced under the
     /// state lock, before the view that names a new node is published), so a loaded copy
     /// covers every id of any view loaded before it.
-    live: ArcSwap<Vec<Arc<live::NodeLive>>>,
+    live: Arc<ArcSwap<Vec<Arc<live::NodeLive>>>>,
     /// Stops each node's monitor task, indexed by [`NodeId`]; `None` once retired. Only
     /// touched under the state lock.
     monitors: Mutex<Vec<Option<CancellationToken>>>,
@@ -269,18 +271,18 @@ impl Balancer {
     fn unmonitored(nodes: &[NodeSpec], settings: MonitorSettings) -> Balancer {
         let cancel = CancellationToken::new();
         let inner = Arc::new(Inner {
-            view: ArcSwap::from_pointee(state::initial_view(nodes)),
+            view: Arc::new(ArcSwap::from_pointee(state::initial_view(nodes))),
             state: Mutex::new(State::new(nodes.to_vec())),
             demand: demand::ReplayDemand::new(),
-            live: ArcSwap::from_pointee(
+            live: Arc::new(ArcSwap::from_pointee(
                 nodes
                     .iter()
                     .map(|n| Arc::new(live::NodeLive::new(&n.name)))
                     .collect(),
-            ),
+            )),
             monitors: Mutex::new(Vec::with_capacity(nodes.len())),
             runtime: tokio::runtime::Handle::current(),
-            settings: ArcSwap::from_pointee(settings),
+            settings: Arc::new(ArcSwap::from_pointee(settings)),
             events: broadcast::channel(EVENT_CAPACITY).0,
             generation: watch::channel(0).0,
             ready: watch::channel(false).0,
@@ -328,41 +330,21 @@ impl Balancer {
         // Loaded after the view: it has an entry for every node the view names.
         let counters = self.inner.live.load();
         let settings = self.inner.settings.load();
-        // On the stack for up to eight nodes: this runs for every read.
-        let candidates: smallvec::SmallVec<[Candidate; 8]> = view
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.eligible)
-            .filter(|(i, n)| {
-                required.is_none_or(|r| {
-                    // The newer of the view's position and one learned since.
-                    let learned = counters.get(*i).and_then(|l| l.replay());
-                    n.replay_lsn.max(learned).is_some_and(|l| l >= r)
-                })
-            })
-            .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
-            .filter_map(|(i, n)| {
-                Some(Candidate {
-                    node: i,
-                    weight: n.spec.weight,
-                    outstanding: counters.get(i)?.outstanding.load(Ordering::Relaxed),
-                    lag_bytes: n.lag_bytes,
-                    lag_ms: n.lag_ms,
-                })
-            })
-            .collect();
-        if candidates.is_empty() && required.is_some() {
-            // A read waits on a position: poll the standbys' replay faster for a while.
-            self.inner.demand.record();
-        }
-        let node = select::pick(
-            &candidates,
-            settings.load_balance,
-            settings.prefer_lower_delay_standby,
-            &mut rand::rng(),
-        )?;
-        Some((node, counters.get(node)?.clone()))
+        reader::pick_among(
+            &self.inner.demand,
+            view,
+            &counters,
+            &settings,
+            required,
+            timeline,
+        )
+    }
+
+    /// A reader for one session: [`Reader::select_replica`] and [`Reader::primary`]
+    /// answer as [`Balancer::select_replica`] and [`Balancer::primary`] do, from caches
+    /// of the published snapshots.
+    pub fn reader(&self) -> Reader {
+        Reader::new(&self.inner)
     }
 
     /// Picks a replica for a client-carried position, deciding on one snapshot of the view
@@ -727,6 +709,40 @@ mod tests {
             b.select_replica_for(pos(2, 0x100)).unwrap_err(),
             Translation::Current(Lsn(0x100))
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_answers_as_the_balancer_after_every_change() {
+        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default());
+        let mut r = b.reader();
+        assert_eq!(r.primary(), None);
+        assert!(r.select_replica(None).is_none());
+        b.inner.record(0, Ok(primary(0x600_0000, 2)));
+        b.inner.record(1, Ok(standby(0x500_0000, 2, 0)));
+        // A new view: the cached one is replaced.
+        assert_eq!(r.primary(), Some(0));
+        assert_eq!(*r.select_replica(None).unwrap(), 1);
+        assert!(r.select_replica(Some(Lsn(0x500_0001))).is_none());
+        // A position learned since the view (a fast poll) counts at once.
+        b.inner
+            .learn_replay(1, Lsn(0x580_0000), crate::live::Source::Poll);
+        assert_eq!(*r.select_replica(Some(Lsn(0x580_0000))).unwrap(), 1);
+        // A node that joins the view brings its live facts with it.
+        b.inner.record(2, Ok(standby(0x600_0000, 2, 0)));
+        assert_eq!(*r.select_replica(Some(Lsn(0x600_0000))).unwrap(), 2);
+        // New settings: least outstanding avoids the replica a held selection counts on.
+        b.update_settings(MonitorSettings {
+            load_balance: LoadBalance::LeastOutstanding,
+            ..MonitorSettings::default()
+        });
+        let held = r.select_replica(Some(Lsn(0x500_0000))).unwrap();
+        for _ in 0..20 {
+            // Each selection below is dropped at once, so only `held` counts.
+            let other = r.select_replica(Some(Lsn(0x500_0000))).unwrap().node();
+            assert_ne!(other, held.node(), "the held selection counts");
+            let same = b.select_replica(Some(Lsn(0x500_0000))).unwrap().node();
+            assert_eq!(same, other);
+        }
     }
 
     #[tokio::test]

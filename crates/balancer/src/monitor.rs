@@ -228,12 +228,13 @@ async fn fast_polls(
         }
     };
     loop {
+        // While reads wait (most ticks under constant writes) no timer is made here.
         if !inner.demand.active() {
             grant(false);
-        }
-        tokio::select! {
-            _ = sleep_until(next) => return grant(false),
-            _ = inner.demand.wait_active() => {}
+            tokio::select! {
+                _ = sleep_until(next) => return grant(false),
+                _ = inner.demand.wait_active() => {}
+            }
         }
         let tick = Instant::now() + settings.replay_check_period;
         // A read to this standby may ask for its position this period too (see `live`).

@@ -76,6 +76,9 @@ pub struct Session {
     recent: std::collections::VecDeque<(Box<str>, Arc<pgfresh_sql::Analysis>)>,
     /// Connection targets by node, with the cluster-view generation they were built in.
     targets: Vec<Option<(u64, Arc<crate::server::Target>)>>,
+    /// The balancer's answers for this session's reads, from cached snapshots (a read
+    /// asks for the primary and a replica; arc-swap's guarded loads cost more).
+    balancer: pgfresh_balancer::Reader,
     /// `pgfresh_routed_total` handles this session has used.
     routed: Vec<(bool, &'static str, metrics::Counter)>,
     client: ClientStream,
@@ -194,6 +197,7 @@ impl Session {
             config_cache: shared.config.cache(),
             graph: Default::default(),
             deps_entry: Default::default(),
+            balancer: shared.balancer.reader(),
             routed: Vec::new(),
             targets: Vec::new(),
             recent: Default::default(),

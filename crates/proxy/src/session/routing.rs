@@ -325,17 +325,14 @@ impl Session {
         avoid: Option<usize>,
         token: TokenNeed,
     ) -> Result<usize, ProxyError> {
-        let primary = || {
-            self.shared
-                .balancer
-                .primary()
-                .ok_or_else(|| self.shared.no_primary())
-        };
+        // Read once: the session's cached reader of the balancer (see `balancer`).
+        let primary_now = self.balancer.primary();
+        let primary = || primary_now.ok_or_else(|| self.shared.no_primary());
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
             Target::Replica { required } => match (0..4)
-                .filter_map(|_| self.shared.balancer.select_replica(required))
+                .filter_map(|_| self.balancer.select_replica(required))
                 .find(|s| Some(**s) != avoid)
             {
                 Some(sel) => {
@@ -382,7 +379,7 @@ impl Session {
                 }
             },
         };
-        let is_primary = self.shared.balancer.primary() == Some(node);
+        let is_primary = primary_now == Some(node);
         self.count_routed(is_primary, reason.as_str());
         tracing::debug!(
             node,

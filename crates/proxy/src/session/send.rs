@@ -428,7 +428,7 @@ impl Session {
     /// FROM (the server would read the probe as COPY data): those writes stay
     /// primary-only for the TTL.
     fn needs_position_probe(
-        &self,
+        &mut self,
         node: usize,
         unit: &ClientUnit,
         autocommit: bool,
@@ -443,7 +443,7 @@ impl Session {
         unit.synced
             && !copy_from
             && (self.config.routing.lsn_routing || self.tokens.track)
-            && Some(node) == self.shared.balancer.primary()
+            && Some(node) == self.balancer.primary()
             && ((autocommit && (!writes.is_empty() || whole_db))
                 || (commit_sent
                     && (!writes.is_empty()
