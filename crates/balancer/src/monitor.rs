@@ -486,7 +486,8 @@ async fn poll_replay(c: &Conn, s: &MonitorSettings) -> Result<Option<Lsn>, Strin
         .await
         .map_err(|_| format!("replay poll timed out after {:?}", s.health_timeout))?
         .map_err(|e| format!("replay poll failed: {}", describe_pg_error(&e)))?;
-    let text: Option<String> = row
+    // Borrowed from the row: nothing is allocated per poll.
+    let text: Option<&str> = row
         .try_get(0)
         .map_err(|e| format!("unexpected replay poll result: {e}"))?;
     text.map(|t| t.parse::<Lsn>().map_err(|e| e.to_string()))

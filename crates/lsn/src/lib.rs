@@ -54,16 +54,31 @@ impl FromStr for Lsn {
     }
 }
 
-/// `X/Y` with nothing around it: two halves of 1 to 8 hexadecimal digits.
+/// `X/Y` with nothing around it: two halves of 1 to 8 hexadecimal digits. One pass over
+/// the bytes: positions are read for every poll, sample and probe.
 pub(crate) fn parse_exact(s: &str) -> Option<Lsn> {
-    let (hi, lo) = s.split_once('/')?;
-    let valid = |h: &str| !h.is_empty() && h.len() <= 8 && h.bytes().all(|b| b.is_ascii_hexdigit());
-    if !valid(hi) || !valid(lo) {
-        return None;
+    let mut halves = [0u32; 2];
+    let mut digits = [0u8; 2];
+    let mut half = 0;
+    for &b in s.as_bytes() {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            b'/' if half == 0 => {
+                half = 1;
+                continue;
+            }
+            _ => return None,
+        };
+        if digits[half] == 8 {
+            return None;
+        }
+        digits[half] += 1;
+        halves[half] = (halves[half] << 4) | u32::from(d);
     }
-    let hi = u32::from_str_radix(hi, 16).ok()?;
-    let lo = u32::from_str_radix(lo, 16).ok()?;
-    Some(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+    (half == 1 && digits[0] > 0 && digits[1] > 0)
+        .then(|| Lsn((u64::from(halves[0]) << 32) | u64::from(halves[1])))
 }
 
 impl fmt::Display for Lsn {
@@ -97,6 +112,8 @@ mod tests {
         }
         assert_eq!("16/B374D848".parse::<Lsn>().unwrap(), Lsn(0x16_B374_D848));
         assert_eq!("a/b".parse::<Lsn>().unwrap().to_string(), "A/B");
+        assert_eq!("00000000/00000001".parse::<Lsn>().unwrap(), Lsn(1));
+        assert_eq!(" 1/0\n".parse::<Lsn>().unwrap(), Lsn(1 << 32));
     }
 
     #[test]
@@ -129,6 +146,9 @@ mod tests {
             "123456789/0",
             "-1/0",
             "1 /0",
+            "0/123456789",
+            "+1/0",
+            "1/0 0",
         ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
         }
