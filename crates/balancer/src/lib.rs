@@ -220,6 +220,13 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// Counts one more outstanding request on `node` for as long as the selection lives
+    /// (its `Drop` counts it off).
+    fn counted(node: NodeId, counter: Arc<live::NodeLive>) -> Selection {
+        counter.outstanding.fetch_add(1, Ordering::Relaxed);
+        Selection { node, counter }
+    }
+
     /// The chosen node.
     pub fn node(&self) -> NodeId {
         self.node
@@ -311,8 +318,7 @@ impl Balancer {
     /// replicas whose replay position has reached it. `None` when no replica qualifies.
     pub fn select_replica(&self, required: Option<Lsn>) -> Option<Selection> {
         let (node, counter) = self.pick(required)?;
-        counter.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some(Selection { node, counter })
+        Some(Selection::counted(node, counter))
     }
 
     fn pick(&self, required: Option<Lsn>) -> Option<(NodeId, Arc<live::NodeLive>)> {
@@ -366,8 +372,7 @@ impl Balancer {
     ) -> Result<Selection, Translation> {
         let view = self.inner.view.load();
         let (node, counter) = self.pick_for(&view, &required.into())?;
-        counter.outstanding.fetch_add(1, Ordering::Relaxed);
-        Ok(Selection { node, counter })
+        Ok(Selection::counted(node, counter))
     }
 
     fn pick_for(

@@ -50,8 +50,7 @@ impl Reader {
         let live = self.live.load();
         let settings = self.settings.load();
         let (node, counter) = pick_among(&self.inner.demand, view, live, settings, required, None)?;
-        counter.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some(Selection { node, counter })
+        Some(Selection::counted(node, counter))
     }
 }
 
