@@ -72,7 +72,13 @@ impl<'a> Cursor<'a> {
 
     /// A NUL-terminated UTF-8 string; the terminator is consumed.
     pub(crate) fn cstr(&mut self, what: &str) -> Result<&'a str, FrameError> {
-        let Some(pos) = self.buf.iter().position(|&b| b == 0) else {
+        // Names are mostly empty (the unnamed statement and portal): nothing to scan or
+        // check. Longer strings (query texts) are scanned a word at a time.
+        if let [0, rest @ ..] = self.buf {
+            self.buf = rest;
+            return Ok("");
+        }
+        let Some(pos) = memchr::memchr(0, self.buf) else {
             return Err(self.malformed(format!("{what}: missing NUL terminator")));
         };
         let raw = &self.buf[..pos];
