@@ -112,7 +112,7 @@ impl Session {
                             .collect();
                     }
                     unit.parts.insert(0, analysis);
-                    unit.simple_sql = Some(sql.to_string());
+                    unit.simple = true;
                     unit.synced = true;
                     unit.frames.push(frame.raw);
                     self.ready.push_back(unit);

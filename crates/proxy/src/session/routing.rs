@@ -37,7 +37,7 @@ impl Session {
     /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
     /// pgfresh itself. Returns true when the unit was answered.
     pub(super) fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
-        let Some(sql) = &unit.simple_sql else {
+        let Some(sql) = unit.simple_sql() else {
             return self.answer_extended_deallocate(unit);
         };
         let [analysis] = unit.parts.as_slice() else {
@@ -98,7 +98,7 @@ impl Session {
                 if enabled && self.tx == TxStatus::Idle && !busy =>
             {
                 self.deferred_begin = Some(DeferredBegin {
-                    sql: sql.clone(),
+                    sql: sql.to_string(),
                     analysis: analysis.clone(),
                 });
                 self.tx = TxStatus::InTransaction;

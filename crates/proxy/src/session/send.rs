@@ -230,7 +230,7 @@ impl Session {
                     l.conn.prepared.insert(name.clone(), p.hash);
                 }
             }
-            if unit.simple_sql.is_some() {
+            if unit.simple {
                 // A simple query destroys the unnamed statement.
                 l.conn.prepared.remove("");
             }
@@ -292,7 +292,7 @@ impl Session {
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
         let rewritten = (!session_mode
-            && unit.simple_sql.is_none()
+            && !unit.simple
             && !unit.force_primary
             && (continuing || !super::rewrite::plain_unit(unit)))
         .then(|| self.rewrite_unit(node, unit));
@@ -392,7 +392,7 @@ impl Session {
             f.swallow_close = swallow_close;
             f.commit_sent = commit_sent;
             f.owed = owed;
-            f.simple = unit.simple_sql.is_some() || unit.force_primary;
+            f.simple = unit.simple || unit.force_primary;
             f.skip_acks = unit.skip_acks;
             f.expect = expect;
             // Kept (moved, not copied) so it can be sent again elsewhere.
@@ -507,11 +507,7 @@ impl Session {
                 }
                 let Some(effect) = &s.session else { continue };
                 let text = || {
-                    let sql = if i == 0 {
-                        unit.simple_sql.as_deref()
-                    } else {
-                        None
-                    };
+                    let sql = if i == 0 { unit.simple_sql() } else { None };
                     sql.and_then(|t| t.get(s.text_range.0..s.text_range.1))
                         .map(str::to_string)
                 };

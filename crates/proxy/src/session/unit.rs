@@ -28,8 +28,8 @@ pub struct ClientUnit {
     pub parses: Vec<String>,
     /// SQL `EXECUTE` names used by a simple query.
     pub sql_executes: Vec<String>,
-    /// The SQL of a simple Query unit.
-    pub simple_sql: Option<String>,
+    /// A simple Query unit (its one frame is the Query; see `simple_sql`).
+    pub simple: bool,
     /// CopyData/CopyDone/CopyFail: forwarded to the active backend as they come.
     pub passthrough: bool,
     /// Must run on the primary whatever its analysis says (FunctionCall).
@@ -70,7 +70,7 @@ impl ClientUnit {
             uses_statements: Vec::new(),
             parses: Vec::new(),
             sql_executes: Vec::new(),
-            simple_sql: None,
+            simple: false,
             passthrough: false,
             force_primary: false,
             retries: 0,
@@ -81,6 +81,17 @@ impl ClientUnit {
             statement_refs: Vec::new(),
             statement_undo: Vec::new(),
         }
+    }
+
+    /// The SQL of a simple Query unit, read back from its frame (checked as UTF-8 when
+    /// it arrived; kept as the frame only, so a statement costs no copy of its text).
+    pub fn simple_sql(&self) -> Option<&str> {
+        if !self.simple {
+            return None;
+        }
+        let body = self.frames.first()?.get(5..)?;
+        let end = memchr::memchr(0, body)?;
+        std::str::from_utf8(&body[..end]).ok()
     }
 
     /// Clears the unit for the next batch, keeping its vectors' capacity (a session
@@ -94,7 +105,7 @@ impl ClientUnit {
             uses_statements,
             parses,
             sql_executes,
-            simple_sql,
+            simple,
             passthrough,
             force_primary,
             retries,
@@ -111,7 +122,7 @@ impl ClientUnit {
         uses_statements.clear();
         parses.clear();
         sql_executes.clear();
-        *simple_sql = None;
+        *simple = false;
         *passthrough = false;
         *force_primary = false;
         *retries = 0;
@@ -411,7 +422,7 @@ mod tests {
         u.uses_statements.push("s1".into());
         u.parses.push("s1".into());
         u.sql_executes.push("p".into());
-        u.simple_sql = Some("select 1".into());
+        u.simple = true;
         u.passthrough = true;
         u.force_primary = true;
         u.retries = 2;

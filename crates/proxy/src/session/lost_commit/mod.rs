@@ -150,7 +150,7 @@ fn commit_only_reply(unit: &ClientUnit) -> Option<Vec<Bytes>> {
     if !stmts.all(|s| matches!(s.tx, Some(TxEffect::Commit { chain: false }))) {
         return None;
     }
-    if unit.simple_sql.is_some() {
+    if unit.simple {
         let [_] = unit.parts.as_slice() else {
             return None;
         };
