@@ -152,7 +152,16 @@ impl Session {
                     let mut event = StmtEvent::Other;
                     let p = self.state.prepared.get(statement);
                     if let Some(p) = p {
-                        self.batch.parts.push(p.analysis.clone());
+                        // Parse then Bind of the same statement (every unnamed one): its
+                        // analysis is there once, so routing looks its relations up once.
+                        if !self
+                            .batch
+                            .parts
+                            .last()
+                            .is_some_and(|a| Arc::ptr_eq(a, &p.analysis))
+                        {
+                            self.batch.parts.push(p.analysis.clone());
+                        }
                         event = portal_event(p);
                     }
                     if self.mode == PoolMode::Transaction && !statement.is_empty() {
