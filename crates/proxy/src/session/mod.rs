@@ -795,7 +795,11 @@ impl Session {
         }
         if let Some(l) = &self.backends[node] {
             if l.conn.generation == generation {
-                self.set_active(node);
+                // Already active: the cancel slot names this connection (every change
+                // of `backends[node]` clears `active` or goes through `set_active`).
+                if self.active != Some(node) {
+                    self.set_active(node);
+                }
                 return Ok(());
             }
             // The node changed role since this connection was made: do not reuse it.
