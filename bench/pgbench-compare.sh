@@ -29,6 +29,10 @@
 #   pgfresh-tx         the same with pool_mode = "transaction", 20 server connections per node
 #   pgbouncer-session  PgBouncer, pool_mode = session, default_pool_size = 20, primary only
 #   pgbouncer-tx       PgBouncer, pool_mode = transaction, default_pool_size = 20, primary only
+#   relay              the floor of a tokio proxy: the example bare_relay of pgfresh-proxy (a
+#                      byte relay, one server connection per client, no parsing, on the
+#                      current_thread runtime pgfresh uses), in front of the primary; built
+#                      with the release binary unless -B (then skipped if not built)
 #   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
 #                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
 #                      in lib.sh); run as the postgres user
@@ -84,6 +88,10 @@ if command -v pgbouncer >/dev/null; then PGBOUNCER_OK=1; fi
 if [ "${PGPOOL:-1}" != 0 ] && command -v pgpool >/dev/null; then PGPOOL_OK=1; fi
 
 bench_start pgbench
+RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
+if [ "$BUILD" = 1 ] && ! skipped relay; then
+    cargo build --release -p pgfresh-proxy --example bare_relay
+fi
 if { ! skipped pgfresh-session || ! skipped pgfresh-tx; } && [ ! -x "$PGFRESH_BIN" ]; then
     echo "no pgfresh binary at $PGFRESH_BIN: build it (cargo build --release -p pgfresh), or set PGFRESH_BIN" >&2
     exit 1
@@ -227,7 +235,21 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         cp "$bdir/pgbouncer.log" "$OUTDIR/$target$ROUND_TAG.log" 2>/dev/null || true
     done
 
-    # 4. pgpool-II, streaming-replication mode, load balancing over the three nodes.
+    # 4. The bare tokio relay in front of the primary.
+    if skipped relay; then
+        echo "== relay: skipped (SKIP)"
+    elif [ ! -x "$RELAY_BIN" ]; then
+        echo "== relay: no $RELAY_BIN (cargo build --release -p pgfresh-proxy --example bare_relay): skipped"
+    else
+        port=$(free_port); ADMIN="" KIND=other
+        "$RELAY_BIN" "127.0.0.1:$port" "127.0.0.1:$PRIMARY_PORT" >"$OUTDIR/relay$ROUND_TAG.server.log" 2>&1 &
+        PROXY_PID=$!
+        wait_accepting "$port"
+        run_suite relay "$port"
+        stop_pid "$PROXY_PID"; PROXY_PID=""
+    fi
+
+    # 5. pgpool-II, streaming-replication mode, load balancing over the three nodes.
     if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
         echo "== pgpool: skipped (SKIP or PGPOOL=0)"
     elif [ $PGPOOL_OK = 0 ]; then
@@ -245,7 +267,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     fi
 done
 
-# 5. The tables.
+# 6. The tables.
 COMMIT=$(git -C "$BENCH_ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git -C "$BENCH_ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then COMMIT="$COMMIT+changes"; fi
 python3 - "$RESULTS" "$OUTDIR/table.md" "$COMMIT" "$CLIENTS" "$THREADS" "$SECS" "$SCALE" "$ROUNDS" <<'PY'
@@ -253,7 +275,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgbouncer-session", "pgbouncer-tx", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),

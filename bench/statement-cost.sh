@@ -13,6 +13,10 @@
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
+#     -r             also measure the floor of a tokio proxy: the example bare_relay (a byte
+#                    relay, one server connection per client, copy_bidirectional on a
+#                    current_thread runtime, no parsing), built with cargo unless -B, in
+#                    front of the primary like PgBouncer
 # PGFRESH_WORKERS sets [proxy] worker_threads (default 0: pgfresh's own default, one thread).
 #
 # 1. Instructions: pgfresh runs under `valgrind --tool=callgrind` with instrumentation off;
@@ -29,8 +33,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-MODE=session PROTO=extended WORKLOAD=select N=2000 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "m:M:w:t:d:o:B" opt; do
+MODE=session PROTO=extended WORKLOAD=select N=2000 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0
+while getopts "m:M:w:t:d:o:Br" opt; do
     case $opt in
         m) MODE=$OPTARG ;;
         M) PROTO=$OPTARG ;;
@@ -39,6 +43,7 @@ while getopts "m:M:w:t:d:o:B" opt; do
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
+        r) RELAY=1 ;;
         *) sed -n 2,30p "$0"; exit 2 ;;
     esac
 done
@@ -129,6 +134,20 @@ if command -v pgbouncer >/dev/null; then
     for f in "$CLUSTER_DIR"/pgbouncer-cost/callgrind.out.*; do
         cp "$f" "$OUTDIR/pgbouncer-${f##*/}"
     done
+fi
+
+if [ "$RELAY" = 1 ]; then
+    if [ "$BUILD" = 1 ]; then
+        cargo build --release -p pgfresh-proxy --example bare_relay
+    fi
+    RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
+    port=$(free_port)
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUTDIR/relay-callgrind.out" \
+        "$RELAY_BIN" "127.0.0.1:$port" "127.0.0.1:$PRIMARY_PORT" >"$OUTDIR/relay.log" 2>&1 &
+    PROXY_PID=$!
+    wait_accepting "$port"
+    echo "bare tokio relay (-M $PROTO): $(callgrind_at "$PROXY_PID" "$port" "$OUTDIR/relay-callgrind.out")" | tee -a "$OUTDIR/results.txt"
+    stop_pid "$PROXY_PID"; PROXY_PID=""
 fi
 
 # 2. System calls per statement.
