@@ -104,3 +104,68 @@ async fn cancel_after_ssl_request_on_the_same_socket() {
     let text = String::from_utf8_lossy(&reply);
     assert!(text.contains("57014"), "{text}");
 }
+
+/// Bind and Execute of the unnamed statement with text parameters: `PQexecPrepared(conn,
+/// "", …)`.
+fn exec_unnamed(value: &str) -> Vec<u8> {
+    let mut bind = cstr("");
+    bind.extend_from_slice(&cstr(""));
+    bind.extend_from_slice(&0u16.to_be_bytes()); // parameter formats: all text
+    bind.extend_from_slice(&1u16.to_be_bytes());
+    bind.extend_from_slice(&(value.len() as i32).to_be_bytes());
+    bind.extend_from_slice(value.as_bytes());
+    bind.extend_from_slice(&0u16.to_be_bytes()); // result formats: all text
+    let mut execute = cstr("");
+    execute.extend_from_slice(&0i32.to_be_bytes());
+    let mut out = msg(b'B', &bind);
+    out.extend(msg(b'E', &execute));
+    out.extend(msg(b'S', &[]));
+    out
+}
+
+/// libpq's `PQprepare(conn, "", sql, …)` once, then `PQexecPrepared(conn, "", …)` again
+/// and again: the unnamed statement lives on the server until the next Parse of it or the
+/// next simple Query. pgfresh's own queries in the same write (the position probe after
+/// a write, a replay sample after a read) are simple queries, so they destroy it too: the
+/// next execution must still find it (prepared again first), and the client must never see
+/// pgfresh's work in its statement's place.
+#[tokio::test]
+async fn the_unnamed_statement_survives_pgfresh_own_queries() {
+    let (mut s, _) = login().await;
+    let table = format!("unnamed_{}", std::process::id());
+    s.write_all(&msg(b'Q', &cstr(&format!("CREATE TABLE {table} (v int)"))))
+        .await
+        .unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0.last(), Some(&b'Z'));
+    let mut parse = cstr("");
+    parse.extend_from_slice(&cstr(&format!("INSERT INTO {table} VALUES ($1::int)")));
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut out = msg(b'P', &parse);
+    out.extend(msg(b'S', &[]));
+    s.write_all(&out).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"1Z");
+    // Every execution is an autocommit write, so pgfresh follows each one with its
+    // position probe.
+    for i in 1..=3 {
+        s.write_all(&exec_unnamed(&i.to_string())).await.unwrap();
+        let messages = raw::read_until(&mut s, b'Z').await;
+        let error = messages
+            .iter()
+            .find(|(t, _)| *t == b'E')
+            .map(|(_, body)| String::from_utf8_lossy(body).replace('\0', " "));
+        assert_eq!(
+            raw::tags(&messages),
+            b"2CZ",
+            "execution {i} of the unnamed statement: {error:?}"
+        );
+    }
+    s.write_all(&msg(
+        b'Q',
+        &cstr(&format!("SELECT count(*) FROM {table}; DROP TABLE {table}")),
+    ))
+    .await
+    .unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    let row = messages.iter().find(|(t, _)| *t == b'D').expect("a row");
+    assert_eq!(&row.1[6..], b"3", "three rows inserted");
+}

@@ -134,7 +134,8 @@ impl Session {
     /// extended protocol (psycopg's maintenance commands: unnamed Parse, Bind, Execute,
     /// Sync), answered message by message as the server would.
     fn answer_extended_deallocate(&mut self, unit: &ClientUnit) -> Local {
-        // The Parse and the Bind of the unnamed statement each bring its analysis.
+        // The Parse and the Bind of the unnamed statement bring its analysis (once:
+        // a Bind of the statement its batch parsed adds none).
         let deallocated = |a: &Analysis| match a.statements.as_slice() {
             [stmt] => match &stmt.session {
                 Some(SessionEffect::Deallocate(Some(name))) => Some(name.clone()),

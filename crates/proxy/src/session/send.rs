@@ -55,6 +55,18 @@ struct Written {
     expect: std::collections::VecDeque<super::unit::Expect>,
 }
 
+/// Whether the server has no unnamed statement once it has run `frames`: a simple Query
+/// destroys it (the client's own, and pgfresh's injected ones alike: a replayed setting,
+/// a deferred BEGIN, the position probe, a replay sample), a Parse of the unnamed
+/// statement after the last Query makes it again.
+fn destroys_unnamed(frames: &[Bytes]) -> bool {
+    frames.iter().fold(false, |gone, f| match f.first() {
+        Some(b'Q') => true,
+        Some(b'P') if f.get(5) == Some(&0) => false,
+        _ => gone,
+    })
+}
+
 /// The position probe that follows a committing unit on the primary (`pg_catalog`
 /// named: a session's search path must not be able to shadow it).
 const POSITION_PROBE: &str = "SELECT pg_catalog.pg_current_wal_lsn()";
@@ -74,6 +86,10 @@ impl Session {
         let Some(leased) = self.backends[node].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
+        if destroys_unnamed(frames) {
+            // The next unit that binds the unnamed statement prepares it here again.
+            leased.conn.prepared.remove("");
+        }
         let result = match frames {
             [one] => leased.conn.queue(one),
             many => {
@@ -229,10 +245,6 @@ impl Session {
                 if let Some(p) = self.state.prepared.get(name) {
                     l.conn.prepared.insert(name.clone(), p.hash);
                 }
-            }
-            if unit.simple {
-                // A simple query destroys the unnamed statement.
-                l.conn.prepared.remove("");
             }
         }
         // Session effects of this unit, applied optimistically; the node that runs the
@@ -572,6 +584,32 @@ impl Session {
                     _ => {}
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_destroys_the_unnamed_statement_until_it_is_parsed_again() {
+        let q = || build::query("SELECT 1");
+        let unnamed = || build::parse("", "SELECT $1", &[]);
+        let named = || build::parse("s1", "SELECT $1", &[]);
+        let bind = || build::bind("", "", &[], &[], &[]);
+        let sync = build::sync;
+        let cases = [
+            (vec![], false),
+            (vec![unnamed(), bind(), sync()], false),
+            (vec![q()], true),
+            (vec![unnamed(), bind(), sync(), q()], true),
+            (vec![q(), unnamed(), bind(), sync()], false),
+            (vec![q(), named(), sync()], true),
+            (vec![bind(), sync(), q(), unnamed(), q()], true),
+        ];
+        for (i, (frames, gone)) in cases.into_iter().enumerate() {
+            assert_eq!(destroys_unnamed(&frames), gone, "case {i}");
         }
     }
 }
