@@ -169,3 +169,67 @@ async fn the_unnamed_statement_survives_pgfresh_own_queries() {
     let row = messages.iter().find(|(t, _)| *t == b'D').expect("a row");
     assert_eq!(&row.1[6..], b"3", "three rows inserted");
 }
+
+/// The same with `resolve_lost_commits`: a COMMIT run from the unnamed statement gets
+/// pgfresh's transaction-id probe (a simple Query) in front of it in the same write, so
+/// the statement must be prepared again between the two, or the COMMIT fails and the
+/// transaction is lost.
+#[tokio::test]
+async fn a_commit_from_the_unnamed_statement_survives_the_transaction_id_probe() {
+    let p = start_proxy(&config_text("resolve_lost_commits = true"));
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(&startup("app_trust", "app")).await.unwrap();
+    read_until(&mut s, b'Z').await;
+    let table = format!("unnamed_commit_{}", std::process::id());
+    let run = |sql: String| msg(b'Q', &cstr(&sql));
+    s.write_all(&run(format!("CREATE TABLE {table} (v int)")))
+        .await
+        .unwrap();
+    read_until(&mut s, b'Z').await;
+    // PQprepare(conn, "", "COMMIT"), then a transaction made of named statements only.
+    let parse = |name: &str, sql: &str| {
+        let mut body = cstr(name);
+        body.extend_from_slice(&cstr(sql));
+        body.extend_from_slice(&0u16.to_be_bytes());
+        msg(b'P', &body)
+    };
+    let mut out = parse("", "COMMIT");
+    out.extend(msg(b'S', &[]));
+    s.write_all(&out).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"1Z");
+    for (name, sql) in [
+        ("b", "BEGIN".to_string()),
+        ("i", format!("INSERT INTO {table} VALUES (1)")),
+    ] {
+        let mut out = parse(name, &sql);
+        let mut bind = cstr("");
+        bind.extend_from_slice(&cstr(name));
+        bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        out.extend(msg(b'B', &bind));
+        out.extend(msg(b'E', &[0, 0, 0, 0, 0]));
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"12CZ", "{sql}");
+    }
+    // PQexecPrepared(conn, "", …): the COMMIT.
+    let mut bind = cstr("");
+    bind.extend_from_slice(&cstr(""));
+    bind.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    let mut out = msg(b'B', &bind);
+    out.extend(msg(b'E', &[0, 0, 0, 0, 0]));
+    out.extend(msg(b'S', &[]));
+    s.write_all(&out).await.unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    let error = messages
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .map(|(_, body)| String::from_utf8_lossy(body).replace('\0', " "));
+    assert_eq!(raw::tags(&messages), b"2CZ", "the COMMIT: {error:?}");
+    let count = cluster()
+        .psql(0, "app", &format!("SELECT count(*) FROM {table}"))
+        .expect("count on the primary");
+    assert_eq!(count, "1", "the transaction committed");
+    cluster()
+        .psql(0, "app", &format!("DROP TABLE {table}"))
+        .expect("drop");
+}

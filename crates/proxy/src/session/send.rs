@@ -298,8 +298,17 @@ impl Session {
             l.conn.settings = Some(self.state.settings().clone());
         }
         if commit_sent {
-            // resolve_lost_commits: the transaction-id probe goes first.
+            // resolve_lost_commits: the transaction-id probe goes first. It is a simple
+            // Query: a unit that binds the unnamed statement has it prepared again after
+            // the probe.
             self.watch_commit(node, unit, continuing, &mut pre);
+            let binds_unnamed = unit.uses_statements.iter().any(String::is_empty);
+            if session_mode && binds_unnamed && destroys_unnamed(&pre) {
+                if let Some(p) = self.state.prepared.get("") {
+                    pre.push(p.parse.clone());
+                    swallow_parse += 1;
+                }
+            }
         }
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
