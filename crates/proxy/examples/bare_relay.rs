@@ -1,7 +1,8 @@
 //! The floor of a tokio proxy: a byte relay with no parsing, no routing and no pooling
 //! (one server connection per client, `copy_bidirectional`), on the same single-threaded
-//! runtime pgfresh runs by default. `bench/relay-floor.sh` measures its instructions a
-//! statement beside pgfresh's and PgBouncer's.
+//! runtime pgfresh runs by default. `bench/statement-cost.sh -r` counts its instructions a
+//! statement and `bench/pgbench-compare.sh` (target `relay`) its CPU a statement, beside
+//! pgfresh's and PgBouncer's.
 //!
 //!   cargo run --release -p pgfresh-proxy --example bare_relay -- LISTEN_ADDR SERVER_ADDR
 

@@ -217,9 +217,23 @@ impl Session {
         // Protocol-level statements this unit uses that the node does not have (or has
         // in another version), and client Parses of names the node still holds stale.
         let mut pre: Vec<Bytes> = Vec::new();
+        let commit_sent = unit
+            .parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| matches!(s.tx, Some(TxEffect::Commit { .. })));
+        if commit_sent {
+            // resolve_lost_commits: the transaction-id probe goes first.
+            self.watch_commit(node, unit, continuing, &mut pre);
+        }
         let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
         let session_mode = self.mode == PoolMode::Session;
         if let Some(l) = self.backends[node].as_mut().filter(|_| session_mode) {
+            if destroys_unnamed(&pre) {
+                // The probe, a simple Query, destroys the unnamed statement ahead of the
+                // unit: a unit that binds it prepares it again after the probe.
+                l.conn.prepared.remove("");
+            }
             for name in &unit.uses_statements {
                 let Some(p) = self.state.prepared.get(name) else {
                     continue;
@@ -289,26 +303,8 @@ impl Session {
                 .iter()
                 .flat_map(|a| &a.statements)
                 .any(|s| matches!(s.tx, Some(TxEffect::Begin(_))));
-        let commit_sent = unit
-            .parts
-            .iter()
-            .flat_map(|a| &a.statements)
-            .any(|s| matches!(s.tx, Some(TxEffect::Commit { .. })));
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.settings = Some(self.state.settings().clone());
-        }
-        if commit_sent {
-            // resolve_lost_commits: the transaction-id probe goes first. It is a simple
-            // Query: a unit that binds the unnamed statement has it prepared again after
-            // the probe.
-            self.watch_commit(node, unit, continuing, &mut pre);
-            let binds_unnamed = unit.uses_statements.iter().any(String::is_empty);
-            if session_mode && binds_unnamed && destroys_unnamed(&pre) {
-                if let Some(p) = self.state.prepared.get("") {
-                    pre.push(p.parse.clone());
-                    swallow_parse += 1;
-                }
-            }
         }
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
