@@ -37,9 +37,9 @@ impl Session {
     /// BEGIN, an empty transaction's COMMIT, and `SET pgfresh.route` are answered by
     /// pgfresh itself. Returns true when the unit was answered.
     pub(super) fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
-        let Some(sql) = unit.simple_sql() else {
+        if !unit.simple {
             return self.answer_extended_deallocate(unit);
-        };
+        }
         let [analysis] = unit.parts.as_slice() else {
             return Local::No;
         };
@@ -98,7 +98,8 @@ impl Session {
                 if enabled && self.tx == TxStatus::Idle && !busy =>
             {
                 self.deferred_begin = Some(DeferredBegin {
-                    sql: sql.to_string(),
+                    // Read back from the frame only here: most units need no text.
+                    sql: unit.simple_sql().unwrap_or_default().to_string(),
                     analysis: analysis.clone(),
                 });
                 self.tx = TxStatus::InTransaction;
