@@ -20,6 +20,53 @@ enum Action {
     Swallow,
 }
 
+/// The replies the relay only counts for the front unit, without inspecting them: its
+/// rows and its acknowledgements (ParseComplete, BindComplete, descriptions, NoData),
+/// when that unit is the client's, has no reply to swallow or synthesize in between,
+/// and skips no acknowledgement (a retried read). Every other frame goes through
+/// `on_server_message`, after what was counted is applied.
+#[derive(Default)]
+struct PlainReplies {
+    enabled: bool,
+    rows: bool,
+    acks: u32,
+}
+
+impl PlainReplies {
+    fn of(front: Option<&InFlight>) -> Self {
+        let enabled = front.is_some_and(|u| {
+            !u.is_injected() && u.expect.is_empty() && u.skip_acks == 0 && u.swallow_parse == 0
+        });
+        Self {
+            enabled,
+            ..Self::default()
+        }
+    }
+
+    /// Counts a frame with `tag` when it is one of those; says whether it was.
+    fn take(&mut self, tag: u8) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        match tag {
+            b'D' => self.rows = true,
+            b'1' | b'2' | b't' | b'T' | b'n' => self.acks += 1,
+            _ => return false,
+        }
+        true
+    }
+
+    /// What was counted, into the unit (as `on_server_message` would have recorded it).
+    fn apply(&mut self, front: Option<&mut InFlight>) {
+        if let Some(u) = front.filter(|_| self.rows || self.acks > 0) {
+            u.replied |= self.rows;
+            u.acks += self.acks;
+        }
+        self.rows = false;
+        self.acks = 0;
+    }
+}
+
 impl Session {
     /// Process the complete frames buffered from `node`'s connection.
     pub(super) fn relay(&mut self, node: usize) -> Result<(), ProxyError> {
@@ -29,6 +76,10 @@ impl Session {
             // that must be swallowed.
             let mut pos = 0;
             let mut swallow_at = None;
+            // Rows and acknowledgements of a client unit that needs nothing of them but
+            // counting (see `PlainReplies`) are counted here, applied before any other
+            // frame is inspected.
+            let mut plain = PlainReplies::of(self.inflight.front());
             loop {
                 let Some(leased) = self.backends[node].as_ref() else {
                     return Ok(());
@@ -53,7 +104,13 @@ impl Session {
                 let tag = buf[pos];
                 let body_start = pos + 5;
                 let body_end = pos + 1 + len;
+                if plain.take(tag) {
+                    pos = body_end;
+                    continue;
+                }
+                plain.apply(self.inflight.front_mut());
                 let action = self.on_server_message(node, tag, body_start, body_end);
+                plain = PlainReplies::of(self.inflight.front());
                 if let Action::Swallow = action {
                     swallow_at = Some((pos, 1 + len));
                     break;
@@ -64,6 +121,7 @@ impl Session {
                     break;
                 }
             }
+            plain.apply(self.inflight.front_mut());
             let Some(leased) = self.backends[node].as_mut() else {
                 return Ok(());
             };
