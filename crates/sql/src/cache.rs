@@ -124,10 +124,15 @@ impl Analyzer {
     /// [`Analyzer::analyze`], also saying whether the analysis is keyed by the text itself
     /// or by its literal shape, for callers that keep a cache of their own by text.
     pub fn analyze_keyed(&self, sql: &str) -> (Arc<Analysis>, Keyed) {
+        self.analyze_shaped(sql, literal_shape(sql).as_deref())
+    }
+
+    /// [`Analyzer::analyze_keyed`] for a caller that already has the text's literal shape
+    /// (`None`: it has none), as [`crate::shape::literal_shape_into`] gives it.
+    pub fn analyze_shaped(&self, sql: &str, shape: Option<&str>) -> (Arc<Analysis>, Keyed) {
         // Texts that differ only in literal values share one analysis (see `shape`); texts
         // with no literal, and those whose analysis cannot be shared, are keyed as written.
-        let shape = literal_shape(sql);
-        if let Some(hit) = shape.as_deref().and_then(|s| self.cache.get(s)) {
+        if let Some(hit) = shape.and_then(|s| self.cache.get(s)) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return (hit.analysis, Keyed::Shape);
         }
@@ -138,7 +143,7 @@ impl Analyzer {
         self.misses.fetch_add(1, Ordering::Relaxed);
         let analysis = Arc::new(analyze_uncached(sql));
         let (key, keyed) = match shape {
-            Some(shape) if shareable(&analysis) => (shape, Keyed::Shape),
+            Some(shape) if shareable(&analysis) => (shape.to_string(), Keyed::Shape),
             _ => (sql.to_string(), Keyed::Text),
         };
         let weight = (entry_weight(&key, &analysis) as u64).max(self.floor);

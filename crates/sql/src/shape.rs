@@ -18,9 +18,19 @@ pub const SHAPE_MARK: char = '\u{1}';
 /// The text with its literals replaced by `?`, or `None` when the text has no literal
 /// or cannot be lexed with confidence.
 pub fn literal_shape(sql: &str) -> Option<String> {
+    let mut out = String::new();
+    literal_shape_into(sql, &mut out).then_some(out)
+}
+
+/// [`literal_shape`] written into `out` (cleared first, its capacity reused): says
+/// whether `sql` has a shape. `out` is left empty or partly written when it has none.
+pub fn literal_shape_into(sql: &str, out: &mut String) -> bool {
+    out.clear();
+    shape(sql, out).is_some()
+}
+
+fn shape(sql: &str, out: &mut String) -> Option<()> {
     let b = sql.as_bytes();
-    // Allocated at the first literal: most texts of extended-protocol clients have none.
-    let mut out: Option<String> = None;
     let mut i = 0;
     let mut copied = 0; // start of the run not yet copied to `out`
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
@@ -65,7 +75,7 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 let escapes =
                     i > 0 && matches!(b[i - 1], b'e' | b'E') && !(i > 1 && ident(b[i - 2]));
                 let end = end_of_quoted(b, i, b'\'', escapes)?;
-                placeholder(&mut out, sql, copied, i);
+                placeholder(out, sql, copied, i);
                 i = end;
                 copied = i;
             }
@@ -84,7 +94,7 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 let tag = &sql[i..=tag_end];
                 let body = tag_end + 1;
                 let close = sql[body..].find(tag)? + body;
-                placeholder(&mut out, sql, copied, i);
+                placeholder(out, sql, copied, i);
                 i = close + tag.len();
                 copied = i;
             }
@@ -92,16 +102,19 @@ pub fn literal_shape(sql: &str) -> Option<String> {
                 if !prev_ident && (c != b'.' || b.get(i + 1).is_some_and(u8::is_ascii_digit)) =>
             {
                 let end = end_of_number(b, i)?;
-                placeholder(&mut out, sql, copied, i);
+                placeholder(out, sql, copied, i);
                 i = end;
                 copied = i;
             }
             _ => i += 1,
         }
     }
-    let mut out = out?;
+    if out.is_empty() {
+        // No literal.
+        return None;
+    }
     out.push_str(&sql[copied..]);
-    Some(out)
+    Some(())
 }
 
 /// Bytes that may start a comment, a quoted token, a literal or a parameter; the scan
@@ -119,12 +132,11 @@ const STARTS_TOKEN: [bool; 256] = {
 
 /// Appends `sql[copied..literal]` and a `?` for the literal at `literal`, starting the
 /// shape at the first literal.
-fn placeholder(out: &mut Option<String>, sql: &str, copied: usize, literal: usize) {
-    let out = out.get_or_insert_with(|| {
-        let mut s = String::with_capacity(sql.len() + SHAPE_MARK.len_utf8());
-        s.push(SHAPE_MARK);
-        s
-    });
+fn placeholder(out: &mut String, sql: &str, copied: usize, literal: usize) {
+    if out.is_empty() {
+        out.reserve(sql.len() + SHAPE_MARK.len_utf8());
+        out.push(SHAPE_MARK);
+    }
     out.push_str(&sql[copied..literal]);
     out.push('?');
 }

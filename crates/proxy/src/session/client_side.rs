@@ -40,11 +40,6 @@ fn portal_event(p: &Prepared) -> StmtEvent {
     event_of(stmt, text)
 }
 
-/// Texts (with their analyses) a session keeps at hand, newest first.
-pub(super) const RECENT_TEXTS: usize = 8;
-/// Longer texts are not kept (a session's share of memory stays small).
-const RECENT_TEXT_BYTES: usize = 2048;
-
 impl Session {
     /// The analysis of `sql`, or a stand-in when the parser is off (everything then goes
     /// to the primary and nothing needs parsing).
@@ -52,21 +47,7 @@ impl Session {
         if !self.parser_enabled {
             return self.shared.not_analyzed.clone();
         }
-        // Clients repeat the same few texts; those skip the shared cache's lookup.
-        if let Some((_, a)) = self.recent.iter().find(|(t, _)| **t == *sql) {
-            return a.clone();
-        }
-        let (analysis, keyed) = self.shared.analyzer.analyze_keyed(sql);
-        // A text with literals is rarely sent again as it is (the next call carries other
-        // values): remembering it would cost a copy and evict a text that does come back.
-        if keyed != pgfresh_sql::Keyed::Text || sql.len() > RECENT_TEXT_BYTES {
-            return analysis;
-        }
-        if self.recent.len() == RECENT_TEXTS {
-            self.recent.pop_back();
-        }
-        self.recent.push_front((sql.into(), analysis.clone()));
-        analysis
+        self.texts.analyze(&self.shared.analyzer, sql)
     }
 
     /// Split every complete client frame off the buffer into units (up to the first

@@ -15,6 +15,7 @@ mod send;
 pub mod settings;
 mod shutdown;
 pub mod state;
+mod texts;
 pub mod tokens;
 pub mod unit;
 mod watchdog;
@@ -72,8 +73,8 @@ pub struct Session {
     graph: Option<Option<Arc<pgfresh_deps::DepGraph>>>,
     /// The session database's entry in the shared dependency graphs, once looked up.
     deps_entry: std::sync::OnceLock<crate::deps::DbEntry>,
-    /// The analyses of this session's latest texts (`client_side::RECENT_TEXTS`).
-    recent: std::collections::VecDeque<(Box<str>, Arc<pgfresh_sql::Analysis>)>,
+    /// The analyses of this session's latest texts.
+    texts: texts::Texts,
     /// Connection targets by node, with the cluster-view generation they were built in.
     targets: Vec<Option<(u64, Arc<crate::server::Target>)>>,
     /// The balancer's answers for this session's reads, from cached snapshots (a read
@@ -200,7 +201,7 @@ impl Session {
             balancer: shared.balancer.reader(),
             routed: Vec::new(),
             targets: Vec::new(),
-            recent: Default::default(),
+            texts: Default::default(),
             config: config.clone(),
             shared,
             client,
