@@ -22,6 +22,7 @@ pub use bytes;
 
 pub mod auth;
 pub mod backend;
+pub mod batch;
 pub mod build;
 mod cursor;
 pub mod error;
@@ -32,6 +33,7 @@ mod startup;
 
 pub use auth::{AuthError, ScramClient, ScramServer, ScramVerifier};
 pub use backend::{parse_backend, Auth, BackendMessage, ErrorFields, TxStatus};
+pub use batch::{unnamed_batch, UnnamedBatch};
 pub use error::{ErrorResponse, Severity};
 pub use framing::{
     decode_backend, decode_frame, decode_frontend, decode_startup, CancelKey, Decoded, Frame,

@@ -56,6 +56,11 @@ impl Session {
         self.parser_enabled = self.config.routing.enable_query_parser;
         let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
+            if let Some(unit) = self.take_unnamed_batch() {
+                consumed = true;
+                self.ready.push_back(unit);
+                continue;
+            }
             let Some(frame) = try_frame(&mut self.cbuf, &self.limits, Side::Frontend)? else {
                 return Ok(consumed);
             };
@@ -234,6 +239,67 @@ impl Session {
             }
         }
         Ok(consumed)
+    }
+
+    /// The usual one-statement batch of the unnamed statement and portal (Parse, Bind,
+    /// Describe, Execute, Sync: see `pgfresh_wire::batch`), taken whole as one chunk
+    /// when the client has sent all of it, and nothing is open that it would continue.
+    /// The unit is the one its frames would make one by one; a batch whose statement
+    /// changes the session's settings or transaction state goes frame by frame.
+    fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
+        if !self.batch.frames.is_empty()
+            || !self.ready.is_empty()
+            || self.open_unit_node.is_some()
+            || self.copy_in
+        {
+            return None;
+        }
+        let found = pgfresh_wire::unnamed_batch(&self.cbuf, &self.limits)?;
+        if found.len > MAX_BATCH_BYTES {
+            return None;
+        }
+        let sql = std::str::from_utf8(&self.cbuf[found.sql]).ok()?;
+        let analysis = if self.parser_enabled {
+            self.texts.analyze(&self.shared.analyzer, sql)
+        } else {
+            self.shared.not_analyzed.clone()
+        };
+        if analysis
+            .statements
+            .iter()
+            .any(|s| s.session.is_some() || s.tx.is_some())
+        {
+            return None;
+        }
+        let chunk = self.cbuf.split_to(found.len).freeze();
+        let parse = chunk.slice(..found.parse_len);
+        match self.state.prepared.get_mut("") {
+            // The same statement again (a client running one text over and over).
+            Some(p) if p.parse == parse => {
+                if !Arc::ptr_eq(&p.analysis, &analysis) {
+                    p.analysis = analysis.clone();
+                }
+            }
+            _ => {
+                let p = Prepared {
+                    content: crate::statements::parse_content(&parse, ""),
+                    hash: text_hash(&parse),
+                    parse,
+                    analysis: analysis.clone(),
+                };
+                self.state.prepared.insert(String::new(), p);
+            }
+        }
+        if !self.portal_events.is_empty() {
+            self.portal_events.remove("");
+        }
+        let mut unit = self.fresh_unit();
+        unit.frames.push(chunk);
+        unit.parts.push(analysis);
+        unit.parses.push(String::new());
+        unit.events.push(StmtEvent::Other);
+        unit.synced = true;
+        Some(unit)
     }
 
     /// Send the extended messages collected so far as a unit of their own, before a

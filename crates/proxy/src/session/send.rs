@@ -60,7 +60,7 @@ struct Written {
 /// a deferred BEGIN, the position probe, a replay sample), a Parse of the unnamed
 /// statement after the last Query makes it again.
 fn destroys_unnamed(frames: &[Bytes]) -> bool {
-    frames.iter().fold(false, |gone, f| match f.first() {
+    super::unit::messages(frames).fold(false, |gone, f| match f.first() {
         Some(b'Q') => true,
         Some(b'P') if f.get(5) == Some(&0) => false,
         _ => gone,
@@ -257,7 +257,13 @@ impl Session {
                     swallow_close += 1;
                 }
                 if let Some(p) = self.state.prepared.get(name) {
-                    l.conn.prepared.insert(name.clone(), p.hash);
+                    // Most often the same statement again: one lookup, no new key.
+                    match l.conn.prepared.get_mut(name) {
+                        Some(h) => *h = p.hash,
+                        None => {
+                            l.conn.prepared.insert(name.clone(), p.hash);
+                        }
+                    }
                 }
             }
         }
@@ -378,10 +384,7 @@ impl Session {
         let owed = if self.copy_in {
             0
         } else {
-            unit.frames
-                .iter()
-                .filter(|f| matches!(f.first(), Some(b'Q' | b'S' | b'F')))
-                .count() as u32
+            super::unit::ready_replies(&unit.frames)
         };
         // Moved, not copied: a unit kept for a retry is a replica read, whose statements
         // change no settings.
@@ -612,6 +615,11 @@ mod tests {
             (vec![q(), unnamed(), bind(), sync()], false),
             (vec![q(), named(), sync()], true),
             (vec![bind(), sync(), q(), unnamed(), q()], true),
+            // A batch taken whole as one chunk.
+            (
+                vec![q(), [unnamed(), bind(), sync()].concat().into()],
+                false,
+            ),
         ];
         for (i, (frames, gone)) in cases.into_iter().enumerate() {
             assert_eq!(destroys_unnamed(&frames), gone, "case {i}");

@@ -16,7 +16,8 @@ use crate::router::Reason;
 /// A unit read from the client and waiting to be routed.
 #[derive(Clone, Debug)]
 pub struct ClientUnit {
-    /// The client's frames, in order.
+    /// The client's frames, in order. A frame is one message, or the whole of a usual
+    /// one-statement batch taken as one chunk (see [`messages`]).
     pub frames: Vec<Bytes>,
     /// The analyses that decide where it runs.
     pub parts: Vec<Arc<Analysis>>,
@@ -165,6 +166,29 @@ impl ClientUnit {
         w.dedup();
         w
     }
+}
+
+/// The messages in `frames`, in order. A frame is one message, or a whole batch taken
+/// as one chunk (see `client_side::take_unnamed_batch`); its lengths were checked when it
+/// was read.
+pub fn messages(frames: &[Bytes]) -> impl Iterator<Item = &[u8]> {
+    frames.iter().flat_map(|f| {
+        let mut rest: &[u8] = f;
+        std::iter::from_fn(move || {
+            let len = u32::from_be_bytes(rest.get(1..5)?.try_into().ok()?) as usize;
+            let (msg, tail) = rest.split_at_checked(1 + len)?;
+            rest = tail;
+            Some(msg)
+        })
+    })
+}
+
+/// ReadyForQuery replies the server owes for `frames`: one per Query, Sync and
+/// FunctionCall.
+pub fn ready_replies(frames: &[Bytes]) -> u32 {
+    messages(frames)
+        .filter(|m| matches!(m.first(), Some(b'Q' | b'S' | b'F')))
+        .count() as u32
 }
 
 /// A unit on its way through a backend: what to do with its replies.
@@ -439,6 +463,23 @@ mod tests {
         // Debug shows every field's value, not the vectors' capacity.
         assert_eq!(format!("{u:?}"), format!("{:?}", ClientUnit::new()));
         assert!(u.parts.capacity() >= 1 && u.events.capacity() >= 1);
+    }
+
+    #[test]
+    fn a_batch_taken_whole_counts_as_its_messages() {
+        use pgfresh_wire::build;
+        let chunk: Vec<u8> = [
+            build::parse("", "SELECT 1", &[]),
+            build::bind("", "", &[], &[], &[]),
+            build::execute("", 0),
+            build::sync(),
+        ]
+        .concat();
+        let frames = vec![build::query("SELECT 1"), Bytes::from(chunk)];
+        let tags: Vec<u8> = messages(&frames).map(|m| m[0]).collect();
+        assert_eq!(tags, b"QPBES");
+        assert_eq!(ready_replies(&frames), 2);
+        assert_eq!(ready_replies(&[build::parse("", "SELECT 1", &[])]), 0);
     }
 
     fn map() -> Arc<RecencyMap> {

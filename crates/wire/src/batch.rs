@@ -1,0 +1,325 @@
+//! The extended-protocol batch most clients send for one statement, recognised in
+//! place: Parse and Bind of the unnamed statement and portal, an optional Describe of
+//! the portal, Execute, Sync (libpq's `PQexecParams`, pgbench `-M extended`,
+//! node-postgres and psycopg without prepared statements).
+//!
+//! A proxy that takes such a batch whole, as one chunk of bytes, saves splitting and
+//! parsing five frames one by one. [`unnamed_batch`] accepts exactly what
+//! [`crate::parse_frontend`] would accept for those five messages, and nothing else: any
+//! other message, a name that is not empty, a malformed field, a message over the
+//! length limit, or a batch not complete yet gives `None`, and the caller takes the
+//! frames one by one (and reports what is wrong with them).
+
+use std::ops::Range;
+
+use crate::cursor::Cursor;
+use crate::framing::{Limits, HEADER_LEN};
+
+/// Where the parts of an [`unnamed_batch`] lie in the buffer it was found at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnnamedBatch {
+    /// The whole batch, Parse to Sync: `buf[..len]`.
+    pub len: usize,
+    /// The Parse message: `buf[..parse_len]`.
+    pub parse_len: usize,
+    /// The query text (not yet checked as UTF-8): `buf[sql]`.
+    pub sql: Range<usize>,
+}
+
+/// The batch at the start of `buf`, when it is the unnamed one-statement batch complete
+/// and well formed (see the module comment).
+pub fn unnamed_batch(buf: &[u8], limits: &Limits) -> Option<UnnamedBatch> {
+    let mut pos = 0;
+    let parse = message(buf, &mut pos, b'P', limits)?;
+    let parse_len = pos;
+    let sql = parse_body(buf, parse)?;
+    let bind = message(buf, &mut pos, b'B', limits)?;
+    bind_body(&buf[bind])?;
+    if buf.get(pos) == Some(&b'D') {
+        let describe = message(buf, &mut pos, b'D', limits)?;
+        // The unnamed portal.
+        if buf[describe] != [b'P', 0] {
+            return None;
+        }
+    }
+    let execute = message(buf, &mut pos, b'E', limits)?;
+    // The unnamed portal and a row limit.
+    if buf[execute.clone()].len() != 5 || buf[execute.start] != 0 {
+        return None;
+    }
+    let sync = message(buf, &mut pos, b'S', limits)?;
+    if !sync.is_empty() {
+        return None;
+    }
+    Some(UnnamedBatch {
+        len: pos,
+        parse_len,
+        sql,
+    })
+}
+
+/// The body of the complete message with `tag` at `*pos` (moved past it).
+fn message(buf: &[u8], pos: &mut usize, tag: u8, limits: &Limits) -> Option<Range<usize>> {
+    let header = buf.get(*pos..*pos + HEADER_LEN)?;
+    if header[0] != tag {
+        return None;
+    }
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if !(4..=limits.max_message).contains(&len) || buf.len() - *pos < 1 + len {
+        return None;
+    }
+    let body = *pos + HEADER_LEN..*pos + 1 + len;
+    *pos = body.end;
+    Some(body)
+}
+
+/// The text's range in a Parse body that names the unnamed statement.
+fn parse_body(buf: &[u8], body: Range<usize>) -> Option<Range<usize>> {
+    let b = &buf[body.clone()];
+    // The unnamed statement, then the text up to its terminator.
+    let rest = b.strip_prefix(&[0])?;
+    let end = memchr::memchr(0, rest)?;
+    let mut cur = Cursor::new(b'P', &rest[end + 1..]);
+    let n = cur.count(4, "parameter type count").ok()?;
+    cur.bytes(4 * n, "parameter types").ok()?;
+    cur.finish().ok()?;
+    let start = body.start + 1;
+    Some(start..start + end)
+}
+
+/// Whether a Bind body binds the unnamed statement to the unnamed portal, well formed
+/// as [`crate::frontend`] checks it: every count non-negative and within the body, every
+/// value NULL or within the body, nothing after the result formats. (Read here with
+/// plain slices: this runs for every statement of such clients.)
+fn bind_body(b: &[u8]) -> Option<()> {
+    fn count(b: &mut &[u8]) -> Option<usize> {
+        let (n, rest) = b.split_first_chunk::<2>()?;
+        *b = rest;
+        usize::try_from(i16::from_be_bytes(*n)).ok()
+    }
+    fn skip(b: &mut &[u8], n: usize) -> Option<()> {
+        *b = b.get(n..)?;
+        Some(())
+    }
+    // The unnamed portal, then the unnamed statement.
+    let mut b = b.strip_prefix(&[0, 0])?;
+    let formats = count(&mut b)?;
+    skip(&mut b, 2 * formats)?;
+    for _ in 0..count(&mut b)? {
+        let (len, rest) = b.split_first_chunk::<4>()?;
+        b = rest;
+        match i32::from_be_bytes(*len) {
+            -1 => {}
+            len => skip(&mut b, usize::try_from(len).ok()?)?,
+        }
+    }
+    let results = count(&mut b)?;
+    skip(&mut b, 2 * results)?;
+    b.is_empty().then_some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{build, parse_frontend, Frame, FrontendMessage};
+    use bytes::{Bytes, BytesMut};
+
+    fn batch(parts: &[Bytes]) -> Vec<u8> {
+        parts.iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
+    fn usual(sql: &str) -> Vec<Bytes> {
+        vec![
+            build::parse("", sql, &[23]),
+            build::bind("", "", &[0], &[Some(b"42".as_slice())], &[0]),
+            build::describe(b'P', ""),
+            build::execute("", 0),
+            build::sync(),
+        ]
+    }
+
+    #[test]
+    fn the_usual_batch_is_found_whole() {
+        let sql = "SELECT abalance FROM pgbench_accounts WHERE aid = $1";
+        let parts = usual(sql);
+        let mut buf = batch(&parts);
+        let b = unnamed_batch(&buf, &Limits::default()).expect("found");
+        assert_eq!(b.len, buf.len());
+        assert_eq!(b.parse_len, parts[0].len());
+        assert_eq!(&buf[b.sql.clone()], sql.as_bytes());
+        // Without Describe too, and followed by more bytes (the next batch).
+        let mut short = parts.clone();
+        short.remove(2);
+        let mut buf2 = batch(&short);
+        let len = buf2.len();
+        buf2.extend_from_slice(&build::query("SELECT 1"));
+        assert_eq!(
+            unnamed_batch(&buf2, &Limits::default()).map(|b| b.len),
+            Some(len)
+        );
+        // Incomplete: not yet.
+        buf.pop();
+        assert_eq!(unnamed_batch(&buf, &Limits::default()), None);
+    }
+
+    #[test]
+    fn anything_else_is_left_to_the_frames() {
+        let sql = "SELECT 1";
+        let named = vec![
+            build::parse("s1", sql, &[]),
+            build::bind("", "s1", &[], &[], &[]),
+            build::execute("", 0),
+            build::sync(),
+        ];
+        let portal = vec![
+            build::parse("", sql, &[]),
+            build::bind("p", "", &[], &[], &[]),
+            build::execute("p", 0),
+            build::sync(),
+        ];
+        let describe_statement = vec![
+            build::parse("", sql, &[]),
+            build::bind("", "", &[], &[], &[]),
+            build::describe(b'S', ""),
+            build::execute("", 0),
+            build::sync(),
+        ];
+        let flush = vec![
+            build::parse("", sql, &[]),
+            build::bind("", "", &[], &[], &[]),
+            build::execute("", 0),
+            build::flush(),
+        ];
+        let two = [usual(sql), vec![build::execute("", 0), build::sync()]].concat();
+        let mut bad_types = build::parse("", sql, &[]).to_vec();
+        // A parameter count the body does not hold.
+        let n = bad_types.len();
+        bad_types[n - 1] = 3;
+        let bad = vec![
+            Bytes::from(bad_types),
+            build::bind("", "", &[], &[], &[]),
+            build::execute("", 0),
+            build::sync(),
+        ];
+        for (i, parts) in [named, portal, describe_statement, flush, bad]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                unnamed_batch(&batch(parts), &Limits::default()),
+                None,
+                "case {i}"
+            );
+        }
+        // Two Executes: the first five messages are a batch of their own only up to a
+        // Sync, so this is not one.
+        let mut joined = batch(&two[..4]);
+        joined.extend_from_slice(&batch(&two[5..]));
+        assert_eq!(unnamed_batch(&joined, &Limits::default()), None);
+        // Over the length limit.
+        let small = Limits {
+            max_message: 20,
+            ..Limits::default()
+        };
+        assert_eq!(
+            unnamed_batch(&batch(&usual("SELECT a_long_column FROM t")), &small),
+            None
+        );
+    }
+
+    /// Whether the frame-by-frame parser reads `buf` as exactly the usual batch (the text
+    /// as UTF-8, names empty).
+    fn frames_make_the_batch(buf: &[u8]) -> bool {
+        let mut rest = BytesMut::from(buf);
+        let mut tags = Vec::new();
+        while !rest.is_empty() {
+            let Ok(crate::Decoded::Frame(frame)) =
+                crate::decode_frontend(&mut rest, &Limits::default())
+            else {
+                return false;
+            };
+            let ok = matches!(
+                parse_frontend(&frame),
+                Ok(FrontendMessage::Parse { name: "", .. }
+                    | FrontendMessage::Bind {
+                        portal: "",
+                        statement: "",
+                        ..
+                    }
+                    | FrontendMessage::Describe {
+                        kind: b'P',
+                        name: ""
+                    }
+                    | FrontendMessage::Execute { portal: "", .. }
+                    | FrontendMessage::Sync)
+            );
+            if !ok {
+                return false;
+            }
+            tags.push(frame.tag);
+        }
+        tags == b"PBDES" || tags == b"PBES"
+    }
+
+    /// Every batch it accepts, the frame-by-frame parser accepts with the same meaning,
+    /// and every one the parser reads as that batch, it accepts:
+    /// random mutations of the usual batch are either refused or parse cleanly as the
+    /// same five messages.
+    #[test]
+    fn it_accepts_only_what_the_frame_parser_accepts() {
+        let base = batch(&usual("SELECT $1::int"));
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let mut buf = base.clone();
+            for _ in 0..(next() % 3 + 1) {
+                let i = next() as usize % buf.len();
+                buf[i] = next() as u8;
+            }
+            let Some(b) = unnamed_batch(&buf, &Limits::default()) else {
+                assert!(!frames_make_the_batch(&buf), "refused {buf:?}");
+                continue;
+            };
+            accepted += 1;
+            let mut rest = BytesMut::from(&buf[..b.len]);
+            let mut tags = Vec::new();
+            while !rest.is_empty() {
+                let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+                let frame = Frame::from_raw(rest.split_to(1 + len).freeze()).expect("frame");
+                let msg = parse_frontend(&frame);
+                match (frame.tag, msg) {
+                    (b'P', Ok(FrontendMessage::Parse { name: "", .. })) => {}
+                    // The text is checked as UTF-8 by the caller, not here.
+                    (b'P', Err(_)) => assert!(std::str::from_utf8(&buf[b.sql.clone()]).is_err()),
+                    (
+                        b'B',
+                        Ok(FrontendMessage::Bind {
+                            portal: "",
+                            statement: "",
+                            ..
+                        }),
+                    ) => {}
+                    (
+                        b'D',
+                        Ok(FrontendMessage::Describe {
+                            kind: b'P',
+                            name: "",
+                        }),
+                    ) => {}
+                    (b'E', Ok(FrontendMessage::Execute { portal: "", .. })) => {}
+                    (b'S', Ok(FrontendMessage::Sync)) => {}
+                    other => panic!("accepted {other:?} in {buf:?}"),
+                }
+                tags.push(frame.tag);
+            }
+            assert!(tags == b"PBDES" || tags == b"PBES", "{tags:?}");
+        }
+        assert!(accepted > 0);
+    }
+}
