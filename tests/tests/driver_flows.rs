@@ -233,3 +233,113 @@ async fn a_commit_from_the_unnamed_statement_survives_the_transaction_id_probe()
         .psql(0, "app", &format!("DROP TABLE {table}"))
         .expect("drop");
 }
+
+/// The batch libpq's `PQexecParams` sends (and pgbench `-M extended`, node-postgres and
+/// psycopg without prepared statements): Parse and Bind of the unnamed statement and
+/// portal, Describe of the portal, Execute, Sync, text parameters.
+fn exec_params(sql: &str, values: &[&str]) -> Vec<u8> {
+    let mut parse = cstr("");
+    parse.extend_from_slice(&cstr(sql));
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut bind = cstr("");
+    bind.extend_from_slice(&cstr(""));
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    bind.extend_from_slice(&(values.len() as u16).to_be_bytes());
+    for v in values {
+        bind.extend_from_slice(&(v.len() as i32).to_be_bytes());
+        bind.extend_from_slice(v.as_bytes());
+    }
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    let mut execute = cstr("");
+    execute.extend_from_slice(&0i32.to_be_bytes());
+    let mut out = msg(b'P', &parse);
+    out.extend(msg(b'B', &bind));
+    out.extend(msg(b'D', b"P\0"));
+    out.extend(msg(b'E', &execute));
+    out.extend(msg(b'S', &[]));
+    out
+}
+
+/// The first text value of the first DataRow among `messages`.
+fn first_value(messages: &[(u8, Vec<u8>)]) -> String {
+    let (_, row) = messages.iter().find(|(t, _)| *t == b'D').expect("a row");
+    let len = i32::from_be_bytes(row[2..6].try_into().unwrap()) as usize;
+    String::from_utf8_lossy(&row[6..6 + len]).into_owned()
+}
+
+/// pgfresh takes that batch whole, as one chunk, when all of it has arrived, and frame by
+/// frame otherwise (or when its statement changes the session). Either way the client
+/// gets the same answers: writes are marked (the next read sees them), the unnamed
+/// statement it parsed can be bound again on its own, an error at Execute ends the batch
+/// at its Sync, and a setting made through it follows the session.
+#[tokio::test]
+async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
+    let (mut s, _) = login().await;
+    let table = format!("whole_batch_{}", std::process::id());
+    s.write_all(&msg(b'Q', &cstr(&format!("CREATE TABLE {table} (v int)"))))
+        .await
+        .unwrap();
+    read_until(&mut s, b'Z').await;
+    let insert = format!("INSERT INTO {table} VALUES ($1::int)");
+    // Whole, in one write.
+    s.write_all(&exec_params(&insert, &["1"])).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
+    // The same batch in two writes: Parse and Bind first, the rest after a moment.
+    let batch = exec_params(&insert, &["2"]);
+    let bind_end = {
+        let parse_len = 1 + u32::from_be_bytes(batch[1..5].try_into().unwrap()) as usize;
+        parse_len
+            + 1
+            + u32::from_be_bytes(batch[parse_len + 1..parse_len + 5].try_into().unwrap()) as usize
+    };
+    s.write_all(&batch[..bind_end]).await.unwrap();
+    s.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.write_all(&batch[bind_end..]).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
+    // Every write is seen by the next read, through a whole batch too.
+    let count = format!("SELECT count(*) FROM {table} WHERE v > $1");
+    s.write_all(&exec_params(&count, &["0"])).await.unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(raw::tags(&messages), b"12TDCZ");
+    assert_eq!(first_value(&messages), "2");
+    // The unnamed statement a whole batch parsed, bound again on its own: that read runs
+    // again (a read of no table, on a standby), not the INSERT the session parsed before.
+    s.write_all(&exec_params("SELECT $1::int + 1", &["1"]))
+        .await
+        .unwrap();
+    assert_eq!(first_value(&raw::read_until(&mut s, b'Z').await), "2");
+    s.write_all(&exec_unnamed("2")).await.unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(raw::tags(&messages), b"2DCZ");
+    assert_eq!(first_value(&messages), "3");
+    // And again in place of the read's: it is the INSERT that runs, where the INSERT must
+    // run.
+    s.write_all(&exec_params(&insert, &["3"])).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
+    s.write_all(&exec_unnamed("4")).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"2CZ");
+    s.write_all(&exec_params(&count, &["0"])).await.unwrap();
+    assert_eq!(first_value(&raw::read_until(&mut s, b'Z').await), "4");
+    // An error at Execute: the batch ends at its Sync, and the next one runs.
+    let divide = format!("SELECT 1 / (count(*) - count(*))::int FROM {table} WHERE v > $1");
+    s.write_all(&exec_params(&divide, &["0"])).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"12TEZ");
+    // A setting through the same batch shape goes frame by frame and follows the session.
+    s.write_all(&exec_params("SET application_name = 'whole_batch'", &[]))
+        .await
+        .unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCSZ");
+    s.write_all(&exec_params(
+        "SELECT current_setting($1)",
+        &["application_name"],
+    ))
+    .await
+    .unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(first_value(&messages), "whole_batch");
+    s.write_all(&msg(b'Q', &cstr(&format!("DROP TABLE {table}"))))
+        .await
+        .unwrap();
+    read_until(&mut s, b'Z').await;
+}
