@@ -42,7 +42,9 @@ pub struct PoolSettings {
 }
 
 struct Idle {
-    conn: ServerConn,
+    /// Boxed: a connection moves between the pool and a session at every unit in
+    /// transaction mode, and a pointer moves for less than the whole connection.
+    conn: Box<ServerConn>,
     since: Instant,
 }
 
@@ -120,7 +122,8 @@ pub struct Pools {
 
 /// A server connection lent to one client session.
 pub struct Leased {
-    pub conn: ServerConn,
+    /// Boxed, as in the idle list.
+    pub conn: Box<ServerConn>,
     permit: OwnedSemaphorePermit,
     lent: Lent,
 }
@@ -285,7 +288,7 @@ impl Pools {
         let pool = self.pool(target, s.pool_size);
         let permit = self.permit(&pool, target, s).await?;
         let generation = self.generation(target.node);
-        let lease = |conn: ServerConn, permit: OwnedSemaphorePermit| {
+        let lease = |conn: Box<ServerConn>, permit: OwnedSemaphorePermit| {
             pool.lent.fetch_add(1, Ordering::Relaxed);
             pool.lent_total.fetch_add(1, Ordering::Relaxed);
             pool.lent_conns
@@ -331,7 +334,7 @@ impl Pools {
         )
         .await?;
         metrics::counter!("pgfresh_server_connections_opened_total", "node" => target.node_name.to_string()).increment(1);
-        Ok(lease(conn, permit))
+        Ok(lease(Box::new(conn), permit))
     }
 
     /// Transaction mode: give a connection back at the end of a unit of work. Only a
