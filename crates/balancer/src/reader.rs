@@ -65,30 +65,32 @@ pub(crate) fn pick_among(
     required: Option<Lsn>,
     timeline: Option<u32>,
 ) -> Option<(NodeId, Arc<NodeLive>)> {
-    // On the stack for up to eight nodes: this runs for every read.
-    let candidates: smallvec::SmallVec<[Candidate; 8]> = view
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| n.eligible)
-        .filter(|(i, n)| {
-            required.is_none_or(|r| {
-                // The newer of the view's position and one learned since.
-                let learned = counters.get(*i).and_then(|l| l.replay());
-                n.replay_lsn.max(learned).is_some_and(|l| l >= r)
+    // On the stack for up to eight nodes: this runs for every read. (Filled in place:
+    // `collect` would return the whole array by value, a copy of it a read.)
+    let mut candidates: smallvec::SmallVec<[Candidate; 8]> = smallvec::SmallVec::new();
+    candidates.extend(
+        view.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.eligible)
+            .filter(|(i, n)| {
+                required.is_none_or(|r| {
+                    // The newer of the view's position and one learned since.
+                    let learned = counters.get(*i).and_then(|l| l.replay());
+                    n.replay_lsn.max(learned).is_some_and(|l| l >= r)
+                })
             })
-        })
-        .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
-        .filter_map(|(i, n)| {
-            Some(Candidate {
-                node: i,
-                weight: n.spec.weight,
-                outstanding: counters.get(i)?.outstanding.load(Ordering::Relaxed),
-                lag_bytes: n.lag_bytes,
-                lag_ms: n.lag_ms,
-            })
-        })
-        .collect();
+            .filter(|(_, n)| timeline.is_none_or(|t| n.timeline == Some(t)))
+            .filter_map(|(i, n)| {
+                Some(Candidate {
+                    node: i,
+                    weight: n.spec.weight,
+                    outstanding: counters.get(i)?.outstanding.load(Ordering::Relaxed),
+                    lag_bytes: n.lag_bytes,
+                    lag_ms: n.lag_ms,
+                })
+            }),
+    );
     if candidates.is_empty() && required.is_some() {
         // A read waits on a position: poll the standbys' replay faster for a while.
         demand.record();

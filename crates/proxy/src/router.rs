@@ -334,8 +334,9 @@ fn read_requirement(
     if a.reads.is_empty() && behind.is_empty() {
         return None;
     }
-    let keys: smallvec::SmallVec<[RelKey<'_>; 8]> =
-        a.reads.iter().chain(behind).map(rel_key).collect();
+    // Filled in place: `collect` would return the whole array by value, a copy a read.
+    let mut keys: smallvec::SmallVec<[RelKey<'_>; 8]> = smallvec::SmallVec::new();
+    keys.extend(a.reads.iter().chain(behind).map(rel_key));
     need(ctx.recency.requirement(ctx.database, &keys), required)
 }
 

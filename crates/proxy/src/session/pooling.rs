@@ -26,7 +26,8 @@ pub(super) struct PinGauge {
 impl PinGauge {
     /// Move the gauges from the reasons counted so far to `now`; true if they changed.
     pub(super) fn sync(&mut self, now: &BTreeSet<PinReason>) -> bool {
-        if self.counted == *now {
+        // Checked at every turn of the session loop: nearly always both are empty.
+        if (self.counted.is_empty() && now.is_empty()) || self.counted == *now {
             return false;
         }
         for r in self.counted.difference(now) {
