@@ -128,6 +128,10 @@ pub struct Leased {
     lent: Lent,
 }
 
+/// A handle on one pool (see [`Pools::pool_ref`]).
+#[derive(Clone)]
+pub struct PoolRef(Arc<Pool>);
+
 /// Counts a lease in its pool while it lasts (the pool and the connection's id).
 struct Lent(Arc<Pool>, u64);
 
@@ -206,6 +210,13 @@ impl Pools {
         }
     }
 
+    /// The pool `target` belongs to (made with `size` slots if new), for
+    /// [`Pools::acquire`]: a session keeps it with the target, so a unit does not look the
+    /// pool up again.
+    pub fn pool_ref(&self, target: &Target, size: usize) -> PoolRef {
+        PoolRef(self.pool(target, size))
+    }
+
     fn pool(&self, target: &Target, size: usize) -> Arc<Pool> {
         let key = PoolKey {
             node: target.node,
@@ -233,7 +244,7 @@ impl Pools {
     }
 
     /// A slot in `pool`: at once if one is free, else in arrival order (the semaphore
-    /// is fair) up to the acquire timeout. A wait (none was free) is recorded in
+    /// is fair) up to the acquire timeout. Only a wait (none was free) is recorded in
     /// `pgfresh_pool_wait_seconds`.
     async fn permit(
         &self,
@@ -242,7 +253,6 @@ impl Pools {
         s: &PoolSettings,
     ) -> Result<OwnedSemaphorePermit, ProxyError> {
         if let Ok(p) = pool.slots.clone().try_acquire_owned() {
-            pool.wait_seconds(s.mode).record(0.0);
             return Ok(p);
         }
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
@@ -281,12 +291,13 @@ impl Pools {
     /// anything is sent on it, and replaced.
     pub async fn acquire(
         &self,
+        pool: &PoolRef,
         target: &Target,
         startup_params: &[(String, String)],
         s: &PoolSettings,
     ) -> Result<Leased, ProxyError> {
-        let pool = self.pool(target, s.pool_size);
-        let permit = self.permit(&pool, target, s).await?;
+        let pool = &pool.0;
+        let permit = self.permit(pool, target, s).await?;
         let generation = self.generation(target.node);
         let lease = |conn: Box<ServerConn>, permit: OwnedSemaphorePermit| {
             pool.lent.fetch_add(1, Ordering::Relaxed);

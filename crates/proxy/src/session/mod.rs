@@ -75,8 +75,9 @@ pub struct Session {
     deps_entry: std::sync::OnceLock<crate::deps::DbEntry>,
     /// The analyses of this session's latest texts.
     texts: texts::Texts,
-    /// Connection targets by node, with the cluster-view generation they were built in.
-    targets: Vec<Option<(u64, Arc<crate::server::Target>)>>,
+    /// Connection targets by node and their pools, with the cluster-view generation they
+    /// were built in.
+    targets: Vec<Option<(u64, Arc<crate::server::Target>, crate::pool::PoolRef)>>,
     /// The balancer's answers for this session's reads, from cached snapshots (a read
     /// asks for the primary and a replica; arc-swap's guarded loads cost more).
     balancer: pgfresh_balancer::Reader,
@@ -414,24 +415,29 @@ impl Session {
         self.release_all().await;
     }
 
-    /// Where `node` is and who this session logs in there as, built again only when the
-    /// cluster view changed since (in transaction mode a unit asks for it every time).
-    fn target(&mut self, node: usize) -> Option<Arc<crate::server::Target>> {
+    /// Where `node` is and who this session logs in there as, and the pool of those
+    /// connections, built again only when the cluster view changed since (in transaction
+    /// mode a unit asks for them every time).
+    fn target(
+        &mut self,
+        node: usize,
+    ) -> Option<(Arc<crate::server::Target>, crate::pool::PoolRef)> {
         let generation = self.shared.balancer.view().generation;
-        if let Some(Some((g, t))) = self.targets.get(node) {
+        if let Some(Some((g, t, p))) = self.targets.get(node) {
             if *g == generation {
-                return Some(t.clone());
+                return Some((t.clone(), p.clone()));
             }
         }
         let t = Arc::new(
             self.shared
                 .target(node, &self.login.user, &self.login.database)?,
         );
+        let p = self.shared.pools.pool_ref(&t, self.config.pool.pool_size);
         if self.targets.len() <= node {
             self.targets.resize_with(node + 1, || None);
         }
-        self.targets[node] = Some((generation, t.clone()));
-        Some(t)
+        self.targets[node] = Some((generation, t.clone(), p.clone()));
+        Some((t, p))
     }
 
     /// A new turn of the loop: the config in force now (if it changed), and the
@@ -821,7 +827,7 @@ impl Session {
         // sessions never wait for one node while holding another.
         self.checkin();
         let config = self.config.clone();
-        let target = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
+        let (target, pool) = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
         // A node that stops answering mid-login is given up on like one that stops
@@ -830,7 +836,7 @@ impl Session {
         let settings = Shared::pool_settings(&config);
         let leased = tokio::select! {
             biased;
-            r = self.shared.pools.acquire(&target, &[], &settings) => r,
+            r = self.shared.pools.acquire(&pool, &target, &[], &settings) => r,
             reason = watchdog::until_given_up(&self.shared, node, generation, interval) => {
                 Err(ProxyError::ServerConnect {
                     node: target.node_name.to_string(),
