@@ -258,10 +258,11 @@ impl Session {
         if found.len > MAX_BATCH_BYTES {
             return None;
         }
-        let sql = std::str::from_utf8(&self.cbuf[found.sql]).ok()?;
+        let sql = &self.cbuf[found.sql];
         let analysis = if self.parser_enabled {
-            self.texts.analyze(&self.shared.analyzer, sql)
+            self.texts.analyze_bytes(&self.shared.analyzer, sql)?
         } else {
+            std::str::from_utf8(sql).ok()?;
             self.shared.not_analyzed.clone()
         };
         if analysis

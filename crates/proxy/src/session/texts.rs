@@ -21,6 +21,19 @@ pub(super) struct Texts {
 }
 
 impl Texts {
+    /// The analysis of the text `sql` as it came in a message, `None` when it is not
+    /// UTF-8. A text the session sent lately needs no check: it was checked then.
+    pub(super) fn analyze_bytes(
+        &mut self,
+        analyzer: &Analyzer,
+        sql: &[u8],
+    ) -> Option<Arc<Analysis>> {
+        if let Some((_, a)) = self.recent.iter().find(|(t, _)| t.as_bytes() == sql) {
+            return Some(a.clone());
+        }
+        Some(self.analyze(analyzer, std::str::from_utf8(sql).ok()?))
+    }
+
     /// The analysis of `sql`, from the session's recent texts or from `analyzer`.
     pub(super) fn analyze(&mut self, analyzer: &Analyzer, sql: &str) -> Arc<Analysis> {
         if let Some((_, a)) = self.recent.iter().find(|(t, _)| **t == *sql) {
@@ -70,6 +83,11 @@ mod tests {
         let d = texts.analyze(&analyzer, "SELECT * FROM t WHERE id = $1");
         assert!(Arc::ptr_eq(&c, &d));
         assert_eq!(texts.recent.len(), 2);
+        let e = texts.analyze_bytes(&analyzer, b"SELECT * FROM t WHERE id = $1");
+        assert!(Arc::ptr_eq(&c, &e.expect("a text sent before")));
+        assert!(texts
+            .analyze_bytes(&analyzer, &[b'S', 0xff, 0xfe])
+            .is_none());
         // A text whose analysis holds only for its own literals is kept as it is.
         texts.analyze(&analyzer, "SET search_path = 'a'");
         assert_eq!(&*texts.recent[0].0, "SET search_path = 'a'");
