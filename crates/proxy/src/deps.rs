@@ -119,8 +119,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A database's entry, kept by a caller between calls of [`Dependencies::graph_of`]
-/// (entries are never removed; `None` past [`MAX_DATABASES`]).
-pub struct DbEntry(Option<Arc<Entry>>);
+/// (entries are never removed; none past [`MAX_DATABASES`]), with its graph read through
+/// an `arc_swap::Cache`: while no load replaced the graph, a read is one atomic load.
+#[derive(Default)]
+pub struct DbEntry(Option<Option<(Arc<Entry>, GraphCache)>>);
+
+type GraphCache = arc_swap::Cache<EntryGraph, Option<Arc<DepGraph>>>;
+
+/// An entry's graph, for its cache.
+struct EntryGraph(Arc<Entry>);
+
+impl std::ops::Deref for EntryGraph {
+    type Target = ArcSwapOption<DepGraph>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0.graph
+    }
+}
 
 /// The dependency graphs of the databases clients use (held in [`Shared`] as `deps`).
 pub struct Dependencies {
@@ -225,7 +240,7 @@ impl Dependencies {
     /// manual rules alone (None without rules). Cheap: no lock is held across an await, no
     /// I/O is waited for.
     pub fn graph(&self, shared: &Arc<Shared>, db: &str) -> Option<Arc<DepGraph>> {
-        self.graph_of(shared, db, &std::sync::OnceLock::new())
+        self.graph_of(shared, db, &mut DbEntry::default())
     }
 
     /// [`Self::graph`] for a caller that asks again and again for the same database
@@ -235,13 +250,19 @@ impl Dependencies {
         &self,
         shared: &Arc<Shared>,
         db: &str,
-        entry: &std::sync::OnceLock<DbEntry>,
+        entry: &mut DbEntry,
     ) -> Option<Arc<DepGraph>> {
         if !self.learning() {
             return self.rules.load().rules_only.clone();
         }
         self.attach(shared);
-        let entry = entry.get_or_init(|| DbEntry(self.entry(db))).0.as_ref()?;
+        let (entry, graph) = entry
+            .0
+            .get_or_insert_with(|| {
+                self.entry(db)
+                    .map(|e| (e.clone(), arc_swap::Cache::new(EntryGraph(e))))
+            })
+            .as_mut()?;
         let now = self.now_ms();
         let due = entry.due_ms.load(Ordering::Relaxed);
         if now >= due {
@@ -266,7 +287,7 @@ impl Dependencies {
                 self.schedule(entry, false, None);
             }
         }
-        entry.graph.load_full()
+        graph.load().clone()
     }
 
     /// Schedules a reload of `db` now (after DDL passed through pgfresh). Coalesces: with a

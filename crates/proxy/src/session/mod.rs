@@ -72,7 +72,7 @@ pub struct Session {
     /// This turn's dependency graph once looked up (see `dep_graph`), emptied at each turn.
     graph: Option<Option<Arc<pgfresh_deps::DepGraph>>>,
     /// The session database's entry in the shared dependency graphs, once looked up.
-    deps_entry: std::sync::OnceLock<crate::deps::DbEntry>,
+    deps_entry: crate::deps::DbEntry,
     /// The analyses of this session's latest texts.
     texts: texts::Texts,
     /// Connection targets by node and their pools, with the cluster-view generation they

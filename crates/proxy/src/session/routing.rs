@@ -276,7 +276,7 @@ impl Session {
         let g = self
             .shared
             .deps
-            .graph_of(&self.shared, &self.login.database, &self.deps_entry);
+            .graph_of(&self.shared, &self.login.database, &mut self.deps_entry);
         self.graph = Some(g.clone());
         g
     }
