@@ -84,30 +84,26 @@ impl Session {
                 let Some(leased) = self.backends[node].as_ref() else {
                     return Ok(());
                 };
-                let buf = &leased.conn.rbuf;
-                if buf.len() - pos < 5 {
+                let buf = &leased.conn.rbuf[..];
+                // The next frame to inspect: those only counted are passed over here.
+                let next = loop {
+                    match frame_at(buf, pos, max) {
+                        Err(len) => {
+                            let name = leased.conn.target.node_name.to_string();
+                            return Err(ProxyError::ServerProtocol {
+                                node: name,
+                                reason: format!("invalid message length {len}"),
+                            });
+                        }
+                        Ok(Some((tag, end))) if plain.take(tag) => pos = end,
+                        Ok(next) => break next,
+                    }
+                };
+                let Some((tag, body_end)) = next else {
                     break;
-                }
-                let len =
-                    u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]])
-                        as usize;
-                if len < 4 || len > max {
-                    let name = leased.conn.target.node_name.to_string();
-                    return Err(ProxyError::ServerProtocol {
-                        node: name,
-                        reason: format!("invalid message length {len}"),
-                    });
-                }
-                if buf.len() - pos < 1 + len {
-                    break;
-                }
-                let tag = buf[pos];
+                };
+                let len = body_end - pos - 1;
                 let body_start = pos + 5;
-                let body_end = pos + 1 + len;
-                if plain.take(tag) {
-                    pos = body_end;
-                    continue;
-                }
                 plain.apply(self.inflight.front_mut());
                 let action = self.on_server_message(node, tag, body_start, body_end);
                 plain = PlainReplies::of(self.inflight.front());
@@ -536,6 +532,20 @@ impl Session {
             _ => {}
         }
     }
+}
+
+/// The frame at `pos` in `buf`: its tag and where it ends, `None` while it is incomplete,
+/// its length when that is invalid (below 4 or above `max`).
+fn frame_at(buf: &[u8], pos: usize, max: usize) -> Result<Option<(u8, usize)>, usize> {
+    let Some(header) = buf.get(pos..pos + 5) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if !(4..=max).contains(&len) {
+        return Err(len);
+    }
+    let end = pos + 1 + len;
+    Ok((end <= buf.len()).then_some((header[0], end)))
 }
 
 /// Whether the complete backend messages at the start of `buf` include an ErrorResponse
