@@ -8,8 +8,11 @@
 #     -M PROTOCOL    pgbench protocol: extended (default), simple or prepared
 #     -w WORKLOAD    select (default: pgbench -S) or mix (9 point reads + 1 autocommit
 #                    UPDATE, 10 statements a transaction; see write_mix in bench/lib.sh)
-#     -t N           transactions per client, two clients (default 2000; a mix
-#                    transaction is 10 statements)
+#     -t N           transactions per client (default 2000; a mix transaction is 10
+#                    statements)
+#     -c CLIENTS     pgbench clients while instructions are counted (default 2); with more
+#                    clients than the pool's connections (pool_size 20 a node), transaction
+#                    mode measures the waits for a connection too
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
@@ -33,13 +36,14 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-MODE=session PROTO=extended WORKLOAD=select N=2000 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0
-while getopts "m:M:w:t:d:o:Br" opt; do
+MODE=session PROTO=extended WORKLOAD=select N=2000 CLIENTS=2 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0
+while getopts "m:M:w:t:c:d:o:Br" opt; do
     case $opt in
         m) MODE=$OPTARG ;;
         M) PROTO=$OPTARG ;;
         w) WORKLOAD=$OPTARG ;;
         t) N=$OPTARG ;;
+        c) CLIENTS=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
@@ -80,17 +84,17 @@ pgbench_run() {
 }
 
 # Instructions a statement of the process PID (run under callgrind, dumping to FILE*),
-# counted while pgbench runs 2 x N transactions through PORT: callgrind_at PID PORT FILE
+# counted while pgbench runs CLIENTS x N transactions through PORT: callgrind_at PID PORT FILE
 callgrind_at() {
     local pid=$1 port=$2 file=$3 total
     pgbench_run "$port" 2 200 >/dev/null 2>&1
     as_owner "$pid" callgrind_control -z "$pid" >/dev/null 2>&1
     as_owner "$pid" callgrind_control -i on "$pid" >/dev/null 2>&1
-    pgbench_run "$port" 2 "$N" >"$file.pgbench.log" 2>&1
+    pgbench_run "$port" "$CLIENTS" "$N" >"$file.pgbench.log" 2>&1
     as_owner "$pid" callgrind_control -i off "$pid" >/dev/null 2>&1
     as_owner "$pid" callgrind_control -d "$pid" >/dev/null 2>&1
     total=$(cat "$file".* | awk '/^totals:/ { s += $2 } END { print s + 0 }')
-    echo "$((total / (2 * N * STMTS))) instructions a statement ($total over $((2 * N * STMTS)))"
+    echo "$((total / (CLIENTS * N * STMTS))) instructions a statement ($total over $((CLIENTS * N * STMTS)))"
 }
 
 # Runs a command as the owner of process PID (callgrind_control must be).
@@ -116,7 +120,7 @@ stop_pid "$PROXY_PID"; PROXY_PID=""
 # The monitor's share (its polls and their tokio-postgres connections): under valgrind
 # pgfresh runs slower while the fast polls keep their period, so this share a statement is
 # inflated; the rest is the one to compare between builds.
-callgrind_annotate --inclusive=yes "$OUTDIR/callgrind.out.1" 2>/dev/null | awk -v n=$((2 * N * STMTS)) '
+callgrind_annotate --inclusive=yes "$OUTDIR/callgrind.out.1" 2>/dev/null | awk -v n=$((CLIENTS * N * STMTS)) '
     /PROGRAM TOTALS/ { gsub(",", "", $1); t = $1 }
     /monitor::run::\{\{closure\}\} \[/ { gsub(",", "", $1); m += $1 }
     /tokio_postgres::connection::Connection<S,T> as core::future::future::Future>::poll \[/ { gsub(",", "", $1); m += $1 }
