@@ -404,29 +404,44 @@ impl Session {
             }
             Some(unit)
         } else {
-            let mut f = InFlight::client(writes, autocommit, reason, unit.synced);
-            f.events = events.into();
-            f.whole_db = whole_db;
-            f.ddl = ddl;
-            f.swallow_parse = swallow_parse;
-            f.swallow_close = swallow_close;
-            f.commit_sent = commit_sent;
-            f.owed = owed;
-            f.simple = unit.simple || unit.force_primary;
-            f.skip_acks = unit.skip_acks;
-            f.expect = expect;
+            let simple = unit.simple || unit.force_primary;
+            let skip_acks = unit.skip_acks;
             // Kept (moved, not copied) so it can be sent again elsewhere.
-            let leftover = if retryable {
-                f.retry = Some(unit);
-                None
+            let (retry, leftover) = if retryable {
+                (Some(unit), None)
             } else {
-                Some(unit)
+                (None, Some(unit))
             };
-            self.inflight.push_back(f);
+            // Every field given here (not a default then overwritten: each overwrite
+            // dropped what it replaced).
+            self.inflight.push_back(InFlight {
+                injected: None,
+                swallow_parse,
+                swallow_close,
+                writes,
+                autocommit,
+                error: false,
+                committed: false,
+                replied: false,
+                reason: Some(reason),
+                closed: synced,
+                commit_sent,
+                owed,
+                simple,
+                retry,
+                acks: 0,
+                skip_acks,
+                events: events.into(),
+                whole_db,
+                ddl,
+                expect,
+            });
             leftover
         };
         // Replies made here that nothing ahead of them waits for go out now.
-        self.collect_due();
+        if self.inflight.front().is_some_and(|u| !u.expect.is_empty()) {
+            self.collect_due();
+        }
         self.out.append(&mut self.due);
         if probe {
             // Sent with the unit, just after it.

@@ -340,17 +340,6 @@ impl InFlight {
         }
     }
 
-    pub fn client(writes: Vec<RelName>, autocommit: bool, reason: Reason, closed: bool) -> Self {
-        Self {
-            injected: None,
-            writes,
-            autocommit,
-            reason: Some(reason),
-            closed,
-            ..Self::injected(Injected::Plain)
-        }
-    }
-
     /// pgfresh's own work, not the client's.
     pub fn is_injected(&self) -> bool {
         self.injected.is_some()
