@@ -333,8 +333,11 @@ impl Session {
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
+            // A few tries to draw a replica other than `avoid`; none at all eligible is
+            // known at the first (a hot read no replica has caught up with asked four
+            // times before).
             Target::Replica { required } => match (0..4)
-                .filter_map(|_| self.balancer.select_replica(required))
+                .map_while(|_| self.balancer.select_replica(required))
                 .find(|s| Some(**s) != avoid)
             {
                 Some(sel) => {
