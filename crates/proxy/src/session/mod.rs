@@ -470,9 +470,13 @@ impl Session {
             // Route and send what the client sent. A batch sent before its Sync (it
             // outgrew the batch limit) can leave more complete frames buffered: take
             // them too before waiting, or the server would wait for them forever.
+            // (Each step only when it has something to do: a turn that relays a reply
+            // has no client bytes and no units, and one that sends a unit has no output.)
             loop {
-                let consumed = self.process_client()?;
-                self.dispatch_ready().await?;
+                let consumed = !self.cbuf.is_empty() && self.process_client()?;
+                if !self.ready.is_empty() {
+                    self.dispatch_ready().await?;
+                }
                 if !(consumed && self.ready.is_empty() && !self.cbuf.is_empty()) {
                     break;
                 }
@@ -480,7 +484,9 @@ impl Session {
             // Connections go back (transaction mode) before the reply that ended their
             // unit reaches the client, so the client's next statement can find them.
             self.checkin();
-            self.flush_client().await?;
+            if !self.out.is_empty() {
+                self.flush_client().await?;
+            }
             if self.terminating && self.inflight.is_empty() {
                 return Ok(());
             }

@@ -101,6 +101,10 @@ impl Session {
     /// connection in an open transaction or an extended batch left open by a Flush
     /// (`idle_transaction_timeout_ms`), when that applies now.
     pub(super) fn idle_transaction_limit(&self) -> Option<Duration> {
+        // Asked at every turn of the session loop: session mode is answered first.
+        if self.mode != PoolMode::Transaction {
+            return None;
+        }
         // Waiting for the client only: a batch left open by a Flush has had every reply.
         let open_batch_answered = self.open_unit_node.is_some()
             && self
@@ -108,8 +112,7 @@ impl Session {
                 .iter()
                 .all(|u| !u.closed && u.owed == 0 && u.expect.is_empty());
         let idle_in_transaction = self.tx != TxStatus::Idle && self.inflight.is_empty();
-        if self.mode != PoolMode::Transaction
-            || !self.ready.is_empty()
+        if !self.ready.is_empty()
             || !(open_batch_answered || idle_in_transaction)
             || !self.backends.iter().any(Option::is_some)
         {
