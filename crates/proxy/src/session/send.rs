@@ -86,7 +86,7 @@ impl Session {
         let Some(leased) = self.backends[node].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
-        if destroys_unnamed(frames) {
+        if !leased.conn.prepared.is_empty() && destroys_unnamed(frames) {
             // The next unit that binds the unnamed statement prepares it here again.
             leased.conn.prepared.remove("");
         }
