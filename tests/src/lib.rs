@@ -277,6 +277,48 @@ pub mod raw {
     pub fn tags(messages: &[(u8, Vec<u8>)]) -> Vec<u8> {
         messages.iter().map(|(t, _)| *t).collect()
     }
+
+    /// The batch libpq's `PQexecParams` sends (and pgbench `-M extended`, node-postgres and
+    /// psycopg without prepared statements): Parse and Bind of the unnamed statement and
+    /// portal, Describe of the portal, Execute, Sync, text parameters.
+    pub fn exec_params(sql: &str, values: &[&str]) -> Vec<u8> {
+        let mut parse = cstr("");
+        parse.extend_from_slice(&cstr(sql));
+        parse.extend_from_slice(&0u16.to_be_bytes());
+        let mut bind = cstr("");
+        bind.extend_from_slice(&cstr(""));
+        bind.extend_from_slice(&0u16.to_be_bytes());
+        bind.extend_from_slice(&(values.len() as u16).to_be_bytes());
+        for v in values {
+            bind.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            bind.extend_from_slice(v.as_bytes());
+        }
+        bind.extend_from_slice(&0u16.to_be_bytes());
+        let mut execute = cstr("");
+        execute.extend_from_slice(&0i32.to_be_bytes());
+        let mut out = msg(b'P', &parse);
+        out.extend(msg(b'B', &bind));
+        out.extend(msg(b'D', b"P\0"));
+        out.extend(msg(b'E', &execute));
+        out.extend(msg(b'S', &[]));
+        out
+    }
+
+    /// The first text value of the first DataRow among `messages`.
+    pub fn first_value(messages: &[(u8, Vec<u8>)]) -> String {
+        let (_, row) = messages.iter().find(|(t, _)| *t == b'D').expect("a row");
+        let len = i32::from_be_bytes(row[2..6].try_into().unwrap()) as usize;
+        String::from_utf8_lossy(&row[6..6 + len]).into_owned()
+    }
+
+    /// A session logged in through `addr` as the trusted test user, ready for queries.
+    pub async fn connect(addr: std::net::SocketAddr) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(&startup("app_trust", "app")).await.unwrap();
+        read_until(&mut s, b'Z').await;
+        s
+    }
 }
 
 /// Start a proxy with this full config text (listen addresses are replaced by port 0),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use pgfresh_tests::raw::{self, cstr, msg, startup};
+use pgfresh_tests::raw::{self, cstr, exec_params, first_value, msg, startup};
 use pgfresh_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -234,41 +234,9 @@ async fn a_commit_from_the_unnamed_statement_survives_the_transaction_id_probe()
         .expect("drop");
 }
 
-/// The batch libpq's `PQexecParams` sends (and pgbench `-M extended`, node-postgres and
-/// psycopg without prepared statements): Parse and Bind of the unnamed statement and
-/// portal, Describe of the portal, Execute, Sync, text parameters.
-fn exec_params(sql: &str, values: &[&str]) -> Vec<u8> {
-    let mut parse = cstr("");
-    parse.extend_from_slice(&cstr(sql));
-    parse.extend_from_slice(&0u16.to_be_bytes());
-    let mut bind = cstr("");
-    bind.extend_from_slice(&cstr(""));
-    bind.extend_from_slice(&0u16.to_be_bytes());
-    bind.extend_from_slice(&(values.len() as u16).to_be_bytes());
-    for v in values {
-        bind.extend_from_slice(&(v.len() as i32).to_be_bytes());
-        bind.extend_from_slice(v.as_bytes());
-    }
-    bind.extend_from_slice(&0u16.to_be_bytes());
-    let mut execute = cstr("");
-    execute.extend_from_slice(&0i32.to_be_bytes());
-    let mut out = msg(b'P', &parse);
-    out.extend(msg(b'B', &bind));
-    out.extend(msg(b'D', b"P\0"));
-    out.extend(msg(b'E', &execute));
-    out.extend(msg(b'S', &[]));
-    out
-}
-
-/// The first text value of the first DataRow among `messages`.
-fn first_value(messages: &[(u8, Vec<u8>)]) -> String {
-    let (_, row) = messages.iter().find(|(t, _)| *t == b'D').expect("a row");
-    let len = i32::from_be_bytes(row[2..6].try_into().unwrap()) as usize;
-    String::from_utf8_lossy(&row[6..6 + len]).into_owned()
-}
-
-/// pgfresh takes that batch whole, as one chunk, when all of it has arrived, and frame by
-/// frame otherwise (or when its statement changes the session). Either way the client
+/// The batch of `raw::exec_params`: pgfresh takes it whole, as one chunk, when all of it
+/// has arrived, and frame by frame otherwise (or when its statement changes the session,
+/// or it is over the batch limit). Either way the client
 /// gets the same answers: writes are marked (the next read sees them), the unnamed
 /// statement it parsed can be bound again on its own, an error at Execute ends the batch
 /// at its Sync, and a setting made through it follows the session.
@@ -284,7 +252,8 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
     // Whole, in one write.
     s.write_all(&exec_params(&insert, &["1"])).await.unwrap();
     assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
-    // The same batch in two writes: Parse and Bind first, the rest after a moment.
+    // The same batch in two writes, Parse and Bind first: taken whole or frame by frame,
+    // as the session happens to read them, with the same answers.
     let batch = exec_params(&insert, &["2"]);
     let bind_end = {
         let parse_len = 1 + u32::from_be_bytes(batch[1..5].try_into().unwrap()) as usize;
@@ -294,7 +263,6 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
     };
     s.write_all(&batch[..bind_end]).await.unwrap();
     s.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
     s.write_all(&batch[bind_end..]).await.unwrap();
     assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
     // Every write is seen by the next read, through a whole batch too.
@@ -338,6 +306,15 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
     .unwrap();
     let messages = raw::read_until(&mut s, b'Z').await;
     assert_eq!(first_value(&messages), "whole_batch");
+    // Over the batch limit (1 MiB) the same shape is never taken whole: frame by frame,
+    // sent on before its Sync, and answered alike.
+    let big = "x".repeat(1_200_000);
+    s.write_all(&exec_params("SELECT length($1::text)", &[&big]))
+        .await
+        .unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(raw::tags(&messages), b"12TDCZ");
+    assert_eq!(first_value(&messages), "1200000");
     s.write_all(&msg(b'Q', &cstr(&format!("DROP TABLE {table}"))))
         .await
         .unwrap();
