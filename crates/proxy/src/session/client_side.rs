@@ -9,7 +9,7 @@ use pgfresh_wire::{parse_frontend, FrontendMessage};
 
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
-use super::state::{text_hash, Prepared};
+use super::state::Prepared;
 use super::unit::{ClientUnit, InFlight, Undo};
 use super::Session;
 use crate::error::ProxyError;
@@ -107,12 +107,7 @@ impl Session {
                     let analysis = self.analyze(sql);
                     let previous = self.state.prepared.insert(
                         name.to_string(),
-                        Prepared {
-                            parse: frame.raw.clone(),
-                            content: crate::statements::parse_content(&frame.raw, name),
-                            analysis: analysis.clone(),
-                            hash: text_hash(&frame.raw),
-                        },
+                        Prepared::new(frame.raw.clone(), name, analysis.clone()),
                     );
                     if self.mode == PoolMode::Transaction && !name.is_empty() {
                         self.batch.statement_undo.push(Undo {
@@ -282,12 +277,7 @@ impl Session {
                 }
             }
             _ => {
-                let p = Prepared {
-                    content: crate::statements::parse_content(&parse, ""),
-                    hash: text_hash(&parse),
-                    parse,
-                    analysis: analysis.clone(),
-                };
+                let p = Prepared::new(parse, "", analysis.clone());
                 self.state.prepared.insert(String::new(), p);
             }
         }

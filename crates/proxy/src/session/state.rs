@@ -52,6 +52,18 @@ pub struct Prepared {
     pub hash: u64,
 }
 
+impl Prepared {
+    /// The statement `name` of the Parse frame `parse`, with its analysis.
+    pub fn new(parse: bytes::Bytes, name: &str, analysis: Arc<Analysis>) -> Self {
+        Self {
+            content: crate::statements::parse_content(&parse, name),
+            hash: text_hash(&parse),
+            parse,
+            analysis,
+        }
+    }
+}
+
 /// A session's settings: (parameter name, the SQL statement that sets it), in order.
 /// Server connections record the list they carry; a connection is up to date for a
 /// session when the two lists are equal by content (shared `Arc`s compare first by
