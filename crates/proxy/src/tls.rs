@@ -61,6 +61,28 @@ impl ClientStream {
         }
     }
 
+    /// Write all of `bytes`. Plain TCP tries the socket first, so the usual reply, which
+    /// the socket takes whole, costs no future and no readiness wait.
+    pub async fn write_all_now(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if let ClientStream::Plain(s) = self {
+            match s.try_write(bytes) {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                Ok(n) => return s.write_all(&bytes[n..]).await,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.write_all(bytes).await
+    }
+
+    /// Hand TLS records still waiting to the socket (plain TCP keeps nothing back).
+    pub async fn flush_tls(&mut self) -> std::io::Result<()> {
+        match self {
+            ClientStream::Plain(_) => Ok(()),
+            ClientStream::Tls(s) => s.flush().await,
+        }
+    }
+
     fn tcp(&self) -> &TcpStream {
         match self {
             ClientStream::Plain(s) => s,

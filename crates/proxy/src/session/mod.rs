@@ -777,19 +777,19 @@ impl Session {
                 buf.extend_from_slice(&chunk);
             }
             self.client
-                .write_all(&buf)
+                .write_all_now(&buf)
                 .await
                 .map_err(ProxyError::ClientIo)?;
         } else {
             for chunk in self.out.drain(..ready) {
                 self.client
-                    .write_all(&chunk)
+                    .write_all_now(&chunk)
                     .await
                     .map_err(ProxyError::ClientIo)?;
             }
         }
         // TLS keeps what the socket did not take yet until flushed (plain TCP: nothing).
-        self.client.flush().await.map_err(ProxyError::ClientIo)
+        self.client.flush_tls().await.map_err(ProxyError::ClientIo)
     }
 
     /// Make sure the session holds a connection to `node`, and record it as the
