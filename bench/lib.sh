@@ -166,6 +166,17 @@ cpu_ticks_tree_reaped() {
     echo "$total"
 }
 
+# Like cpu_ticks_tree_reaped, user space only (utime + cutime): what the proxy's own code
+# costs, apart from the kernel's work for its system calls.
+cpu_user_ticks_tree_reaped() {
+    local pid=$1 total child
+    total=$(awk '{ print $14 + $16 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
+        total=$((total + $(cpu_user_ticks_tree_reaped "$child")))
+    done
+    echo "$total"
+}
+
 # Saves pgfresh's Prometheus metrics (admin port) to FILE: metrics_snapshot ADMIN_PORT FILE.
 # An unreachable admin port leaves FILE empty and returns 1.
 metrics_snapshot() {

@@ -105,7 +105,7 @@ write_mix "$MIX"
 WORKLOADS="select-simple select-extended mix"
 
 RESULTS="$OUTDIR/results.tsv"
-printf "round\ttarget\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\n" >"$RESULTS"
+printf "round\ttarget\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\tproxy_user_us_per_stmt\n" >"$RESULTS"
 
 # SELECTs pgpool-II on PORT has sent to standbys and to all nodes (select_cnt of SHOW
 # pool_nodes): prints "STANDBY TOTAL".
@@ -135,17 +135,18 @@ run_pgbench() {
     local sel_before="0 0" sel_after="0 0"
     if [ "$KIND" = pgfresh ]; then metrics_snapshot "$ADMIN" "$OUTDIR/$tag.metrics.before" || true; fi
     if [ "$KIND" = pgpool ]; then sel_before=$(pgpool_select_counts "$port"); fi
-    if [ -n "$PROXY_PID" ]; then before=$(cpu_ticks_tree_reaped "$PROXY_PID"); fi
+    local ubefore=0 uafter=0
+    if [ -n "$PROXY_PID" ]; then before=$(cpu_ticks_tree_reaped "$PROXY_PID"); ubefore=$(cpu_user_ticks_tree_reaped "$PROXY_PID"); fi
     timeout $((SECS + 120)) "$PG_BINDIR/pgbench" -n -c "$CLIENTS" -j "$THREADS" -T "$SECS" \
         -l --log-prefix="$txlog" -h 127.0.0.1 -p "$port" -U app "${args[@]}" app >"$log" 2>&1 || rc=$?
-    if [ -n "$PROXY_PID" ]; then after=$(cpu_ticks_tree_reaped "$PROXY_PID"); fi
+    if [ -n "$PROXY_PID" ]; then after=$(cpu_ticks_tree_reaped "$PROXY_PID"); uafter=$(cpu_user_ticks_tree_reaped "$PROXY_PID"); fi
     if [ "$KIND" = pgfresh ]; then metrics_snapshot "$ADMIN" "$OUTDIR/$tag.metrics.after" || true; fi
     if [ "$KIND" = pgpool ]; then sel_after=$(pgpool_select_counts "$port"); fi
     local load; load=$(cut -d' ' -f1 /proc/loadavg)
     if [ $rc -ne 0 ]; then
         echo "   pgbench exited with $rc (log: $log):"; tail -5 "$log" | sed 's/^/   | /'
     fi
-    local tx failed tps lat p99 cpu_s="-" per="-" rep="-" reads="-" share="-"
+    local tx failed tps lat p99 cpu_s="-" per="-" user_per="-" rep="-" reads="-" share="-"
     tx=$(awk -F': ' '/number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$log")
     failed=$(awk -F': ' '/number of failed transactions/ { split($2, a, " "); print a[1] }' "$log")
     tps=$(awk '/^tps = / { print $3 }' "$log")
@@ -159,6 +160,8 @@ run_pgbench() {
     if [ -n "$PROXY_PID" ]; then
         cpu_s=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", d / hz }')
         per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" \
+            'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
+        user_per=$(awk -v d=$((uafter - ubefore)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" \
             'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
     fi
     local primary="-"
@@ -177,10 +180,10 @@ run_pgbench() {
     if [ "$reads" != "-" ]; then
         share=$(awk -v r="$rep" -v n="$reads" 'BEGIN { if (n > 0) printf "%.3f", r / n; else print "n/a" }')
     fi
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$ROUND" "$target" "$workload" "$CLIENTS" \
-        "$THREADS" "$SECS" "$tx" "$stmts" "$failed" "$tps" "$lat" "$p99" "$cpu_s" "$per" "$rep" "$reads" "$share" "$primary" "$load" >>"$RESULTS"
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$ROUND" "$target" "$workload" "$CLIENTS" \
+        "$THREADS" "$SECS" "$tx" "$stmts" "$failed" "$tps" "$lat" "$p99" "$cpu_s" "$per" "$rep" "$reads" "$share" "$primary" "$load" "$user_per" >>"$RESULTS"
     local line="   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed load=$load"
-    if [ -n "$PROXY_PID" ]; then line="$line proxy_cpu=${cpu_s}s (${per} us/stmt)"; fi
+    if [ -n "$PROXY_PID" ]; then line="$line proxy_cpu=${cpu_s}s (${per} us/stmt, ${user_per} in user space)"; fi
     if [ "$reads" != "-" ]; then line="$line replica_share=$share ($rep of $reads reads)"; fi
     if [ "$primary" != "-" ]; then line="$line to the primary: $primary"; fi
     echo "$line"
@@ -303,13 +306,13 @@ def cell(t, w, key, fmt):
     v = median(t, w, key)
     return fmt(v) if v is not None else "–"
 
-def ratio(a, b, w):
+def ratio(a, b, w, key="proxy_cpu_us_per_stmt"):
     # Within each round, then the median: both ran minutes apart, not a whole run apart.
     ra, rb = runs.get((a, w), {}), runs.get((b, w), {})
     rs = []
     for k in ra:
-        x = num(ra[k].get("proxy_cpu_us_per_stmt"))
-        y = num(rb.get(k, {}).get("proxy_cpu_us_per_stmt"))
+        x = num(ra[k].get(key))
+        y = num(rb.get(k, {}).get(key))
         if x is not None and y:
             rs.append(x / y)
     if not rs:
@@ -339,6 +342,18 @@ L.append("|---|" + "---:|" * (len(head) - 1))
 for w, label in workloads:
     cells = [cell(t, w, "proxy_cpu_us_per_stmt", lambda v: f"{v:.1f}") for t in proxies]
     cells += [ratio(a, b, w) for a, b in pairs]
+    L.append(f"| {label} | " + " | ".join(cells) + " |")
+L.append("")
+L.append("### Of which user space (µs per statement)")
+L.append("")
+L.append("The rest is the kernel's work for the proxy's system calls, the same calls for every "
+         "proxy (2 `recvfrom`, 2 `sendto` and about half an `epoll_wait` a statement).")
+L.append("")
+L.append("| " + " | ".join(head) + " |")
+L.append("|---|" + "---:|" * (len(head) - 1))
+for w, label in workloads:
+    cells = [cell(t, w, "proxy_user_us_per_stmt", lambda v: f"{v:.1f}") for t in proxies]
+    cells += [ratio(a, b, w, "proxy_user_us_per_stmt") for a, b in pairs]
     L.append(f"| {label} | " + " | ".join(cells) + " |")
 L.append("")
 L.append("### Throughput and latency: tps / p99 (ms)")

@@ -58,7 +58,23 @@ sample_connections() {
 }
 
 RESULTS="$OUTDIR/results.tsv"
-printf "target\tworkload\tclients\ttransactions\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_us_per_stmt\tmax_server_conns_per_node\tloadavg_1m\n" >"$RESULTS"
+printf "target\tworkload\tclients\ttransactions\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_us_per_stmt\tmax_server_conns_per_node\tloadavg_1m\tmachine_busy_pct\tpgbench_cpu_us_per_stmt\tservers_cpu_us_per_stmt\n" >"$RESULTS"
+
+# Busy and total ticks of the whole machine, from /proc/stat: "BUSY TOTAL".
+machine_ticks() {
+    awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
+}
+
+# CPU ticks of each server (primary, standby 1, standby 2), every process under its
+# postmaster, exited ones included: "P S1 S2".
+servers_ticks() {
+    local n pid out=""
+    for n in 0 1 2; do
+        pid=$(head -1 "$CLUSTER_DIR/node$n/postmaster.pid")
+        out="$out $(cpu_ticks_tree_reaped "$pid")"
+    done
+    echo $out
+}
 
 run_pgbench() {
     local target=$1 port=$2 workload=$3 clients=$4; shift 4
@@ -69,10 +85,16 @@ run_pgbench() {
     local flag="$OUTDIR/sampling"; touch "$flag"
     sample_connections "$flag" "$OUTDIR/$tag.conns" &
     local sampler=$!
+    local m0 m1 s0 s1 b0 b1
+    m0=$(machine_ticks); s0=$(servers_ticks)
     before=$(cpu_ticks_tree "$PROXY_PID")
+    # pgbench's CPU: it is a child (through timeout) of this shell, which has reaped it by then.
+    b0=$(awk '{ print $16 + $17 }' /proc/$$/stat)
     timeout $((SECS + 120)) "$PG_BINDIR/pgbench" -n -c "$clients" -j 2 -T "$SECS" -M extended \
         -l --log-prefix="$txlog" -h 127.0.0.1 -p "$port" -U app "$@" app >"$log" 2>&1 || rc=$?
+    b1=$(awk '{ print $16 + $17 }' /proc/$$/stat)
     after=$(cpu_ticks_tree "$PROXY_PID")
+    m1=$(machine_ticks); s1=$(servers_ticks)
     rm -f "$flag"; wait "$sampler" 2>/dev/null || true
     local load; load=$(cut -d' ' -f1 /proc/loadavg)
     if [ $rc -ne 0 ]; then
@@ -90,9 +112,19 @@ run_pgbench() {
     stmts=$([ "$workload" = select ] && echo 1 || echo 7)
     per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
     conns=$(cat "$OUTDIR/$tag.conns" 2>/dev/null || echo "?")
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$clients" "$tx" "$failed" \
-        "$tps" "$lat" "$p99" "$per" "$conns" "$load" >>"$RESULTS"
+    local busy bench_per servers_per
+    busy=$(awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, x, " "); split(b, y, " "); if (y[2] > x[2]) printf "%.0f", (y[1] - x[1]) / (y[2] - x[2]) * 100; else print "n/a" }')
+    bench_per=$(awk -v d=$((b1 - b0)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
+    # Total, then (primary / standby 1 / standby 2).
+    servers_per=$(awk -v a="$s0" -v b="$s1" -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN {
+        split(a, x, " "); split(b, y, " ")
+        if (n == 0) { print "n/a"; exit }
+        for (i = 1; i <= 3; i++) { d[i] = (y[i] - x[i]) / hz / (n * k) * 1e6; t += d[i] }
+        printf "%.1f (%.1f / %.1f / %.1f)", t, d[1], d[2], d[3] }')
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$clients" "$tx" "$failed" \
+        "$tps" "$lat" "$p99" "$per" "$conns" "$load" "$busy" "$bench_per" "$servers_per" >>"$RESULTS"
     echo "   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed proxy_cpu=${per}us/stmt server_conns<=$conns load=$load"
+    echo "   machine busy=${busy}% pgbench=${bench_per}us/stmt servers=${servers_per}us/stmt"
 }
 
 run_suite() {
