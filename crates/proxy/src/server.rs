@@ -352,6 +352,7 @@ impl ServerConn {
             // Advance, not split: the buffer stays this connection's own and is reused.
             bytes::Buf::advance(&mut self.wbuf, n);
         }
+        crate::io::rewind(&mut self.wbuf);
         Ok(())
     }
 

@@ -44,6 +44,7 @@ impl ClientStream {
     /// Wait for and append what the client sends next (`Ok(0)`: it closed). Cancel-safe:
     /// nothing is read before the socket is ready, and what is read is returned at once.
     pub async fn read_some(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        crate::io::rewind(buf);
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }

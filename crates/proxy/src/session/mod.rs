@@ -583,6 +583,7 @@ impl Session {
         let Some(s) = self.backends[node].as_mut() else {
             return Ok(());
         };
+        crate::io::rewind(&mut s.conn.rbuf);
         if s.conn.rbuf.capacity() - s.conn.rbuf.len() < 4096 {
             s.conn.rbuf.reserve(32 * 1024);
         }
