@@ -16,6 +16,8 @@
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
+#     -C             simulate the caches too (callgrind --cache-sim=yes): data-cache misses
+#                    a statement, first level and last level, beside the instructions
 #     -r             also measure the floor of a tokio proxy: the example bare_relay (a byte
 #                    relay, one server connection per client, copy_bidirectional on a
 #                    current_thread runtime, no parsing), built with cargo unless -B, in
@@ -36,8 +38,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-MODE=session PROTO=extended WORKLOAD=select N=2000 CLIENTS=2 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0
-while getopts "m:M:w:t:c:d:o:Br" opt; do
+MODE=session PROTO=extended WORKLOAD=select N=2000 CLIENTS=2 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0 CACHE_SIM=no
+while getopts "m:M:w:t:c:d:o:BrC" opt; do
     case $opt in
         m) MODE=$OPTARG ;;
         M) PROTO=$OPTARG ;;
@@ -48,7 +50,8 @@ while getopts "m:M:w:t:c:d:o:Br" opt; do
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
         r) RELAY=1 ;;
-        *) sed -n 2,30p "$0"; exit 2 ;;
+        C) CACHE_SIM=yes ;;
+        *) sed -n 2,37p "$0"; exit 2 ;;
     esac
 done
 case $WORKLOAD in
@@ -94,7 +97,13 @@ callgrind_at() {
     as_owner "$pid" callgrind_control -i off "$pid" >/dev/null 2>&1
     as_owner "$pid" callgrind_control -d "$pid" >/dev/null 2>&1
     total=$(cat "$file".* | awk '/^totals:/ { s += $2 } END { print s + 0 }')
-    echo "$((total / (CLIENTS * N * STMTS))) instructions a statement ($total over $((CLIENTS * N * STMTS)))"
+    local misses=""
+    if [ "$CACHE_SIM" = yes ]; then
+        # totals: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+        misses=$(cat "$file".* | awk -v n=$((CLIENTS * N * STMTS)) '/^totals:/ { d1 += $6 + $7; ll += $9 + $10 }
+            END { printf "; %.1f first-level and %.1f last-level data-cache misses a statement", d1 / n, ll / n }')
+    fi
+    echo "$((total / (CLIENTS * N * STMTS))) instructions a statement ($total over $((CLIENTS * N * STMTS)))$misses"
 }
 
 # Runs a command as the owner of process PID (callgrind_control must be).
@@ -106,7 +115,7 @@ as_owner() {
 # 1. Instructions per statement.
 port=$(free_port); admin=$(free_port)
 conf "$OUTDIR/callgrind.toml" "$port" "$admin"
-valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUTDIR/callgrind.out" \
+valgrind --tool=callgrind --instr-atstart=no --cache-sim="$CACHE_SIM" --callgrind-out-file="$OUTDIR/callgrind.out" \
     "$PGFRESH_BIN" run -c "$OUTDIR/callgrind.toml" >"$OUTDIR/callgrind.log" 2>&1 &
 PROXY_PID=$!
 deadline=$((SECONDS + 120))
@@ -131,7 +140,7 @@ if command -v pgbouncer >/dev/null; then
     port=$(free_port)
     as_pg mkdir -p "$CLUSTER_DIR/pgbouncer-cost"
     as_pg rm -f "$CLUSTER_DIR"/pgbouncer-cost/callgrind.out*
-    PGBOUNCER_WRAP="valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=$CLUSTER_DIR/pgbouncer-cost/callgrind.out" \
+    PGBOUNCER_WRAP="valgrind --tool=callgrind --instr-atstart=no --cache-sim=$CACHE_SIM --callgrind-out-file=$CLUSTER_DIR/pgbouncer-cost/callgrind.out" \
         start_pgbouncer "$CLUSTER_DIR/pgbouncer-cost" "$port" "$MODE"
     echo "pgbouncer ($MODE, $WORKLOAD, -M $PROTO): $(callgrind_at "$PROXY_PID" "$port" "$CLUSTER_DIR/pgbouncer-cost/callgrind.out")" | tee -a "$OUTDIR/results.txt"
     stop_pid "$PROXY_PID"; PROXY_PID=""
