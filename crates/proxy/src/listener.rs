@@ -72,11 +72,16 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
         max_startup: 10 * 1024,
     };
     let mut stream = Some(ClientStream::Plain(sock));
-    let opened = tokio::time::timeout(login_timeout, async {
-        tls::negotiate(&mut stream, &mut buf, tls.as_deref(), &limits).await?;
-        let sock = stream.as_mut().ok_or(ProxyError::ClientGone)?;
-        open(sock, &mut buf, &config, &shared).await
-    })
+    // Boxed: the login's state (5 KiB) would otherwise stay in the session's future for
+    // as long as the client is connected.
+    let opened = tokio::time::timeout(
+        login_timeout,
+        Box::pin(async {
+            tls::negotiate(&mut stream, &mut buf, tls.as_deref(), &limits).await?;
+            let sock = stream.as_mut().ok_or(ProxyError::ClientGone)?;
+            open(sock, &mut buf, &config, &shared).await
+        }),
+    )
     .await;
     let login = match opened {
         Err(_) => {
@@ -119,8 +124,9 @@ async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
     let mut session = Session::new(shared.clone(), sock, buf, login, registration.slot.clone());
     match tokio::time::timeout(login_timeout, session.start(registration.key)).await {
         Ok(Ok(())) => session.run().await,
-        Ok(Err(e)) => session.reject(e).await,
-        Err(_) => session.reject(ProxyError::LoginTimeout).await,
+        // (Boxed, as the login is: rare, and large.)
+        Ok(Err(e)) => Box::pin(session.reject(e)).await,
+        Err(_) => Box::pin(session.reject(ProxyError::LoginTimeout)).await,
     }
 }
 

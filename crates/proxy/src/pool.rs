@@ -336,13 +336,15 @@ impl Pools {
             }
             tokio::spawn(idle.conn.terminate());
         }
-        let conn = ServerConn::connect(
+        // Boxed: connecting is rare once the pool is warm, and its state (2 KiB) would
+        // otherwise sit in every session's future.
+        let conn = Box::pin(ServerConn::connect(
             target.clone(),
             startup_params,
             s.connect_timeout,
             s.login_timeout,
             generation,
-        )
+        ))
         .await?;
         metrics::counter!("pgfresh_server_connections_opened_total", "node" => target.node_name.to_string()).increment(1);
         Ok(lease(Box::new(conn), permit))

@@ -398,8 +398,9 @@ impl Session {
         self.client.flush().await.map_err(ProxyError::ClientIo)
     }
 
-    /// Run until the client leaves or an error ends the session.
-    pub async fn run(mut self) {
+    /// Run until the client leaves or an error ends the session. (By reference: a
+    /// session moved into this future would be kept in it twice.)
+    pub async fn run(&mut self) {
         let result = self.main_loop().await;
         if let Err(e) = &result {
             match e.disposition() {
@@ -412,7 +413,8 @@ impl Session {
             }
             tracing::debug!(user = %self.login.user.name, error = %e, "session ended with error");
         }
-        self.release_all().await;
+        // Boxed: once a session, and its state would otherwise sit beside the main loop's.
+        Box::pin(self.release_all()).await;
     }
 
     /// Where `node` is and who this session logs in there as, and the pool of those
@@ -462,10 +464,12 @@ impl Session {
         let watchdog = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(watchdog);
         let mut watching = false;
+        // (The lost-commit resolution is boxed: it runs rarely, and its state, several KiB,
+        // would otherwise sit in every session's future.)
         loop {
             self.start_turn();
             if self.lost.has_pending() {
-                self.resolve_lost_commit().await?;
+                Box::pin(self.resolve_lost_commit()).await?;
             }
             // Route and send what the client sent. A batch sent before its Sync (it
             // outgrew the batch limit) can leave more complete frames buffered: take
@@ -569,7 +573,7 @@ impl Session {
             }
             // A COMMIT lost just now is answered before anything else happens.
             if self.lost.has_pending() {
-                self.resolve_lost_commit().await?;
+                Box::pin(self.resolve_lost_commit()).await?;
             }
             if stopping && self.client_idle() {
                 self.flush_client().await?;
