@@ -16,7 +16,7 @@
 # threads. Recorded per run: tps, average and 99th-percentile latency (from pgbench's
 # per-transaction log), failed transactions, the proxy's CPU time per statement (utime + stime
 # from /proc/PID/stat before and after, over the statements run: 1 per select-only transaction,
-# 7 per TPC-B-like one), and the most server connections of the benchmark user seen on any node
+# 5 per TPC-B-like one: BEGIN, UPDATE, SELECT, INSERT, END), and the most server connections of the benchmark user seen on any node
 # (pg_stat_activity, sampled twice a second). pgbench, the proxy and the three servers share the
 # machine: read CPU figures as relative within one run.
 set -euo pipefail
@@ -109,7 +109,8 @@ run_pgbench() {
     p99=$(cat "$txlog".* 2>/dev/null | awk '{ print $3 }' | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", v[int(NR * 0.99)] / 1000; else print "n/a" }')
     rm -f "$txlog".*
     tx=${tx:-0}; failed=${failed:-0}; tps=${tps:-0}; lat=${lat:-nan}
-    stmts=$([ "$workload" = select ] && echo 1 || echo 7)
+    # pgbench -N (simple-update): BEGIN, UPDATE, SELECT, INSERT, END.
+    stmts=$([ "$workload" = select ] && echo 1 || echo 5)
     per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
     conns=$(cat "$OUTDIR/$tag.conns" 2>/dev/null || echo "?")
     local busy bench_per servers_per
