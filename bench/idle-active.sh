@@ -46,7 +46,8 @@ bench_pgbench_init
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 port=$(free_port); admin=$(free_port)
-PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+# Room for the idle clients, the active ones and the script's own checks.
+PGFRESH_MAX_CLIENTS=$((IDLE + ACTIVE + 100)) PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
     write_pgfresh_conf "$OUTDIR/pgfresh.toml" "$port" "$admin" true
 start_pgfresh "$OUTDIR/pgfresh.toml" "$OUTDIR/pgfresh.server.log"
 PROXY_PID=$PGFRESH_PID

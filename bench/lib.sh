@@ -51,7 +51,7 @@ wait_standbys_caught_up() {
 
 # Writes a pgfresh config for the cluster: write_pgfresh_conf FILE LISTEN_PORT ADMIN_PORT PARSER(true|false) [EXTRA_ROUTING_LINES]
 # ($PGFRESH_POOL_SIZE and $PGFRESH_POOL_EXTRA go into [pool], $PGFRESH_MONITOR_EXTRA into
-# [monitor]; max_client_connections is 10000.)
+# [monitor]; max_client_connections is $PGFRESH_MAX_CLIENTS, 10000 unless set.)
 write_pgfresh_conf() {
     local file=$1 port=$2 admin=$3 parser=$4 extra=${5:-}
     cat >"$file" <<EOF
@@ -60,7 +60,7 @@ listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
 log_level = "${PGFRESH_LOG_LEVEL:-warn}"
 worker_threads = ${PGFRESH_WORKERS:-0}
-max_client_connections = 10000
+max_client_connections = ${PGFRESH_MAX_CLIENTS:-10000}
 
 [pool]
 pool_size = ${PGFRESH_POOL_SIZE:-20}
