@@ -28,7 +28,7 @@ struct PoolKey {
     database: Arc<str>,
 }
 
-/// Timeouts and sizes read from the config snapshot at each acquire.
+/// Timeouts and sizes read from the config snapshot each time a connection is taken.
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
     pub mode: PoolMode,
@@ -211,7 +211,7 @@ impl Pools {
     }
 
     /// The pool `target` belongs to (made with `size` slots if new), for
-    /// [`Pools::acquire`]: a session keeps it with the target, so a unit does not look the
+    /// [`Pools::permit`] and [`Pools::acquire_with`]: a session keeps it with the target, so a unit does not look the
     /// pool up again.
     pub fn pool_ref(&self, target: &Target, size: usize) -> PoolRef {
         PoolRef(self.pool(target, size))
@@ -245,13 +245,15 @@ impl Pools {
 
     /// A slot in `pool`: at once if one is free, else in arrival order (the semaphore
     /// is fair) up to the acquire timeout. Only a wait (none was free) is recorded in
-    /// `pgfresh_pool_wait_seconds`.
-    async fn permit(
+    /// `pgfresh_pool_wait_seconds`. Holding the slot entitles the holder to one
+    /// connection ([`Pools::acquire_with`]).
+    pub async fn permit(
         &self,
-        pool: &Arc<Pool>,
+        pool: &PoolRef,
         target: &Target,
         s: &PoolSettings,
     ) -> Result<OwnedSemaphorePermit, ProxyError> {
+        let pool = &pool.0;
         if let Ok(p) = pool.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
@@ -285,19 +287,20 @@ impl Pools {
         }
     }
 
-    /// Take an idle connection or open a new one, waiting for a free slot up to the
-    /// acquire timeout. An idle connection the server closed meanwhile (restart,
-    /// `pg_terminate_backend`, idle timeout on the server) is noticed here, before
-    /// anything is sent on it, and replaced.
-    pub async fn acquire(
+    /// With a slot held ([`Pools::permit`]): take an idle connection or open a new one.
+    /// An idle connection the server closed meanwhile (restart, `pg_terminate_backend`,
+    /// idle timeout on the server) is noticed here, before anything is sent on it, and
+    /// replaced. Only this step talks to the node (a caller watching the node for a
+    /// freeze watches this, not the wait for a slot).
+    pub async fn acquire_with(
         &self,
         pool: &PoolRef,
         target: &Target,
         startup_params: &[(String, String)],
         s: &PoolSettings,
+        permit: OwnedSemaphorePermit,
     ) -> Result<Leased, ProxyError> {
         let pool = &pool.0;
-        let permit = self.permit(pool, target, s).await?;
         let generation = self.generation(target.node);
         let lease = |conn: Box<ServerConn>, permit: OwnedSemaphorePermit| {
             pool.lent.fetch_add(1, Ordering::Relaxed);

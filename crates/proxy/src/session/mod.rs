@@ -841,19 +841,26 @@ impl Session {
         let (target, pool) = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
-        // A node that stops answering mid-login is given up on like one that stops
-        // mid-statement. Polled second, so an idle pooled connection costs no timer.
-        let interval = self.watch_interval();
+        // A slot first, in the pool's fair queue (bounded by its own timeout; the node is
+        // not involved yet). Then a node that stops answering mid-login is given up on
+        // like one that stops mid-statement; polled second, so taking an idle pooled
+        // connection costs no timer, and neither does waiting for a slot.
         let settings = Shared::pool_settings(&config);
-        let leased = tokio::select! {
-            biased;
-            r = self.shared.pools.acquire(&pool, &target, &[], &settings) => r,
-            reason = watchdog::until_given_up(&self.shared, node, generation, interval) => {
-                Err(ProxyError::ServerConnect {
-                    node: target.node_name.to_string(),
-                    reason,
-                })
+        let leased = match self.shared.pools.permit(&pool, &target, &settings).await {
+            Ok(permit) => {
+                let interval = self.watch_interval();
+                tokio::select! {
+                    biased;
+                    r = self.shared.pools.acquire_with(&pool, &target, &[], &settings, permit) => r,
+                    reason = watchdog::until_given_up(&self.shared, node, generation, interval) => {
+                        Err(ProxyError::ServerConnect {
+                            node: target.node_name.to_string(),
+                            reason,
+                        })
+                    }
+                }
             }
+            Err(e) => Err(e),
         };
         let leased = match leased {
             Ok(l) => l,
