@@ -154,28 +154,25 @@ cpu_ticks_tree() {
     echo "$total"
 }
 
-# Like cpu_ticks_tree, plus the CPU time of children that have already exited and been
-# reaped (cutime + cstime of every process in the tree): a proxy that replaces its worker
-# processes (pgpool-II) keeps their time in the count.
-cpu_ticks_tree_reaped() {
-    local pid=$1 total child
-    total=$(awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
+# The sum of the awk expression EXPR over the fields of /proc/PID/stat, for PID and all its
+# live descendants: stat_sum_tree EXPR PID.
+stat_sum_tree() {
+    local expr=$1 pid=$2 total child
+    total=$(awk "{ print $expr }" "/proc/$pid/stat" 2>/dev/null || echo 0)
     for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
-        total=$((total + $(cpu_ticks_tree_reaped "$child")))
+        total=$((total + $(stat_sum_tree "$expr" "$child")))
     done
     echo "$total"
 }
 
+# Like cpu_ticks_tree, plus the CPU time of children that have already exited and been
+# reaped (cutime + cstime of every process in the tree): a proxy that replaces its worker
+# processes (pgpool-II) keeps their time in the count.
+cpu_ticks_tree_reaped() { stat_sum_tree '$14 + $15 + $16 + $17' "$1"; }
+
 # Like cpu_ticks_tree_reaped, user space only (utime + cutime): what the proxy's own code
 # costs, apart from the kernel's work for its system calls.
-cpu_user_ticks_tree_reaped() {
-    local pid=$1 total child
-    total=$(awk '{ print $14 + $16 }' "/proc/$pid/stat" 2>/dev/null || echo 0)
-    for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do
-        total=$((total + $(cpu_user_ticks_tree_reaped "$child")))
-    done
-    echo "$total"
-}
+cpu_user_ticks_tree_reaped() { stat_sum_tree '$14 + $16' "$1"; }
 
 # Saves pgfresh's Prometheus metrics (admin port) to FILE: metrics_snapshot ADMIN_PORT FILE.
 # An unreachable admin port leaves FILE empty and returns 1.
