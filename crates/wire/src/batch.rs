@@ -13,7 +13,7 @@
 use std::ops::Range;
 
 use crate::cursor::Cursor;
-use crate::framing::{Limits, HEADER_LEN};
+use crate::framing::{frame_at, Limits, HEADER_LEN};
 
 /// Where the parts of an [`unnamed_batch`] lie in the buffer it was found at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,16 +60,12 @@ pub fn unnamed_batch(buf: &[u8], limits: &Limits) -> Option<UnnamedBatch> {
 
 /// The body of the complete message with `tag` at `*pos` (moved past it).
 fn message(buf: &[u8], pos: &mut usize, tag: u8, limits: &Limits) -> Option<Range<usize>> {
-    let header = buf.get(*pos..*pos + HEADER_LEN)?;
-    if header[0] != tag {
+    let (found, end) = frame_at(buf, *pos, limits.max_message).ok()??;
+    if found != tag {
         return None;
     }
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if !(4..=limits.max_message).contains(&len) || buf.len() - *pos < 1 + len {
-        return None;
-    }
-    let body = *pos + HEADER_LEN..*pos + 1 + len;
-    *pos = body.end;
+    let body = *pos + HEADER_LEN..end;
+    *pos = end;
     Some(body)
 }
 

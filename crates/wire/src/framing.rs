@@ -128,6 +128,21 @@ pub fn is_frontend_tag(tag: u8) -> bool {
 /// Size of a tagged frame's header: type byte plus `i32` length.
 pub const HEADER_LEN: usize = 5;
 
+/// The tagged frame at `pos` in a buffer of frames, read in place: its tag and where it
+/// ends; `None` while it has not fully arrived; `Err` with the length when that is
+/// invalid (below 4 or above `max`).
+pub fn frame_at(buf: &[u8], pos: usize, max: usize) -> Result<Option<(u8, usize)>, usize> {
+    let Some(header) = buf.get(pos..pos + HEADER_LEN) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    if !(4..=max).contains(&len) {
+        return Err(len);
+    }
+    let end = pos + 1 + len;
+    Ok((end <= buf.len()).then_some((header[0], end)))
+}
+
 /// One tagged protocol message, kept as the exact bytes that arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {

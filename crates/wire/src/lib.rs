@@ -36,8 +36,8 @@ pub use backend::{parse_backend, Auth, BackendMessage, ErrorFields, TxStatus};
 pub use batch::{unnamed_batch, UnnamedBatch};
 pub use error::{ErrorResponse, Severity};
 pub use framing::{
-    decode_backend, decode_frame, decode_frontend, decode_startup, CancelKey, Decoded, Frame,
-    FrameError, Limits, StartupMessage, StartupPacket,
+    decode_backend, decode_frame, decode_frontend, decode_startup, frame_at, CancelKey, Decoded,
+    Frame, FrameError, Limits, StartupMessage, StartupPacket,
 };
 pub use frontend::{parse_frontend, BindParams, FrontendMessage};
 pub use startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};

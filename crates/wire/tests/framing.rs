@@ -3,8 +3,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use pgfresh_wire::build;
 use pgfresh_wire::{
-    decode_backend, decode_frame, decode_frontend, decode_startup, CancelKey, Decoded, Frame,
-    FrameError, Limits, StartupPacket,
+    decode_backend, decode_frame, decode_frontend, decode_startup, frame_at, CancelKey, Decoded,
+    Frame, FrameError, Limits, StartupPacket,
 };
 
 fn buf(bytes: &[u8]) -> BytesMut {
@@ -385,4 +385,17 @@ fn startup_incomplete() {
         Ok(Decoded::Frame(StartupPacket::Startup(_)))
     ));
     assert!(b.is_empty());
+}
+
+#[test]
+fn frames_are_read_in_place() {
+    let buf = [b'Z', 0, 0, 0, 5, b'I', b'C', 0, 0, 0, 9, b'S', b'E', b'L'];
+    assert_eq!(frame_at(&buf, 0, 100), Ok(Some((b'Z', 6))));
+    // Not all of it yet, not even all of the header.
+    assert_eq!(frame_at(&buf, 6, 100), Ok(None));
+    assert_eq!(frame_at(&buf, 12, 100), Ok(None));
+    assert_eq!(frame_at(&buf, 20, 100), Ok(None));
+    // Too short to count itself, or over the limit.
+    assert_eq!(frame_at(&[b'Z', 0, 0, 0, 3], 0, 100), Err(3));
+    assert_eq!(frame_at(&buf, 0, 4), Err(5));
 }

@@ -6,7 +6,7 @@
 //! before its CommandComplete or ReadyForQuery reaches the client.
 
 use pgfresh_recency::RelKey;
-use pgfresh_wire::{ErrorFields, TxStatus};
+use pgfresh_wire::{frame_at, ErrorFields, TxStatus};
 
 use super::settings::{self, SettingChange, StmtEvent};
 use super::unit::{InFlight, Injected};
@@ -534,34 +534,15 @@ impl Session {
     }
 }
 
-/// The frame at `pos` in `buf`: its tag and where it ends, `None` while it is incomplete,
-/// its length when that is invalid (below 4 or above `max`).
-fn frame_at(buf: &[u8], pos: usize, max: usize) -> Result<Option<(u8, usize)>, usize> {
-    let Some(header) = buf.get(pos..pos + 5) else {
-        return Ok(None);
-    };
-    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-    if !(4..=max).contains(&len) {
-        return Err(len);
-    }
-    let end = pos + 1 + len;
-    Ok((end <= buf.len()).then_some((header[0], end)))
-}
-
 /// Whether the complete backend messages at the start of `buf` include an ErrorResponse
 /// of severity FATAL or PANIC (the server is closing the connection).
 pub(super) fn has_fatal(buf: &[u8]) -> bool {
     let mut pos = 0;
-    while buf.len() - pos >= 5 {
-        let len =
-            u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]) as usize;
-        if len < 4 || buf.len() - pos < 1 + len {
-            return false;
-        }
-        if buf[pos] == b'E' && is_fatal(&buf[pos + 5..pos + 1 + len]) {
+    while let Ok(Some((tag, end))) = frame_at(buf, pos, usize::MAX) {
+        if tag == b'E' && is_fatal(&buf[pos + 5..end]) {
             return true;
         }
-        pos += 1 + len;
+        pos = end;
     }
     false
 }

@@ -192,14 +192,8 @@ fn commit_only_reply(unit: &ClientUnit) -> Option<Vec<Bytes>> {
 /// Where the `n`th ReadyForQuery in `buf` ends, if it is there.
 fn end_after_ready(buf: &[u8], n: u32) -> Option<usize> {
     let (mut pos, mut seen) = (0usize, 0u32);
-    while buf.len() - pos >= 5 {
-        let len =
-            u32::from_be_bytes([buf[pos + 1], buf[pos + 2], buf[pos + 3], buf[pos + 4]]) as usize;
-        if buf.len() - pos < 1 + len {
-            return None;
-        }
-        let tag = buf[pos];
-        pos += 1 + len;
+    while let Ok(Some((tag, end))) = pgfresh_wire::frame_at(buf, pos, usize::MAX) {
+        pos = end;
         if tag == b'Z' {
             seen += 1;
             if seen >= n {
