@@ -7,9 +7,10 @@
 //! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
 //! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
 //!
-//! - [`Dependencies::graph`] is the hot path: a map load, a few atomics, an `Arc` clone. It
-//!   returns what is loaded (None before the first load) and starts a load in the background
-//!   when the database is new or its [`REFRESH`] interval passed.
+//! - [`Dependencies::graph`] is the hot path: a map load, a few atomics, an `Arc` clone, no
+//!   clock. It returns what is loaded (None before the first load) and starts a load in the
+//!   background when the database is new or its [`REFRESH`] interval passed (a timer the
+//!   worker arms after each load marks the entry due).
 //! - [`Dependencies::invalidate`], called after DDL passes through pgfresh, schedules a
 //!   reload now. At most one load runs per database; requests during a load cause exactly
 //!   one more load after it.
@@ -105,8 +106,11 @@ struct Entry {
     graph: ArcSwapOption<DepGraph>,
     /// Rules generation the graph in `graph` was built with; 0 before the first.
     built_with: AtomicU64,
-    /// When the next periodic load is due, in ms since `Dependencies::epoch`.
-    due_ms: AtomicU64,
+    /// The next periodic load is due: set by the timer the worker arms after each load
+    /// (and at the start), taken by the first [`Dependencies::graph_of`] call after it.
+    due: AtomicBool,
+    /// The number of the last timer armed; an older timer that fires changes nothing.
+    armed: AtomicU64,
     /// Failed loads in a row (for the retry delay).
     failures: std::sync::atomic::AtomicU32,
     /// The rows of the last successful load, for rebuilds when the rules change.
@@ -147,7 +151,6 @@ pub struct Dependencies {
     /// load instead of loading the rules).
     generation: AtomicU64,
     learn: AtomicBool,
-    epoch: Instant,
     /// The shared state loads run with; set once by [`Dependencies::attach`].
     shared: OnceLock<Weak<Shared>>,
 }
@@ -161,7 +164,6 @@ impl Dependencies {
             rules: ArcSwap::from_pointee(Rules::new(1, &config.routing.relation_dependencies)),
             generation: AtomicU64::new(1),
             learn: AtomicBool::new(config.routing.learn_dependencies),
-            epoch: Instant::now(),
             shared: OnceLock::new(),
         }
     }
@@ -198,10 +200,6 @@ impl Dependencies {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
     fn learning(&self) -> bool {
         self.learn.load(Ordering::Relaxed)
     }
@@ -223,7 +221,8 @@ impl Dependencies {
             db: db.to_string(),
             graph: ArcSwapOption::empty(),
             built_with: AtomicU64::new(0),
-            due_ms: AtomicU64::new(0),
+            due: AtomicBool::new(true),
+            armed: AtomicU64::new(0),
             failures: Default::default(),
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
@@ -263,20 +262,9 @@ impl Dependencies {
                     .map(|e| (e.clone(), arc_swap::Cache::new(EntryGraph(e))))
             })
             .as_mut()?;
-        let now = self.now_ms();
-        let due = entry.due_ms.load(Ordering::Relaxed);
-        if now >= due {
-            // One caller per period starts the load; the worker moves the date on again.
-            if entry
-                .due_ms
-                .compare_exchange(
-                    due,
-                    now + REFRESH.as_millis() as u64,
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
+        if entry.due.load(Ordering::Relaxed) {
+            // One caller per period starts the load; the worker arms the next timer.
+            if entry.due.swap(false, Ordering::AcqRel) {
                 self.schedule(entry, true, None);
             }
         } else {
@@ -350,17 +338,29 @@ impl Dependencies {
         }
         let Some(shared) = self.shared.get().cloned() else {
             // Not attached yet: the first `graph()` call attaches and loads.
-            entry.due_ms.store(0, Ordering::Relaxed);
+            entry.due.store(true, Ordering::Relaxed);
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            entry.due_ms.store(0, Ordering::Relaxed);
+            entry.due.store(true, Ordering::Relaxed);
             return;
         };
         work.running = true;
         drop(work);
         rt.spawn(run(shared, entry.clone()));
     }
+}
+
+/// Marks `entry` due for a load `after` from now (replacing the timer armed before).
+fn arm(entry: &Arc<Entry>, after: Duration) {
+    let number = entry.armed.fetch_add(1, Ordering::AcqRel) + 1;
+    let entry = entry.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        if entry.armed.load(Ordering::Acquire) == number {
+            entry.due.store(true, Ordering::Release);
+        }
+    });
 }
 
 /// The worker of one database: takes requests until none is left.
@@ -383,12 +383,13 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
         };
         let started = Instant::now();
         let mut outcome: Result<(), String> = Ok(());
+        if load && !deps.learning() {
+            // Asked again once learning is on.
+            entry.due.store(true, Ordering::Relaxed);
+        }
         let load = load && deps.learning();
         if load {
-            entry.due_ms.store(
-                deps.now_ms() + REFRESH.as_millis() as u64,
-                Ordering::Relaxed,
-            );
+            arm(&entry, REFRESH);
             let fetched = tokio::time::timeout(LOAD_TIMEOUT, fetch(&shared, &entry.db))
                 .await
                 .unwrap_or_else(|_| Err(format!("timed out after {LOAD_TIMEOUT:?}")));
@@ -400,10 +401,10 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                 }
                 Err(e) => {
                     let failures = entry.failures.fetch_add(1, Ordering::Relaxed).min(8);
-                    let delay = (RETRY_AFTER_ERROR * 2u32.pow(failures)).min(REFRESH);
-                    entry
-                        .due_ms
-                        .store(deps.now_ms() + delay.as_millis() as u64, Ordering::Relaxed);
+                    arm(
+                        &entry,
+                        (RETRY_AFTER_ERROR * 2u32.pow(failures)).min(REFRESH),
+                    );
                     outcome = Err(e);
                 }
             }
