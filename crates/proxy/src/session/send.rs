@@ -3,7 +3,7 @@
 //! write, the position probe after a commit, and what the unit means for the session's
 //! state (writes to mark, pins, prepared statements).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use pgfresh_config::PoolMode;
@@ -68,12 +68,15 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
 }
 
 /// The position probe that follows a committing unit on the primary (`pg_catalog`
-/// named: a session's search path must not be able to shadow it).
-const POSITION_PROBE: &str = "SELECT pg_catalog.pg_current_wal_lsn()";
+/// named: a session's search path must not be able to shadow it), as a Query frame built
+/// once (each use shares it).
+static POSITION_PROBE: LazyLock<Bytes> =
+    LazyLock::new(|| build::query("SELECT pg_catalog.pg_current_wal_lsn()"));
 
 /// The replay sample that may follow an autocommit read on a standby (see
-/// `pgfresh_balancer::live`).
-const REPLAY_SAMPLE: &str = "SELECT pg_catalog.pg_last_wal_replay_lsn()";
+/// `pgfresh_balancer::live`), as a Query frame built once.
+static REPLAY_SAMPLE: LazyLock<Bytes> =
+    LazyLock::new(|| build::query("SELECT pg_catalog.pg_last_wal_replay_lsn()"));
 
 impl Session {
     /// Queue frames for `node` without waiting for the server to take them (see
@@ -340,10 +343,10 @@ impl Session {
             // replay sample that follows it.
             pre.extend(frames.iter().cloned());
             if probe {
-                pre.push(build::query(POSITION_PROBE));
+                pre.push(POSITION_PROBE.clone());
             }
             if sample {
-                pre.push(build::query(REPLAY_SAMPLE));
+                pre.push(REPLAY_SAMPLE.clone());
             }
             self.send_frames(node, &pre).await?;
         }
