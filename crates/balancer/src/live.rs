@@ -43,8 +43,7 @@ pub(crate) struct NodeLive {
     sample_granted: AtomicBool,
     /// The node's name, for `pgfresh_replay_samples_total{node}`.
     name: String,
-    /// That counter, registered at the first sample (the metrics recorder is installed
-    /// after the balancer starts).
+    /// That counter, registered at the first sample.
     samples: std::sync::OnceLock<metrics::Counter>,
 }
 

@@ -176,6 +176,9 @@ impl Proxy {
     /// Build the shared state and start the cluster monitor. Must run inside a tokio runtime.
     pub fn new(config: ConfigHandle) -> Proxy {
         let c = config.snapshot();
+        // The recorder first: a metric handle made before it is installed counts nothing
+        // (the monitor makes its handles as it starts).
+        let _ = admin::metrics_handle();
         let balancer = Balancer::start(node_specs(&c), monitor_settings(&c));
         let recency = Arc::new(RecencyMap::new(
             recency_config(&c),
