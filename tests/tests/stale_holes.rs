@@ -457,6 +457,40 @@ async fn trigger_writes_are_read_fresh() {
     .await;
 }
 
+/// A rewrite rule (`CREATE RULE ... DO ALSO`) runs a statement of its own with every write:
+/// an INSERT into the logged table updates a counter no statement names.
+#[tokio::test]
+async fn rule_actions_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (events, counts, rule) = (
+        unique("rule_events"),
+        unique("rule_counts"),
+        unique("count_events"),
+    );
+    setup(&format!(
+        "CREATE TABLE {events}(id serial PRIMARY KEY, n int NOT NULL);
+         CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);
+         CREATE RULE {rule} AS ON INSERT TO {events}
+           DO ALSO UPDATE {counts} SET n = n + 1 WHERE id = 1;"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "rewrite rule",
+            write: format!("INSERT INTO {events}(n) VALUES ($1::int)"),
+            delta: 1,
+            reads: plain(&format!("SELECT n FROM {counts} WHERE id = $1::int"), 1),
+            edges: vec![edge("rule", &events, &counts)],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn reads_through_a_view_see_writes_to_its_base_table() {
     let _g = SERIAL.lock().await;

@@ -97,6 +97,45 @@ pub fn analyze_body(language: &str, definition: Option<&str>) -> BodyEffects {
     .finish()
 }
 
+/// What the actions of a rewrite rule do, from its `pg_get_ruledef` text (`CREATE RULE name
+/// AS ON event TO relation [WHERE condition] DO [ALSO | INSTEAD] actions`): each action, and
+/// the condition (for the functions it calls), analysed like a statement of a SQL function.
+/// `DO INSTEAD NOTHING` does nothing.
+pub fn analyze_rule(definition: &str) -> BodyEffects {
+    let parsed = match pg_query::parse(definition) {
+        Ok(p) => p,
+        Err(e) => return BodyEffects::unanalysable(format!("rule parse failure: {e}")),
+    };
+    let Some(NodeEnum::RuleStmt(rule)) = parsed
+        .protobuf
+        .stmts
+        .first()
+        .and_then(|s| s.stmt.as_ref())
+        .and_then(|s| s.node.as_ref())
+    else {
+        return BodyEffects::unanalysable("not a CREATE RULE text");
+    };
+    let mut fx = BodyEffects::default();
+    let condition = rule.where_clause.clone().map(|w| {
+        // `SELECT WHERE condition`; the enums set as the parser sets them (the deparser
+        // refuses their protobuf defaults).
+        NodeEnum::SelectStmt(Box::new(pg_query::protobuf::SelectStmt {
+            where_clause: Some(w),
+            op: pg_query::protobuf::SetOperation::SetopNone as i32,
+            limit_option: pg_query::protobuf::LimitOption::Default as i32,
+            ..Default::default()
+        }))
+    });
+    let actions = rule.actions.iter().filter_map(|a| a.node.clone());
+    for node in condition.into_iter().chain(actions) {
+        match node.deparse() {
+            Ok(sql) => fx.add_sql(&sql),
+            Err(e) => fx.fail(format!("cannot deparse a rule action: {e}")),
+        }
+    }
+    fx.finish()
+}
+
 fn analyze_plpgsql(def: &str) -> BodyEffects {
     let json = match pg_query::parse_plpgsql(def) {
         Ok(j) => j,
@@ -240,6 +279,23 @@ mod tests {
         assert_eq!(assignment_value("r.f = (SELECT 1)"), Some(" (SELECT 1)"));
         assert_eq!(assignment_value("\"a:=b\" := 2"), Some(" 2"));
         assert_eq!(assignment_value("nothing"), None);
+    }
+
+    #[test]
+    fn rule_actions() {
+        let fx = analyze_rule(
+            "CREATE RULE r AS ON INSERT TO app.orders WHERE (app.keep(new.id)) \
+             DO ALSO (INSERT INTO app.audit (id) VALUES (new.id); \
+             UPDATE counts SET n = (n + 1) WHERE (id = 1); SELECT app.notify_it(new.id));",
+        );
+        assert_eq!(fx.unanalysable, None);
+        let names = |v: &[RelName]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(names(&fx.writes), ["counts", "app.audit"]);
+        let calls: Vec<String> = fx.calls.iter().map(ToString::to_string).collect();
+        assert_eq!(calls, ["app.keep", "app.notify_it"]);
+        let nothing = analyze_rule("CREATE RULE r AS ON DELETE TO t DO INSTEAD NOTHING;");
+        assert_eq!(nothing, BodyEffects::default());
+        assert!(analyze_rule("SELECT 1").unanalysable.is_some());
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct CatalogRows {
     pub inherits: Vec<InheritsRow>,
     /// User functions and procedures ([`FUNCTIONS_SQL`]).
     pub functions: Vec<FunctionRow>,
+    /// Enabled rewrite rules on writes ([`RULES_SQL`]; absent from rows saved before they
+    /// were read).
+    #[serde(default)]
+    pub rules: Vec<RuleRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -75,6 +79,18 @@ pub struct ViewDepRow {
     pub view_oid: Oid,
     /// A relation its query reads (never the view itself).
     pub base_oid: Oid,
+}
+
+/// A rewrite rule on an INSERT, UPDATE or DELETE of a relation (`CREATE RULE ... DO ALSO |
+/// INSTEAD ...`): what its actions do happens with every such write.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleRow {
+    /// The relation the rule is on (`pg_rewrite.ev_class`).
+    pub table_oid: Oid,
+    /// The rule's name.
+    pub name: String,
+    /// `pg_get_ruledef(oid)`: the whole `CREATE RULE` text.
+    pub definition: String,
 }
 
 /// One row of `pg_inherits`: a partition of a partitioned table, or an inheritance child.
@@ -167,14 +183,27 @@ AND (l.lanname IN ('sql', 'plpgsql') OR NOT EXISTS (\
 SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = 'pg_catalog.pg_proc'::regclass \
 AND e.objid = p.oid AND e.deptype = 'e'))";
 
+/// Rewrite rules that run on a write (`ev_type` 2, 3, 4: UPDATE, INSERT, DELETE; the SELECT
+/// rules are views' `_RETURN`, read by [`VIEW_DEPS_SQL`]) and are not disabled (`O`, `R` and
+/// `A` all fire in some session replication role), on relations outside the system schemas.
+pub const RULES_SQL: &str = "\
+SELECT r.ev_class::int8 AS table_oid, r.rulename::text AS name, \
+pg_catalog.pg_get_ruledef(r.oid) AS definition \
+FROM pg_catalog.pg_rewrite r \
+JOIN pg_catalog.pg_class c ON c.oid = r.ev_class \
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+WHERE r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D' \
+AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
+
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 6] = [
+pub const QUERIES: [(&str, &str); 7] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
     ("view_deps", VIEW_DEPS_SQL),
     ("inherits", INHERITS_SQL),
     ("functions", FUNCTIONS_SQL),
+    ("rules", RULES_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
@@ -222,6 +251,7 @@ mod tests {
             fields::<ViewDepRow>(),
             fields::<InheritsRow>(),
             fields::<FunctionRow>(),
+            fields::<RuleRow>(),
         ];
         for ((what, sql), want) in QUERIES.iter().zip(expected) {
             let mut got = columns(sql);

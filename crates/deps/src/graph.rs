@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use pgfresh_sql::{FuncName, RelName};
 
-use crate::body::analyze_body;
+use crate::body::{analyze_body, analyze_rule};
 use crate::catalog::{CatalogRows, Oid};
 use crate::report::{fk_action, DependencyReport, Edge, EdgeKind, UnanalysableBody};
 use crate::rules::{ManualRule, RuleSource};
@@ -156,6 +156,9 @@ impl Builder {
         for (f, row) in rows.functions.iter().enumerate() {
             b.add_body(f as FuncId, &row.language, row.definition.as_deref());
         }
+        for rule in &rows.rules {
+            b.add_rewrite_rule(rule);
+        }
         for rule in rules {
             b.add_rule(rule);
         }
@@ -280,6 +283,49 @@ impl Builder {
                 self.calls[f as usize].push(callee);
                 let to = func_label(&self.funcs[callee as usize]);
                 self.edge(EdgeKind::Function, label.clone(), to, None, "calls");
+            }
+        }
+    }
+
+    /// A rewrite rule: a write to its relation writes what the rule's actions write (as a
+    /// cascade) and calls what they call (as a trigger's function would run). A rule whose
+    /// text cannot be analysed runs as an unanalysable volatile function: a write to its
+    /// relation may write anything.
+    fn add_rewrite_rule(&mut self, rule: &crate::catalog::RuleRow) {
+        let Some(&rel) = self.by_oid.get(&rule.table_oid) else {
+            return;
+        };
+        let fx = analyze_rule(&rule.definition);
+        let from = self.rel_label(rel);
+        if let Some(reason) = fx.unanalysable {
+            let stand_in = FuncName::new(None, &format!("rule {} on {from}", rule.name));
+            let f = self.add_func(stand_in, 'v');
+            self.unanalysable[f as usize] = Some(reason.clone());
+            self.triggers[rel as usize].push(f);
+            self.report.unanalysable.push(UnanalysableBody {
+                function: format!("rule {} on {from}", rule.name),
+                language: "rule".to_owned(),
+                reason,
+                overridden_by_rule: false,
+            });
+            let to = func_label(&self.funcs[f as usize]);
+            self.edge(EdgeKind::Rule, from, to, Some(&rule.name), "runs");
+            return;
+        }
+        for name in fx.writes.iter().filter(|n| !n.is_system_catalog()) {
+            for target in self.resolve_rel(name) {
+                if target != rel {
+                    self.cascades[rel as usize].push(target);
+                }
+                let to = self.rel_label(target);
+                self.edge(EdgeKind::Rule, from.clone(), to, Some(&rule.name), "writes");
+            }
+        }
+        for name in &fx.calls {
+            for f in self.resolve_func(name) {
+                self.triggers[rel as usize].push(f);
+                let to = func_label(&self.funcs[f as usize]);
+                self.edge(EdgeKind::Rule, from.clone(), to, Some(&rule.name), "calls");
             }
         }
     }

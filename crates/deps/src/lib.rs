@@ -1,7 +1,8 @@
 //! The dependency graph of one database: what a statement touches behind its text.
 //!
 //! PostgreSQL writes and reads more than a statement names: triggers run functions that write
-//! other tables, foreign keys cascade deletes and updates, a write to a partitioned table
+//! other tables, rewrite rules (`CREATE RULE ... DO ALSO`) run statements of their own,
+//! foreign keys cascade deletes and updates, a write to a partitioned table
 //! writes its partitions (and a write to a partition is visible through its ancestors), a view
 //! reads its base relations, and a function's body reads and writes whatever it says. DESIGN
 //! §1 rule 6 requires those side effects to be marked with the statement's own writes.
@@ -46,7 +47,8 @@ pub mod report;
 pub mod rules;
 
 pub use catalog::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, Oid, RelationRow, TriggerRow, ViewDepRow,
+    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, Oid, RelationRow, RuleRow, TriggerRow,
+    ViewDepRow,
 };
 pub use expand::{DepGraph, Expansion};
 pub use report::{DependencyReport, Edge, EdgeKind, UnanalysableBody};

@@ -8,6 +8,8 @@ use serde::{Serialize, Serializer};
 pub enum EdgeKind {
     /// A write to `from` fires trigger `via`, whose function is `to`.
     Trigger,
+    /// A write to `from` runs the actions of rewrite rule `via`, which write or call `to`.
+    Rule,
     /// A delete or update of `from` cascades to `to` (foreign key `via`).
     ForeignKey,
     /// View `from` reads `to` (and a write through the view writes it).

@@ -313,6 +313,51 @@ fn manual_rules_join_the_closures() {
     assert_eq!(reads(&g, &[], &["public.ledger_sync"]), (ledger, P));
 }
 
+/// A write to a relation with rewrite rules writes what their actions write and runs what
+/// they call; a rule that cannot be read makes the write reach anything.
+#[test]
+fn rewrite_rules_join_the_closures() {
+    let mut s = Schema::default();
+    let src = s.table("app.src");
+    s.table("app.log");
+    s.table("app.counts");
+    let weird = s.table("app.weird");
+    let bump = plpgsql_def("app.bump", "void", "", "  UPDATE app.counts SET n = n + 1;");
+    s.func("app.bump", "plpgsql", 'v', Some(bump));
+    s.rule(
+        src,
+        "src_log",
+        "CREATE RULE src_log AS ON INSERT TO app.src DO ALSO (INSERT INTO app.log (id) \
+         VALUES (new.id); SELECT app.bump());",
+    );
+    s.rule(weird, "weird_rule", "not a rule at all");
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(
+        writes(&g, &["app.src"], &[]),
+        (rels(&["app.counts", "app.log"]), P)
+    );
+    assert_eq!(writes(&g, &["app.log"], &[]), (vec![], P));
+    assert_eq!(writes(&g, &["app.weird"], &[]).1, W);
+    let r = g.report();
+    let rule_edges: Vec<(&str, &str, &str)> = r
+        .edges
+        .iter()
+        .filter(|e| e.kind == EdgeKind::Rule && e.via.as_deref() == Some("src_log"))
+        .map(|e| (e.from.as_str(), e.to.as_str(), e.action.as_str()))
+        .collect();
+    assert_eq!(
+        rule_edges,
+        [
+            ("app.src", "app.bump()", "calls"),
+            ("app.src", "app.log", "writes"),
+        ]
+    );
+    assert!(r
+        .unanalysable
+        .iter()
+        .any(|u| u.function == "rule weird_rule on app.weird" && u.language == "rule"));
+}
+
 #[test]
 fn empty_graphs_add_nothing() {
     let g = DepGraph::empty();

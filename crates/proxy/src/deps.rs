@@ -3,7 +3,7 @@
 //! A statement's side effects (triggers, foreign-key cascades, partition routing, the bodies
 //! of called functions) are marked with its own writes, and a read of a view is a read of its
 //! base relations. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
-//! from six catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
+//! from seven catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
 //! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
 //! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
 //!
@@ -30,12 +30,12 @@ use std::time::{Duration, Instant};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use pgfresh_config::Config;
 use pgfresh_deps::catalog::{
-    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, RELATIONS_SQL, TRIGGERS_SQL,
-    VIEW_DEPS_SQL,
+    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, RELATIONS_SQL, RULES_SQL,
+    TRIGGERS_SQL, VIEW_DEPS_SQL,
 };
 use pgfresh_deps::{
     CatalogRows, DepGraph, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule, Oid, RelationRow,
-    TriggerRow, ViewDepRow,
+    RuleRow, TriggerRow, ViewDepRow,
 };
 use tokio::sync::oneshot;
 
@@ -53,7 +53,7 @@ pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
-/// A load (connect, six queries) that takes longer is abandoned and counted as an error.
+/// A load (connect, seven queries) that takes longer is abandoned and counted as an error.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The manual rules in force, and the graph they make on their own.
@@ -515,7 +515,7 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
     Ok(char_column(&text(row, col)?))
 }
 
-/// Runs the six catalog queries on the primary in `db`, in one read-only snapshot.
+/// Runs the seven catalog queries on the primary in `db`, in one read-only snapshot.
 async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
     let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
     let rows = query_all(&mut conn.client).await;
@@ -586,6 +586,13 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, S
                 .try_get::<_, Option<String>>("definition")
                 .map_err(|e| format!("column definition: {e}"))?,
             volatility: letter(&r, "volatility")?,
+        });
+    }
+    for r in run("rules", RULES_SQL).await? {
+        rows.rules.push(RuleRow {
+            table_oid: oid(&r, "table_oid")?,
+            name: text(&r, "name")?,
+            definition: text(&r, "definition")?,
         });
     }
     tx.commit().await.map_err(|e| pg_error(&e))?;

@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use pgfresh_deps::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, RelationRow, TriggerRow, ViewDepRow,
+    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, RelationRow, RuleRow, TriggerRow,
+    ViewDepRow,
 };
 use pgfresh_sql::{FuncName, RelName};
 
@@ -94,6 +95,15 @@ impl Schema {
             });
         }
         oid
+    }
+
+    /// A rewrite rule on `table`, `definition` as `pg_get_ruledef` gives it.
+    pub fn rule(&mut self, table: u32, name: &str, definition: &str) {
+        self.rows.rules.push(RuleRow {
+            table_oid: table,
+            name: name.to_owned(),
+            definition: definition.to_owned(),
+        });
     }
 
     pub fn inherit(&mut self, child: u32, parent: u32) {
