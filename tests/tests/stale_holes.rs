@@ -491,6 +491,38 @@ async fn rule_actions_are_read_fresh() {
     .await;
 }
 
+/// Large objects live in `pg_catalog.pg_largeobject`, which no statement names: `lo_put`
+/// writes it and `lo_get` reads it. (The control turns recency routing off, which proves
+/// the loop sees a stale read when nothing guards it.)
+#[tokio::test]
+async fn large_object_writes_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let oid: i64 = primary_direct()
+        .await
+        .query_one("SELECT lo_from_bytea(0, int4send(0))::int8", &[])
+        .await
+        .expect("a large object")
+        .get(0);
+    setup("SELECT 1").await;
+    check_hole(
+        Hole {
+            name: "large object",
+            write: format!("SELECT lo_put({oid}, 0, int4send($1::int))"),
+            delta: 1,
+            reads: plain(
+                &format!("SELECT ('x' || encode(lo_get({oid}), 'hex'))::bit(32)::int::int8"),
+                0,
+            ),
+            edges: vec![],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn reads_through_a_view_see_writes_to_its_base_table() {
     let _g = SERIAL.lock().await;

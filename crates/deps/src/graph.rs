@@ -265,7 +265,10 @@ impl Builder {
             self.unanalysable[f as usize] = Some(reason);
         }
         for (names, action) in [(&fx.writes, "writes"), (&fx.reads, "reads")] {
-            for name in names.iter().filter(|n| !n.is_system_catalog()) {
+            for name in names
+                .iter()
+                .filter(|n| !n.is_system_catalog() || n.is_large_objects())
+            {
                 for rel in self.resolve_rel(name) {
                     let list = if action == "writes" {
                         &mut self.func_writes
@@ -312,7 +315,11 @@ impl Builder {
             self.edge(EdgeKind::Rule, from, to, Some(&rule.name), "runs");
             return;
         }
-        for name in fx.writes.iter().filter(|n| !n.is_system_catalog()) {
+        for name in fx
+            .writes
+            .iter()
+            .filter(|n| !n.is_system_catalog() || n.is_large_objects())
+        {
             for target in self.resolve_rel(name) {
                 if target != rel {
                     self.cascades[rel as usize].push(target);

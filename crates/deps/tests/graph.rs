@@ -358,6 +358,26 @@ fn rewrite_rules_join_the_closures() {
         .any(|u| u.function == "rule weird_rule on app.weird" && u.language == "rule"));
 }
 
+/// A function that writes large objects writes `pg_catalog.pg_largeobject`, the one system
+/// catalog whose writes count.
+#[test]
+fn large_object_writes_in_bodies_count() {
+    let mut s = Schema::default();
+    s.table("app.docs");
+    let body = plpgsql_def(
+        "app.save_doc",
+        "void",
+        "",
+        "  PERFORM lo_put(42, 0, 'x');\n  PERFORM count(*) FROM pg_class;",
+    );
+    s.func("app.save_doc", "plpgsql", 'v', Some(body));
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(
+        writes(&g, &[], &["app.save_doc"]),
+        (vec![RelName::large_objects()], P)
+    );
+}
+
 #[test]
 fn empty_graphs_add_nothing() {
     let g = DepGraph::empty();

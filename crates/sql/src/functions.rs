@@ -71,6 +71,29 @@ pub(crate) fn classify_builtin(f: &FuncName) -> Builtin {
     Builtin::Unknown
 }
 
+/// What a built-in large-object function does to `pg_catalog.pg_largeobject`, where large
+/// objects live: `lo_get` and `loread` read it; every other `lo_*` function and `lowrite`
+/// write it (or may: `lo_open` and the like are counted as writes, which only keeps
+/// reads of large objects on the primary a little longer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LargeObjects {
+    Read,
+    Write,
+}
+
+/// [`LargeObjects`] for a call of `f`, when it is a built-in large-object function.
+pub(crate) fn large_objects(f: &FuncName) -> Option<LargeObjects> {
+    if !matches!(f.schema.as_deref(), None | Some("pg_catalog")) {
+        return None;
+    }
+    match &*f.name {
+        "lo_get" | "loread" => Some(LargeObjects::Read),
+        "lowrite" => Some(LargeObjects::Write),
+        n if n.starts_with("lo_") => Some(LargeObjects::Write),
+        _ => None,
+    }
+}
+
 /// Volatility as PostgreSQL's `pg_proc.provolatile` records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Volatility {

@@ -106,6 +106,18 @@ qualified_name_impl!(RelName);
 qualified_name_impl!(FuncName);
 
 impl RelName {
+    /// `pg_catalog.pg_largeobject`: what the large-object functions read and write.
+    pub fn large_objects() -> RelName {
+        RelName::new(Some("pg_catalog"), "pg_largeobject")
+    }
+
+    /// True for [`RelName::large_objects`]: the one system catalog whose rows applications
+    /// write (through the `lo_*` functions), so its writes are tracked like a table's.
+    pub fn is_large_objects(&self) -> bool {
+        self.name.as_ref() == "pg_largeobject"
+            && self.schema.as_deref().is_none_or(|s| s == "pg_catalog")
+    }
+
     /// True when the name refers to the system catalogs: schema `pg_catalog` or
     /// `information_schema`, or an unqualified name starting with `pg_` (which resolves to
     /// `pg_catalog` first under every default search path).

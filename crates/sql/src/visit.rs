@@ -4,7 +4,7 @@
 use pg_query::protobuf::{self, a_const, Node};
 use pg_query::{NodeEnum, NodeRef};
 
-use crate::functions::{classify_builtin, Builtin};
+use crate::functions::{classify_builtin, large_objects, Builtin, LargeObjects};
 use crate::model::{MustPrimary, SessionEffect};
 use crate::names::{FuncName, RelName};
 
@@ -345,6 +345,11 @@ impl Walker {
                     }
                 }
                 Builtin::StandbySafe | Builtin::Unknown => {}
+            }
+            match large_objects(&name) {
+                Some(LargeObjects::Read) => self.reads.push(RelName::large_objects()),
+                Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
+                None => {}
             }
             self.functions.push(name);
         }

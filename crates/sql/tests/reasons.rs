@@ -50,7 +50,13 @@ fn must_primary_reasons() {
         case!("SELECT txid_current_if_assigned()", Read, [], [], [M::TxidFunction("txid_current_if_assigned".into())]),
         case!("SELECT pg_current_xact_id()", Read, [], [], [M::TxidFunction("pg_current_xact_id".into())]),
         case!("SELECT set_config('app.user', '42', false)", Read, [], [], [M::SetConfig]),
-        case!("SELECT lo_import('/tmp/x')", Read, [], [], [M::BuiltinWriter("lo_import".into())]),
+        case!("SELECT lo_import('/tmp/x')", Read, [], ["pg_catalog.pg_largeobject"], [M::BuiltinWriter("lo_import".into())]),
+        case!("SELECT lo_put(7, 0, 'x')", Read, [], ["pg_catalog.pg_largeobject"], [M::BuiltinWriter("lo_put".into())]),
+        case!("SELECT pg_catalog.lo_unlink(7)", Read, [], ["pg_catalog.pg_largeobject"], [M::BuiltinWriter("lo_unlink".into())]),
+        case!("SELECT lowrite(0, 'x')", Read, [], ["pg_catalog.pg_largeobject"], [M::BuiltinWriter("lowrite".into())]),
+        case!("SELECT lo_get(7)", Read, ["pg_catalog.pg_largeobject"], [], []),
+        case!("SELECT loread(0, 10)", Read, ["pg_catalog.pg_largeobject"], [], []),
+        case!("SELECT app.lo_get(7)", Read, [], [], []),
         case!("SELECT pg_switch_wal()", Read, [], [], [M::BuiltinWriter("pg_switch_wal".into())]),
         case!("SELECT pg_current_wal_lsn()", Read, [], [], [M::BuiltinWriter("pg_current_wal_lsn".into())]),
         case!("SELECT pg_terminate_backend(123)", Read, [], [], [M::BuiltinWriter("pg_terminate_backend".into())]),
@@ -69,7 +75,7 @@ fn must_primary_reasons() {
         case!("SELECT * FROM pg_temp.scratch", Read, ["pg_temp.scratch"], [], [M::TempRelation(RelName::new(Some("pg_temp"), "scratch"))]),
         case!("SET default_transaction_isolation = 'serializable'", Session, [], [], [M::SerializableTxn]),
     ]);
-    assert_eq!(n, 39);
+    assert_eq!(n, 45);
 }
 
 #[test]
