@@ -160,6 +160,9 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         }
         NodeEnum::DoStmt(_) => {
             w.reasons.push(MustPrimary::DoBlock);
+            // The block's code may write any relation (pgfresh does not read it): the
+            // whole database counts as written.
+            w.writes_unnamed = true;
             Kind::Write
         }
         NodeEnum::VacuumStmt(v) => {

@@ -295,8 +295,8 @@ pub struct Statement {
     /// True when the statement reads a system catalog (`pg_catalog`, `information_schema`, or an
     /// unqualified `pg_*` relation): the router may pin such reads to one node.
     pub touches_catalog: bool,
-    /// The statement may write relations it does not name (`TRUNCATE … CASCADE`): the
-    /// caller marks the whole database.
+    /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, a `DO`
+    /// block): the caller marks the whole database.
     pub writes_unnamed: bool,
     /// Byte range of the statement in the analysed text.
     pub text_range: (usize, usize),

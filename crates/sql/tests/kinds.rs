@@ -255,3 +255,11 @@ fn explain() {
     ]);
     assert_eq!(n, 11);
 }
+
+#[test]
+fn a_do_block_may_write_anything() {
+    let a = pgfresh_sql::analyze_uncached("DO $$BEGIN UPDATE t SET x = 1; END$$");
+    assert!(a.statements[0].writes_unnamed);
+    let truncate = pgfresh_sql::analyze_uncached("TRUNCATE t");
+    assert!(!truncate.statements[0].writes_unnamed);
+}
