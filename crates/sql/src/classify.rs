@@ -35,6 +35,10 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
             ) {
                 w.reasons.push(MustPrimary::TwoPhaseCommit);
             }
+            // A prepared transaction's writes become visible here, and pgfresh may not
+            // have seen them (another session or service prepared it): the whole database
+            // counts as written.
+            w.writes_unnamed = matches!(effect, TxEffect::CommitPrepared(_));
             tx = Some(effect);
             Kind::Transaction
         }

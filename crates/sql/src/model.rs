@@ -296,7 +296,7 @@ pub struct Statement {
     /// unqualified `pg_*` relation): the router may pin such reads to one node.
     pub touches_catalog: bool,
     /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, a `DO`
-    /// block): the caller marks the whole database.
+    /// block, `COMMIT PREPARED`): the caller marks the whole database.
     pub writes_unnamed: bool,
     /// Byte range of the statement in the analysed text.
     pub text_range: (usize, usize),

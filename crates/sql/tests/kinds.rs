@@ -257,9 +257,13 @@ fn explain() {
 }
 
 #[test]
-fn a_do_block_may_write_anything() {
+fn a_do_block_and_commit_prepared_may_write_anything() {
     let a = pgfresh_sql::analyze_uncached("DO $$BEGIN UPDATE t SET x = 1; END$$");
     assert!(a.statements[0].writes_unnamed);
+    let commit = pgfresh_sql::analyze_uncached("COMMIT PREPARED 'g'");
+    assert!(commit.statements[0].writes_unnamed);
+    let prepare = pgfresh_sql::analyze_uncached("PREPARE TRANSACTION 'g'");
+    assert!(!prepare.statements[0].writes_unnamed);
     let truncate = pgfresh_sql::analyze_uncached("TRUNCATE t");
     assert!(!truncate.statements[0].writes_unnamed);
 }
