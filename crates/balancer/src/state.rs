@@ -75,6 +75,8 @@ pub(crate) struct State {
     /// Timeline histories read from primaries, by timeline (the newest few).
     histories: BTreeMap<u32, Arc<TimelineHistory>>,
     generation: u64,
+    /// Bumped by every change of the node set ([`State::update_nodes`]).
+    specs_generation: u64,
 }
 
 /// How many timeline histories are kept (the newest ones).
@@ -90,6 +92,7 @@ impl State {
             pool_external: None,
             histories: BTreeMap::from([(1, Arc::new(TimelineHistory::initial()))]),
             generation: 0,
+            specs_generation: 0,
         }
     }
 
@@ -369,6 +372,7 @@ impl State {
             max_lag_ms: max_ms,
             pool_external_lag: pool_external,
             generation: self.generation,
+            specs_generation: self.specs_generation,
         };
         (view, events)
     }
@@ -409,6 +413,7 @@ pub(crate) fn initial_view(specs: &[NodeSpec]) -> ClusterView {
         max_lag_ms: None,
         pool_external_lag: None,
         generation: 0,
+        specs_generation: 0,
     }
 }
 

@@ -102,6 +102,10 @@ pub struct ClusterView {
     pub pool_external_lag: Option<ExternalLag>,
     /// Increases with every published snapshot.
     pub generation: u64,
+    /// Increases whenever the node set or a node's spec may have changed (a config
+    /// reload), not with polls: what a connection target is made of (`nodes[..].spec`,
+    /// `retired`) stays the same while it does.
+    pub specs_generation: u64,
 }
 
 impl ClusterView {

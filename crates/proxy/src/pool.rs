@@ -53,7 +53,7 @@ struct Pool {
     idle: Mutex<Vec<Idle>>,
     slots: Arc<Semaphore>,
     /// Start times of the waits in progress, by waiter id (for `cl_waiting`, `maxwait`).
-    waiting: Mutex<HashMap<u64, Instant>>,
+    waiting: Mutex<HashMap<u64, Instant, RandomState>>,
     /// Connections ever lent (for `sv_used`-style accounting and SHOW POOLS).
     lent_total: AtomicU64,
     /// Connections now lent out and running a unit or held by a session.
@@ -232,7 +232,7 @@ impl Pools {
                 Arc::new(Pool {
                     idle: Mutex::new(Vec::new()),
                     slots: Arc::new(Semaphore::new(size)),
-                    waiting: Mutex::new(HashMap::new()),
+                    waiting: Mutex::new(HashMap::default()),
                     lent_total: AtomicU64::new(0),
                     lent: AtomicUsize::new(0),
                     lent_conns: Mutex::new(HashMap::default()),

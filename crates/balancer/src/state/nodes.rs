@@ -45,6 +45,7 @@ impl State {
     /// pushed lag are dropped, their last spec, last successful poll time and last error
     /// are kept for display. Nothing is ever removed, so ids are never reused.
     pub(crate) fn update_nodes(&mut self, specs: Vec<NodeSpec>) -> Membership {
+        self.specs_generation += 1;
         let mut taken = vec![false; self.nodes.len()];
         let mut ids = Vec::with_capacity(specs.len());
         let mut added = Vec::new();

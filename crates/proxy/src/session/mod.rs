@@ -75,8 +75,9 @@ pub struct Session {
     deps_entry: crate::deps::DbEntry,
     /// The analyses of this session's latest texts.
     texts: texts::Texts,
-    /// Connection targets by node and their pools, with the cluster-view generation they
-    /// were built in.
+    /// Connection targets by node and their pools, with the node-set generation
+    /// (`ClusterView::specs_generation`) they were built in; dropped when the config
+    /// changes (the pool size).
     targets: Vec<Option<(u64, Arc<crate::server::Target>, crate::pool::PoolRef)>>,
     /// The balancer's answers for this session's reads, from cached snapshots (a read
     /// asks for the primary and a replica; arc-swap's guarded loads cost more).
@@ -418,13 +419,13 @@ impl Session {
     }
 
     /// Where `node` is and who this session logs in there as, and the pool of those
-    /// connections, built again only when the cluster view changed since (in transaction
-    /// mode a unit asks for them every time).
+    /// connections, built again only when the node set changed since (in transaction
+    /// mode a unit asks for them every time; the view itself changes with every poll).
     fn target(
         &mut self,
         node: usize,
     ) -> Option<(Arc<crate::server::Target>, crate::pool::PoolRef)> {
-        let generation = self.shared.balancer.view().generation;
+        let generation = self.shared.balancer.view().specs_generation;
         if let Some(Some((g, t, p))) = self.targets.get(node) {
             if *g == generation {
                 return Some((t.clone(), p.clone()));
@@ -449,6 +450,7 @@ impl Session {
         let current = self.config_cache.load();
         if !Arc::ptr_eq(current, &self.config) {
             self.config = current.clone();
+            self.targets.clear();
         }
     }
 

@@ -632,6 +632,7 @@ mod tests {
             max_lag_ms: None,
             pool_external_lag: None,
             generation: 0,
+            specs_generation: 0,
         }
     }
 
