@@ -933,3 +933,153 @@ async fn writes_of_a_prepared_transaction_are_read_fresh_after_commit_prepared()
         "the control without recency routing saw no stale read, so the test proves nothing"
     );
 }
+
+/// Tables `{base}_a{i}` and `{base}_b{i}` (one counter row); no function, no trigger.
+/// Returns once the standbys have them.
+async fn trigger_pairs(base: &str, n: usize) {
+    let mut sql = String::new();
+    for i in 0..n {
+        sql.push_str(&format!(
+            "CREATE TABLE {base}_a{i}(id int);
+             CREATE TABLE {base}_b{i}(n bigint NOT NULL);
+             INSERT INTO {base}_b{i} VALUES (0);"
+        ));
+    }
+    setup(&sql).await;
+}
+
+/// The DDL that makes a write to `{base}_a{i}` bump `{base}_b{i}`: a trigger function
+/// and its trigger, both new to pgfresh's dependency graph.
+fn new_trigger(base: &str, i: usize) -> String {
+    format!(
+        "CREATE FUNCTION {base}_f{i}() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN UPDATE {base}_b{i} SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER {base}_t{i} AFTER INSERT ON {base}_a{i}
+           FOR EACH ROW EXECUTE FUNCTION {base}_f{i}()"
+    )
+}
+
+/// Through `p`, for each pair: the new trigger and a write that fires it in one string,
+/// then the trigger's table read from another connection. Returns the reads that missed
+/// the trigger's write.
+async fn new_trigger_together_misses(
+    p: &ProxyHandle,
+    base: &str,
+    pairs: std::ops::Range<usize>,
+) -> usize {
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let mut misses = 0;
+    for i in pairs {
+        writer
+            .batch_execute(&format!(
+                "{}; INSERT INTO {base}_a{i} VALUES (1)",
+                new_trigger(base, i)
+            ))
+            .await
+            .expect("trigger and write");
+        let read = format!("SELECT n FROM {base}_b{i}");
+        misses += usize::from(read_i64(&reader, Proto::Extended, &read, 0).await != 1);
+    }
+    misses
+}
+
+/// A trigger created through pgfresh is in force for the very next write. The string that
+/// creates it counts as writing the whole database (a write in the same string fires it);
+/// after it, until a graph loaded after the DDL is in force, every write does. The second
+/// case holds the reload back (the loader waits on a lock of `pg_inherits`, one of the
+/// catalogs it reads) and lets the standbys replay the DDL and its mark expire before the
+/// write, so only the pending reload protects the read.
+#[tokio::test]
+async fn a_trigger_created_through_pgfresh_is_in_force_for_the_next_write() {
+    let _g = SERIAL.lock().await;
+    let base = unique("newtrg");
+    const PAIRS: usize = 5;
+    trigger_pairs(&base, 3 * PAIRS).await;
+    let guarded = start_proxy(&config_text(""));
+    let blind = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let loaded = || guarded.shared.deps.graph(&guarded.shared, "app").is_some();
+    let c = guarded.connect().await;
+    c.simple_query("SELECT 1")
+        .await
+        .expect("a statement in app");
+    eventually(
+        "the first dependency graph",
+        Duration::from_secs(60),
+        loaded,
+    )
+    .await;
+
+    let delay = ApplyDelay::set(DELAY_MS);
+    let together = new_trigger_together_misses(&guarded, &base, 0..PAIRS).await;
+    let control = new_trigger_together_misses(&blind, &base, PAIRS..2 * PAIRS).await;
+    drop(delay);
+
+    let (su, su_pw) = cluster().superuser();
+    let (locker, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user={su} password={su_pw} dbname=app",
+            node_port(0)
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("superuser on the primary");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    locker
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_inherits IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("hold the loader back");
+    let writer = guarded.connect().await;
+    let reader = guarded.connect().await;
+    let mut apart = 0;
+    for i in 2 * PAIRS..3 * PAIRS {
+        writer
+            .batch_execute(&new_trigger(&base, i))
+            .await
+            .expect("trigger");
+        // Both standbys replayed the DDL, and pgfresh knows it: the whole-database mark
+        // the DDL made no longer keeps the read below on the primary.
+        let at: pgfresh_lsn::Lsn = primary_direct()
+            .await
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("the primary's position")
+            .get::<_, String>(0)
+            .parse()
+            .expect("a position");
+        eventually(
+            "pgfresh knows the standbys replayed the DDL",
+            Duration::from_secs(60),
+            || {
+                let view = guarded.shared.balancer.view_now();
+                [1, 2]
+                    .iter()
+                    .all(|&n| view.nodes[n].replay_lsn.is_some_and(|l| l >= at))
+            },
+        )
+        .await;
+        // And the whole-database mark of the DDL (primary only, one TTL) is over.
+        guarded.wait_cold(&[&format!("{base}_b{i}")]).await;
+        let delay = ApplyDelay::set(DELAY_MS);
+        writer
+            .batch_execute(&format!("INSERT INTO {base}_a{i} VALUES (1)"))
+            .await
+            .expect("write");
+        let read = format!("SELECT n FROM {base}_b{i}");
+        apart += usize::from(read_i64(&reader, Proto::Extended, &read, 0).await != 1);
+        drop(delay);
+    }
+    locker.batch_execute("ROLLBACK").await.expect("release");
+    assert_eq!(
+        (together, apart),
+        (0, 0),
+        "stale reads after a new trigger (in the same string, after it)"
+    );
+    assert!(
+        control > 0,
+        "the control without recency routing saw no stale read"
+    );
+}

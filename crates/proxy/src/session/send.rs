@@ -385,7 +385,7 @@ impl Session {
             expect,
         } = written;
         let synced = unit.synced;
-        let ddl = unit.parts.iter().any(|a| a.kind == pgfresh_sql::Kind::Ddl);
+        let ddl = unit.has_ddl();
         let owed = if self.copy_in {
             0
         } else {
@@ -499,7 +499,9 @@ impl Session {
     /// The relations a unit writes: those its statements name, and what the catalog
     /// says those writes and the functions it calls write behind them (triggers,
     /// cascades, partitions, function bodies). `true` when something unanalysable may
-    /// write anything in the database.
+    /// write anything in the database, and while what the catalog says may be out of
+    /// date: DDL in the unit itself (a trigger it creates fires for the writes after it),
+    /// or DDL passed through pgfresh whose graph is not loaded yet.
     fn unit_writes(&mut self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
         let mut writes = unit.writes();
         let unnamed = unit
@@ -507,11 +509,18 @@ impl Session {
             .iter()
             .flat_map(|a| &a.statements)
             .any(|s| s.writes_unnamed);
-        if unnamed {
+        if unnamed || unit.has_ddl() {
             // TRUNCATE … CASCADE: every table with a foreign key to these is emptied.
             return (writes, true);
         }
-        let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
+        let graph = self.dep_graph().filter(|g| !g.is_empty());
+        if writes.is_empty() && unit.parts.iter().all(|a| a.functions.is_empty()) {
+            return (writes, false);
+        }
+        if self.shared.deps.reload_pending(&self.deps_entry) {
+            return (writes, true);
+        }
+        let Some(graph) = graph else {
             return (writes, false);
         };
         let functions: Vec<pgfresh_sql::FuncName> = unit
@@ -519,9 +528,6 @@ impl Session {
             .iter()
             .flat_map(|a| a.functions.iter().cloned())
             .collect();
-        if writes.is_empty() && functions.is_empty() {
-            return (writes, false);
-        }
         let mut behind = Vec::new();
         let whole = graph
             .expand_writes(&writes, &functions, &mut behind)

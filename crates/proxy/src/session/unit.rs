@@ -156,6 +156,15 @@ impl ClientUnit {
         self.frames.iter().map(Bytes::len).sum()
     }
 
+    /// A statement of the unit is DDL (each statement counts: a string mixing DDL and
+    /// writes is a write as a whole).
+    pub fn has_ddl(&self) -> bool {
+        self.parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| s.kind == pgfresh_sql::Kind::Ddl)
+    }
+
     pub fn writes(&self) -> Vec<RelName> {
         let mut w: Vec<RelName> = self
             .parts
