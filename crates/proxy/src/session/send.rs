@@ -510,7 +510,9 @@ impl Session {
             .flat_map(|a| &a.statements)
             .any(|s| s.writes_unnamed);
         if unnamed || unit.has_ddl() {
-            // TRUNCATE … CASCADE: every table with a foreign key to these is emptied.
+            // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
+            // block or COMMIT PREPARED may write anything; DDL may change what the
+            // writes after it in the unit do.
             return (writes, true);
         }
         let graph = self.dep_graph().filter(|g| !g.is_empty());
@@ -518,6 +520,8 @@ impl Session {
             return (writes, false);
         }
         if self.shared.deps.reload_pending(&self.deps_entry) {
+            // The DDL may have made a trigger, rule or function the graph does not have
+            // yet (a call of a new function may write too).
             return (writes, true);
         }
         let Some(graph) = graph else {
