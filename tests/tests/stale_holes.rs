@@ -168,6 +168,23 @@ struct Hole {
     out_of_band: Option<(String, String)>,
 }
 
+impl Hole {
+    /// A hole that needs nothing learned first: `write`, then `read` (moving by 1 a write)
+    /// on the writer's connection and another one.
+    fn plain(name: &'static str, write: String, read: &str) -> Hole {
+        Hole {
+            name,
+            write,
+            delta: 1,
+            reads: plain(read, 1),
+            edges: vec![],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        }
+    }
+}
+
 /// DDL and seed data, through the shared proxy; returns once both standbys have it.
 async fn setup(sql: &str) {
     let c = proxy().connect().await;
@@ -477,14 +494,12 @@ async fn rule_actions_are_read_fresh() {
     .await;
     check_hole(
         Hole {
-            name: "rewrite rule",
-            write: format!("INSERT INTO {events}(n) VALUES ($1::int)"),
-            delta: 1,
-            reads: plain(&format!("SELECT n FROM {counts} WHERE id = $1::int"), 1),
             edges: vec![edge("rule", &events, &counts)],
-            unanalysable: vec![],
-            warmup: None,
-            out_of_band: None,
+            ..Hole::plain(
+                "rewrite rule",
+                format!("INSERT INTO {events}(n) VALUES ($1::int)"),
+                &format!("SELECT n FROM {counts} WHERE id = $1::int"),
+            )
         },
         CONTROL,
     )
@@ -505,19 +520,11 @@ async fn large_object_writes_are_read_fresh() {
         .get(0);
     setup("SELECT 1").await;
     check_hole(
-        Hole {
-            name: "large object",
-            write: format!("SELECT lo_put({oid}, 0, int4send($1::int))"),
-            delta: 1,
-            reads: plain(
-                &format!("SELECT ('x' || encode(lo_get({oid}), 'hex'))::bit(32)::int::int8"),
-                0,
-            ),
-            edges: vec![],
-            unanalysable: vec![],
-            warmup: None,
-            out_of_band: None,
-        },
+        Hole::plain(
+            "large object",
+            format!("SELECT lo_put({oid}, 0, int4send($1::int))"),
+            &format!("SELECT ('x' || encode(lo_get({oid}), 'hex'))::bit(32)::int::int8"),
+        ),
         "enable_recent_access_routing = false",
     )
     .await;
@@ -535,16 +542,11 @@ async fn do_block_writes_are_read_fresh() {
     ))
     .await;
     check_hole(
-        Hole {
-            name: "DO block",
-            write: format!("DO $$ BEGIN UPDATE {counts} SET n = n + 1 WHERE id = 1; END $$"),
-            delta: 1,
-            reads: plain(&format!("SELECT n FROM {counts} WHERE id = $1::int"), 1),
-            edges: vec![],
-            unanalysable: vec![],
-            warmup: None,
-            out_of_band: None,
-        },
+        Hole::plain(
+            "DO block",
+            format!("DO $$ BEGIN UPDATE {counts} SET n = n + 1 WHERE id = 1; END $$"),
+            &format!("SELECT n FROM {counts} WHERE id = $1::int"),
+        ),
         "enable_recent_access_routing = false",
     )
     .await;

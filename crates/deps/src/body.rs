@@ -106,13 +106,7 @@ pub fn analyze_rule(definition: &str) -> BodyEffects {
         Ok(p) => p,
         Err(e) => return BodyEffects::unanalysable(format!("rule parse failure: {e}")),
     };
-    let Some(NodeEnum::RuleStmt(rule)) = parsed
-        .protobuf
-        .stmts
-        .first()
-        .and_then(|s| s.stmt.as_ref())
-        .and_then(|s| s.node.as_ref())
-    else {
+    let Some(NodeEnum::RuleStmt(rule)) = first_statement(&parsed) else {
         return BodyEffects::unanalysable("not a CREATE RULE text");
     };
     let mut fx = BodyEffects::default();
@@ -213,13 +207,7 @@ fn analyze_sql_function(def: &str) -> BodyEffects {
         Ok(p) => p,
         Err(e) => return BodyEffects::unanalysable(format!("SQL function parse failure: {e}")),
     };
-    let Some(NodeEnum::CreateFunctionStmt(cf)) = parsed
-        .protobuf
-        .stmts
-        .first()
-        .and_then(|s| s.stmt.as_ref())
-        .and_then(|s| s.node.as_ref())
-    else {
+    let Some(NodeEnum::CreateFunctionStmt(cf)) = first_statement(&parsed) else {
         return BodyEffects::unanalysable("not a CREATE FUNCTION text");
     };
     let mut fx = BodyEffects::default();
@@ -253,6 +241,16 @@ fn analyze_sql_function(def: &str) -> BodyEffects {
         None => fx.fail("SQL function without a body"),
     }
     fx
+}
+
+/// The first statement of a parse result.
+fn first_statement(parsed: &pg_query::ParseResult) -> Option<&NodeEnum> {
+    parsed
+        .protobuf
+        .stmts
+        .first()
+        .and_then(|s| s.stmt.as_ref())
+        .and_then(|s| s.node.as_ref())
 }
 
 fn collect_statements<'a>(node: &'a NodeEnum, out: &mut Vec<&'a NodeEnum>) {
