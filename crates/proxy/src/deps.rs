@@ -111,11 +111,6 @@ struct Entry {
     due: AtomicBool,
     /// The number of the last timer armed; an older timer that fires changes nothing.
     armed: AtomicU64,
-    /// DDL passed through pgfresh this many times ([`Dependencies::invalidate`]).
-    ddl_seen: AtomicU64,
-    /// The `ddl_seen` count the graph in force was loaded after (a load that began
-    /// after that many DDL statements had committed).
-    ddl_loaded: AtomicU64,
     /// Failed loads in a row (for the retry delay).
     failures: std::sync::atomic::AtomicU32,
     /// The rows of the last successful load, for rebuilds when the rules change.
@@ -228,8 +223,6 @@ impl Dependencies {
             built_with: AtomicU64::new(0),
             due: AtomicBool::new(true),
             armed: AtomicU64::new(0),
-            ddl_seen: AtomicU64::new(0),
-            ddl_loaded: AtomicU64::new(0),
             failures: Default::default(),
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
@@ -292,20 +285,8 @@ impl Dependencies {
             return;
         }
         if let Some(entry) = self.entry(db) {
-            entry.ddl_seen.fetch_add(1, Ordering::AcqRel);
             self.schedule(&entry, true, None);
         }
-    }
-
-    /// DDL passed through pgfresh in the database of `entry` (kept by a session, see
-    /// [`Self::graph_of`]) and no graph loaded since is in force yet: a trigger, rule or
-    /// function it created may be missing from the graph, so a write now may write
-    /// anything. False when nothing is learned.
-    pub fn reload_pending(&self, entry: &DbEntry) -> bool {
-        let Some(Some((e, _))) = &entry.0 else {
-            return false;
-        };
-        self.learning() && e.ddl_loaded.load(Ordering::Acquire) < e.ddl_seen.load(Ordering::Acquire)
     }
 
     /// Loads `db` now and returns the graph built (for tests and admin tools). Waits for a
@@ -407,9 +388,6 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
             entry.due.store(true, Ordering::Relaxed);
         }
         let load = load && deps.learning();
-        // The DDL this load's snapshot includes (it starts after they committed).
-        let ddl_seen = entry.ddl_seen.load(Ordering::Acquire);
-        let mut fetched_ok = false;
         if load {
             arm(&entry, REFRESH);
             let fetched = tokio::time::timeout(LOAD_TIMEOUT, fetch(&shared, &entry.db))
@@ -420,7 +398,6 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                     *lock(&entry.rows) = Some(Arc::new(rows));
                     entry.failures.store(0, Ordering::Relaxed);
                     rebuild = true;
-                    fetched_ok = true;
                 }
                 Err(e) => {
                     let failures = entry.failures.fetch_add(1, Ordering::Relaxed).min(8);
@@ -454,9 +431,6 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                         );
                         entry.graph.store(Some(Arc::new(graph)));
                         entry.built_with.store(generation, Ordering::Relaxed);
-                        if fetched_ok {
-                            entry.ddl_loaded.fetch_max(ddl_seen, Ordering::AcqRel);
-                        }
                     }
                     Err(e) => {
                         outcome = Err(format!("building the dependency graph failed: {e}"));

@@ -499,9 +499,7 @@ impl Session {
     /// The relations a unit writes: those its statements name, and what the catalog
     /// says those writes and the functions it calls write behind them (triggers,
     /// cascades, partitions, function bodies). `true` when something unanalysable may
-    /// write anything in the database, and while what the catalog says may be out of
-    /// date: DDL in the unit itself (a trigger it creates fires for the writes after it),
-    /// or DDL passed through pgfresh whose graph is not loaded yet.
+    /// write anything in the database.
     fn unit_writes(&mut self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
         let mut writes = unit.writes();
         let unnamed = unit
@@ -509,22 +507,12 @@ impl Session {
             .iter()
             .flat_map(|a| &a.statements)
             .any(|s| s.writes_unnamed);
-        if unnamed || unit.has_ddl() {
+        if unnamed {
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
-            // block or COMMIT PREPARED may write anything; DDL may change what the
-            // writes after it in the unit do.
+            // block or COMMIT PREPARED may write anything.
             return (writes, true);
         }
-        let graph = self.dep_graph().filter(|g| !g.is_empty());
-        if writes.is_empty() && unit.parts.iter().all(|a| a.functions.is_empty()) {
-            return (writes, false);
-        }
-        if self.shared.deps.reload_pending(&self.deps_entry) {
-            // The DDL may have made a trigger, rule or function the graph does not have
-            // yet (a call of a new function may write too).
-            return (writes, true);
-        }
-        let Some(graph) = graph else {
+        let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
             return (writes, false);
         };
         let functions: Vec<pgfresh_sql::FuncName> = unit
@@ -532,6 +520,9 @@ impl Session {
             .iter()
             .flat_map(|a| a.functions.iter().cloned())
             .collect();
+        if writes.is_empty() && functions.is_empty() {
+            return (writes, false);
+        }
         let mut behind = Vec::new();
         let whole = graph
             .expand_writes(&writes, &functions, &mut behind)

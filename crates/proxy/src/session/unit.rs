@@ -436,6 +436,29 @@ mod tests {
     use pgfresh_recency::{ManualClock, RecencyConfig, RecencyMap, RelKey};
 
     #[test]
+    fn ddl_counts_per_statement() {
+        let mut u = ClientUnit::new();
+        u.parts.push(Arc::new(pgfresh_sql::analyze_uncached(
+            "CREATE TRIGGER t AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION f(); \
+             INSERT INTO a VALUES (1)",
+        )));
+        assert_eq!(
+            u.parts[0].kind,
+            pgfresh_sql::Kind::Write,
+            "a write as a whole"
+        );
+        assert!(
+            u.has_ddl(),
+            "but its DDL still reloads the dependency graph"
+        );
+        let mut w = ClientUnit::new();
+        w.parts.push(Arc::new(pgfresh_sql::analyze_uncached(
+            "INSERT INTO a VALUES (1)",
+        )));
+        assert!(!w.has_ddl());
+    }
+
+    #[test]
     fn a_recycled_unit_is_a_new_one_with_room() {
         let mut u = ClientUnit::new();
         u.frames.push(Bytes::from_static(b"S\0\0\0\x04"));
