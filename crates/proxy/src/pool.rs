@@ -211,8 +211,8 @@ impl Pools {
     }
 
     /// The pool `target` belongs to (made with `size` slots if new), for
-    /// [`Pools::permit`] and [`Pools::acquire_with`]: a session keeps it with the target, so a unit does not look the
-    /// pool up again.
+    /// [`Pools::permit`] and [`Pools::acquire_with`]: a session keeps it with the target,
+    /// so a unit does not look the pool up again.
     pub fn pool_ref(&self, target: &Target, size: usize) -> PoolRef {
         PoolRef(self.pool(target, size))
     }
