@@ -93,18 +93,31 @@ impl RecencyMap {
             return unknown(HotReason::ColdStart);
         }
         let now = self.clock.now_ms();
+        // An overflow or whole-database mark within the TTL: its position (0: unknown).
+        let mut floor = None;
         if self.overflow_dbs.load(Ordering::Acquire) > 0 {
             if let Some(st) = self.overflow.get(db) {
                 if now.saturating_sub(st.last_drop_ms) < ttl {
-                    return unknown(st.reason);
+                    if st.lsn == 0 {
+                        return unknown(st.reason);
+                    }
+                    floor = Some((st.reason, st.lsn));
                 }
             }
         }
+        let floor_only = || match floor {
+            Some((reason, lsn)) => Hotness::Hot {
+                reason,
+                relation: None,
+                required_lsn: Some(Lsn(lsn)),
+            },
+            None => Hotness::Cold,
+        };
         let Some(mut w) = self.db_writes.get_mut(db) else {
-            return Hotness::Cold;
+            return floor_only();
         };
         if now.saturating_sub(w.last_write_ms) >= ttl {
-            return Hotness::Cold;
+            return floor_only();
         }
         // Pending marks older than the TTL are cold whatever their position.
         while w
@@ -114,13 +127,14 @@ impl RecencyMap {
         {
             w.pending.pop_front();
         }
+        let reason = floor.map_or(HotReason::RecentWrite, |f| f.0);
         if !w.pending.is_empty() || now.saturating_sub(w.unknown_ms) < ttl || w.max_lsn == 0 {
-            return unknown(HotReason::RecentWrite);
+            return unknown(reason);
         }
         Hotness::Hot {
-            reason: HotReason::RecentWrite,
+            reason,
             relation: None,
-            required_lsn: Some(Lsn(w.max_lsn)),
+            required_lsn: Some(Lsn(w.max_lsn.max(floor.map_or(0, |f| f.1)))),
         }
     }
 
@@ -138,13 +152,22 @@ impl RecencyMap {
     /// A committed write whose relations are not known: every read of `db` is hot,
     /// primary only, for one TTL from now.
     pub fn mark_database(&self, db: &str) {
+        self.mark_database_at(db, None);
+    }
+
+    /// [`Self::mark_database`] for a commit whose position is known: for one TTL from
+    /// now, every read of `db` needs a replica that has replayed `lsn` (`None`: only the
+    /// primary will do). Positions of marks within one TTL combine like a relation's:
+    /// the highest, or unknown if any is unknown.
+    pub fn mark_database_at(&self, db: &str, lsn: Option<Lsn>) {
         if self.ttl_ms.load(Ordering::Acquire) == 0 {
             return;
         }
         let now = self.clock.now_ms();
+        let lsn = lsn.map_or(0, |l| l.0);
         self.counters.whole_database_marks.add(1);
-        self.record_database_hot(db, now, 0, HotReason::WholeDatabase);
-        self.summarise_mark(db, now, 0, 0);
+        self.record_database_hot(db, now, lsn, HotReason::WholeDatabase);
+        self.summarise_mark(db, now, lsn, 0);
     }
 }
 
@@ -209,5 +232,34 @@ mod tests {
         clock.advance(1_000);
         assert!(!m.lookup("db", &[RelKey::unqualified("anything")]).is_hot());
         assert_eq!(m.lookup_database("db"), Hotness::Cold);
+    }
+
+    #[test]
+    fn a_whole_database_mark_with_a_position_needs_a_replica_that_replayed_it() {
+        let (m, clock) = map();
+        let any = [RelKey::unqualified("anything")];
+        m.mark_database_at("db", Some(Lsn(700)));
+        let hot = m.lookup("db", &any);
+        assert_eq!(hot.reason(), Some(HotReason::WholeDatabase));
+        assert_eq!(hot.required_lsn(), Some(Lsn(700)));
+        assert_eq!(m.lookup_database("db").required_lsn(), Some(Lsn(700)));
+        // A relation written later needs its own, higher position.
+        m.mark("db", &[RelKey::unqualified("a")], Some(Lsn(900)));
+        assert_eq!(
+            m.lookup("db", &[RelKey::unqualified("a")]).required_lsn(),
+            Some(Lsn(900))
+        );
+        assert_eq!(m.lookup("db", &any).required_lsn(), Some(Lsn(700)));
+        // Within the TTL the highest position counts; an unknown one needs the primary.
+        m.mark_database_at("db", Some(Lsn(800)));
+        assert_eq!(m.lookup("db", &any).required_lsn(), Some(Lsn(800)));
+        m.mark_database_at("db", None);
+        let hot = m.lookup("db", &any);
+        assert!(hot.is_hot() && hot.required_lsn().is_none());
+        clock.advance(1_000);
+        assert!(!m.lookup("db", &any).is_hot());
+        // A new TTL starts from the new mark's position alone.
+        m.mark_database_at("db", Some(Lsn(1_000)));
+        assert_eq!(m.lookup("db", &any).required_lsn(), Some(Lsn(1_000)));
     }
 }
