@@ -114,7 +114,9 @@ pub(crate) const STANDBY_SAFE: &[&str] = &[
     "txid_status", "pg_control_checkpoint", "pg_control_system", "pg_control_init",
     "pg_control_recovery", "pg_get_wal_replay_pause_state", "pg_is_wal_replay_paused", "pg_ls_dir",
     "pg_stat_file", "pg_read_file", "pg_read_binary_file", "row", "array", "lo_get", "loread",
-    "pg_lsn", "regclass", "regtype", "regproc", "oid",
+    "pg_lsn", "regclass", "regtype", "regproc", "oid", "pg_partition_tree",
+    "pg_partition_ancestors", "pg_partition_root", "pg_sequence_parameters",
+    "pg_column_is_updatable", "pg_relation_is_updatable",
 ];
 
 /// Built-ins that write, signal, or otherwise must run on the primary, beyond the families
@@ -141,4 +143,48 @@ pub(crate) const PRIMARY_ONLY: &[&str] = &[
     "pg_partition_tree_refresh", "pg_sync_replication_slots", "pg_wal_summary_contents",
     "binary_upgrade_set_next_pg_type_oid", "pg_restore_relation_stats",
     "pg_restore_attribute_stats", "pg_clear_relation_stats", "pg_clear_attribute_stats",
+];
+
+/// Standby-safe built-ins whose answer comes from the system catalogs (names, definitions,
+/// privileges, sizes, comments of objects): after DDL a standby that has not replayed it
+/// answers from the old catalog, so a call counts as a catalog read (primary).
+#[rustfmt::skip]
+pub(crate) const CATALOG_LOOKUPS: &[&str] = &[
+    "has_table_privilege", "has_column_privilege", "has_any_column_privilege",
+    "has_database_privilege", "has_function_privilege", "has_schema_privilege",
+    "has_sequence_privilege", "has_tablespace_privilege", "has_type_privilege",
+    "has_language_privilege", "has_foreign_data_wrapper_privilege", "has_server_privilege",
+    "has_parameter_privilege", "pg_has_role", "row_security_active", "format_type",
+    "pg_get_constraintdef", "pg_get_expr", "pg_get_functiondef", "pg_get_function_arguments",
+    "pg_get_function_identity_arguments", "pg_get_function_result", "pg_get_indexdef",
+    "pg_get_ruledef", "pg_get_serial_sequence", "pg_get_statisticsobjdef", "pg_get_triggerdef",
+    "pg_get_userbyid", "pg_get_viewdef", "pg_index_column_has_property", "pg_index_has_property",
+    "pg_indexam_has_property", "pg_tablespace_databases", "pg_tablespace_location",
+    "pg_database_size", "pg_indexes_size", "pg_relation_size", "pg_table_size",
+    "pg_tablespace_size", "pg_total_relation_size", "pg_relation_filenode",
+    "pg_relation_filepath", "pg_filenode_relation", "pg_table_is_visible", "pg_type_is_visible",
+    "pg_function_is_visible", "pg_opclass_is_visible", "pg_operator_is_visible",
+    "pg_collation_is_visible", "pg_conversion_is_visible", "pg_ts_config_is_visible",
+    "pg_ts_dict_is_visible", "pg_ts_parser_is_visible", "pg_ts_template_is_visible",
+    "pg_describe_object", "pg_identify_object", "pg_identify_object_as_address",
+    "pg_get_object_address", "col_description", "obj_description", "shobj_description",
+    "to_regclass", "to_regcollation", "to_regnamespace", "to_regoper", "to_regoperator",
+    "to_regproc", "to_regprocedure", "to_regrole", "to_regtype", "to_regtypemod", "regclass",
+    "regtype", "regproc", "pg_partition_tree", "pg_partition_ancestors", "pg_partition_root",
+    "pg_sequence_parameters", "pg_column_is_updatable", "pg_relation_is_updatable",
+];
+
+/// Object-identifier types whose input looks a name up in the catalogs (`'t'::regclass`).
+pub(crate) const CATALOG_TYPES: &[&str] = &[
+    "regclass",
+    "regtype",
+    "regproc",
+    "regprocedure",
+    "regoper",
+    "regoperator",
+    "regnamespace",
+    "regrole",
+    "regcollation",
+    "regconfig",
+    "regdictionary",
 ];

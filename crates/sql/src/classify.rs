@@ -193,7 +193,10 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         }
         NodeEnum::CheckPointStmt(_) | NodeEnum::LoadStmt(_) => Kind::Utility,
         NodeEnum::ConstraintsSetStmt(_) => Kind::Transaction,
-        other => ddl(&mut w, other),
+        other => {
+            w.changes_effects = crate::effects::changes_effects(other);
+            ddl(&mut w, other)
+        }
     };
     finish(w, kind, tx, range)
 }
@@ -239,6 +242,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         session,
         touches_catalog,
         writes_unnamed,
+        changes_effects,
         ..
     } = w;
     sort_dedup(&mut reads);
@@ -255,6 +259,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         session,
         touches_catalog,
         writes_unnamed,
+        changes_effects,
         text_range: range,
     }
 }
@@ -446,6 +451,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         session,
         touches_catalog: s.touches_catalog,
         writes_unnamed: false,
+        changes_effects: false,
         text_range: range,
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
-use crate::builtins::{PRIMARY_ONLY, STANDBY_SAFE};
+use crate::builtins::{CATALOG_LOOKUPS, CATALOG_TYPES, PRIMARY_ONLY, STANDBY_SAFE};
 use crate::model::MustPrimary;
 use crate::names::FuncName;
 
@@ -69,6 +69,25 @@ pub(crate) fn classify_builtin(f: &FuncName) -> Builtin {
         return Builtin::StandbySafe;
     }
     Builtin::Unknown
+}
+
+/// A built-in whose answer comes from the system catalogs (`to_regclass`, `pg_get_viewdef`,
+/// `has_table_privilege`, `pg_table_size` ...): the call counts as a catalog read.
+pub(crate) fn reads_catalog(f: &FuncName) -> bool {
+    static SET: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    matches!(f.schema.as_deref(), None | Some("pg_catalog"))
+        && SET
+            .get_or_init(|| CATALOG_LOOKUPS.iter().copied().collect())
+            .contains(&*f.name)
+}
+
+/// A type whose input looks a name up in the catalogs (`'orders'::regclass`); `names` is
+/// the type name's parts (`[pg_catalog, ]regclass`).
+pub(crate) fn is_catalog_type(names: &[&str]) -> bool {
+    match names {
+        [name] | ["pg_catalog", name] => CATALOG_TYPES.contains(name),
+        _ => false,
+    }
 }
 
 /// What a built-in large-object function does to `pg_catalog.pg_largeobject`, where large
@@ -274,5 +293,18 @@ mod tests {
         assert_eq!(f("lo_get"), Builtin::StandbySafe);
         assert_eq!(f("set_config"), Builtin::SetConfig);
         assert_eq!(f("my_func"), Builtin::Unknown);
+    }
+
+    #[test]
+    fn catalog_lookups_are_standby_safe_built_ins() {
+        for name in CATALOG_LOOKUPS {
+            let f = FuncName::parse(name).unwrap();
+            assert_eq!(classify_builtin(&f), Builtin::StandbySafe, "{name}");
+            assert!(reads_catalog(&f), "{name}");
+        }
+        assert!(!reads_catalog(&FuncName::parse("app.to_regclass").unwrap()));
+        assert!(!reads_catalog(&FuncName::parse("lower").unwrap()));
+        assert!(is_catalog_type(&["pg_catalog", "regclass"]));
+        assert!(!is_catalog_type(&["int4"]));
     }
 }

@@ -28,6 +28,7 @@ mod analyze;
 mod builtins;
 mod cache;
 mod classify;
+mod effects;
 mod functions;
 mod hints;
 mod model;

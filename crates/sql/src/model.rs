@@ -298,6 +298,11 @@ pub struct Statement {
     /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, a `DO`
     /// block, `COMMIT PREPARED`): the caller marks the whole database.
     pub writes_unnamed: bool,
+    /// A schema change that may change what other statements touch behind their text
+    /// (a trigger, rule, function, view, policy, partition, inheritance or foreign key; see
+    /// `effects.rs`): the dependency graph learned from the catalog is out of date
+    /// until it is reloaded after the change.
+    pub changes_effects: bool,
     /// Byte range of the statement in the analysed text.
     pub text_range: (usize, usize),
 }
@@ -315,6 +320,7 @@ impl Statement {
             session: None,
             touches_catalog: false,
             writes_unnamed: false,
+            changes_effects: false,
             text_range,
         }
     }

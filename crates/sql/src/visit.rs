@@ -4,7 +4,9 @@
 use pg_query::protobuf::{self, a_const, Node};
 use pg_query::{NodeEnum, NodeRef};
 
-use crate::functions::{classify_builtin, large_objects, Builtin, LargeObjects};
+use crate::functions::{
+    classify_builtin, is_catalog_type, large_objects, reads_catalog, Builtin, LargeObjects,
+};
 use crate::model::{MustPrimary, SessionEffect};
 use crate::names::{FuncName, RelName};
 
@@ -21,8 +23,23 @@ pub(crate) struct Walker {
     pub writes_data: bool,
     /// The statement may write relations it does not name (`TRUNCATE … CASCADE`).
     pub writes_unnamed: bool,
+    /// Schema change that may change what other statements touch behind their text.
+    pub changes_effects: bool,
     /// CTE names visible at the current point, innermost last.
     ctes: Vec<String>,
+}
+
+/// Whether `t` is an object-identifier type that looks names up (`regclass` ...).
+fn names_catalog_type(t: &protobuf::TypeName) -> bool {
+    let parts: Vec<&str> = t
+        .names
+        .iter()
+        .filter_map(|n| match &n.node {
+            Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
+            _ => None,
+        })
+        .collect();
+    is_catalog_type(&parts)
 }
 
 /// Folded relation name of a RangeVar.
@@ -346,6 +363,9 @@ impl Walker {
                 }
                 Builtin::StandbySafe | Builtin::Unknown => {}
             }
+            if reads_catalog(&name) {
+                self.touches_catalog = true;
+            }
             match large_objects(&name) {
                 Some(LargeObjects::Read) => self.reads.push(RelName::large_objects()),
                 Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
@@ -405,7 +425,13 @@ impl Walker {
             NodeEnum::BoolExpr(e) => self.list(&e.args),
             NodeEnum::NullTest(e) => self.opt(&e.arg),
             NodeEnum::BooleanTest(e) => self.opt(&e.arg),
-            NodeEnum::TypeCast(e) => self.opt(&e.arg),
+            NodeEnum::TypeCast(e) => {
+                if e.type_name.as_ref().is_some_and(names_catalog_type) {
+                    // `'orders'::regclass` looks the name up in the catalogs.
+                    self.touches_catalog = true;
+                }
+                self.opt(&e.arg)
+            }
             NodeEnum::CollateClause(e) => self.opt(&e.arg),
             NodeEnum::NamedArgExpr(e) => self.opt(&e.arg),
             NodeEnum::AIndirection(e) => {

@@ -90,6 +90,16 @@ fn catalog_reads_are_flagged() {
         ),
         ("SELECT * FROM orders", false),
         ("SELECT * FROM app.pg_like_name", false),
+        // Built-ins and casts that look names up in the catalogs.
+        ("SELECT to_regclass('orders')", true),
+        ("SELECT pg_catalog.pg_get_viewdef('v'::regclass)", true),
+        ("SELECT has_table_privilege('orders', 'SELECT')", true),
+        ("SELECT pg_total_relation_size('orders')", true),
+        ("SELECT 'orders'::regclass::oid", true),
+        ("SELECT $1::pg_catalog.regtype", true),
+        ("SELECT obj_description(1, 'pg_class')", true),
+        ("SELECT lower('x'), '1'::int4, now()", false),
+        ("SELECT app.to_regclass('orders')", false),
     ] {
         let a = analyze_uncached(sql);
         assert_eq!(a.touches_catalog, flagged, "{sql}");

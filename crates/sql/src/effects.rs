@@ -1,0 +1,169 @@
+//! Which schema changes can change what other statements touch behind their text.
+//!
+//! pgfresh learns triggers, rules, views, partitions, foreign keys and function bodies
+//! from the catalog and reloads them after DDL. Between such a change and the reload,
+//! the dependency graph in hand is out of date: a write may fire a trigger it does not
+//! know, a read of a new view may read tables it does not know. The caller treats
+//! those windows conservatively (see `Statement::changes_effects`).
+//!
+//! The list below is of what certainly changes nothing of that kind; every other
+//! schema change counts, so a statement pgfresh does not know errs on the safe side.
+
+use pg_query::protobuf::{self, AlterTableType, ConstrType, Node};
+use pg_query::NodeEnum;
+
+/// True when the DDL statement `node` may change what writes touch behind their text
+/// (triggers, rules, functions, partitions, inheritance, foreign-key actions) or what a
+/// read of a relation reads (views, row-security policies).
+pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
+    match node {
+        NodeEnum::CreateStmt(c) => {
+            c.partbound.is_some()
+                || !c.inh_relations.is_empty()
+                || c.constraints.iter().any(is_foreign_key)
+                || c.table_elts.iter().any(|e| match &e.node {
+                    Some(NodeEnum::ColumnDef(d)) => d.constraints.iter().any(is_foreign_key),
+                    Some(NodeEnum::Constraint(_)) => is_foreign_key(e),
+                    _ => false,
+                })
+        }
+        NodeEnum::AlterTableStmt(a) => a.cmds.iter().any(|c| match &c.node {
+            Some(NodeEnum::AlterTableCmd(cmd)) => !neutral_alter(cmd),
+            _ => true,
+        }),
+        NodeEnum::CreateSchemaStmt(s) => !s.schema_elts.is_empty(),
+        NodeEnum::IndexStmt(_)
+        | NodeEnum::CreateSeqStmt(_)
+        | NodeEnum::AlterSeqStmt(_)
+        | NodeEnum::DropStmt(_)
+        | NodeEnum::GrantStmt(_)
+        | NodeEnum::GrantRoleStmt(_)
+        | NodeEnum::AlterDefaultPrivilegesStmt(_)
+        | NodeEnum::CommentStmt(_)
+        | NodeEnum::SecLabelStmt(_)
+        | NodeEnum::CreateRoleStmt(_)
+        | NodeEnum::AlterRoleStmt(_)
+        | NodeEnum::AlterRoleSetStmt(_)
+        | NodeEnum::DropRoleStmt(_)
+        | NodeEnum::AlterOwnerStmt(_)
+        | NodeEnum::CreatedbStmt(_)
+        | NodeEnum::DropdbStmt(_)
+        | NodeEnum::CreateEnumStmt(_)
+        | NodeEnum::AlterEnumStmt(_)
+        | NodeEnum::CreateDomainStmt(_)
+        | NodeEnum::CompositeTypeStmt(_)
+        | NodeEnum::CreateStatsStmt(_)
+        | NodeEnum::AlterStatsStmt(_) => false,
+        _ => true,
+    }
+}
+
+fn is_foreign_key(n: &Node) -> bool {
+    matches!(&n.node, Some(NodeEnum::Constraint(c)) if c.contype == ConstrType::ConstrForeign as i32)
+}
+
+/// An `ALTER TABLE` action that changes no trigger, rule, partition, inheritance, foreign
+/// key or row security.
+fn neutral_alter(cmd: &protobuf::AlterTableCmd) -> bool {
+    use AlterTableType as T;
+    let def_is_foreign_key = || {
+        cmd.def.as_deref().is_some_and(|d| match &d.node {
+            Some(NodeEnum::ColumnDef(c)) => c.constraints.iter().any(is_foreign_key),
+            _ => is_foreign_key(d),
+        })
+    };
+    match AlterTableType::try_from(cmd.subtype) {
+        Ok(T::AtAddColumn | T::AtAddConstraint) => !def_is_foreign_key(),
+        Ok(
+            T::AtColumnDefault
+            | T::AtDropNotNull
+            | T::AtSetNotNull
+            | T::AtSetStatistics
+            | T::AtSetOptions
+            | T::AtResetOptions
+            | T::AtSetStorage
+            | T::AtSetCompression
+            | T::AtDropColumn
+            | T::AtAddIndex
+            | T::AtValidateConstraint
+            | T::AtAddIndexConstraint
+            | T::AtDropConstraint
+            | T::AtAlterColumnType
+            | T::AtChangeOwner
+            | T::AtClusterOn
+            | T::AtDropCluster
+            | T::AtSetLogged
+            | T::AtSetUnLogged
+            | T::AtSetAccessMethod
+            | T::AtSetTableSpace
+            | T::AtSetRelOptions
+            | T::AtResetRelOptions
+            | T::AtReplaceRelOptions
+            | T::AtReplicaIdentity
+            | T::AtAddIdentity
+            | T::AtSetIdentity
+            | T::AtDropIdentity,
+        ) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::analyze_uncached;
+
+    fn changes(sql: &str) -> bool {
+        let a = analyze_uncached(sql);
+        assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+        a.statements.iter().any(|s| s.changes_effects)
+    }
+
+    #[test]
+    fn schema_changes_that_move_effects_count() {
+        for sql in [
+            "CREATE TRIGGER t AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION f()",
+            "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            "CREATE PROCEDURE p() LANGUAGE sql AS 'UPDATE a SET x = 1'",
+            "CREATE RULE r AS ON INSERT TO a DO ALSO UPDATE b SET n = n + 1",
+            "CREATE VIEW v AS SELECT * FROM a",
+            "CREATE OR REPLACE VIEW v AS SELECT * FROM b",
+            "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (1) TO (10)",
+            "CREATE TABLE c () INHERITS (a)",
+            "CREATE TABLE c (id int REFERENCES a ON DELETE CASCADE)",
+            "CREATE TABLE c (id int, FOREIGN KEY (id) REFERENCES a)",
+            "ALTER TABLE c ADD CONSTRAINT fk FOREIGN KEY (id) REFERENCES a ON DELETE CASCADE",
+            "ALTER TABLE c ADD COLUMN a_id int REFERENCES a",
+            "ALTER TABLE p ATTACH PARTITION p2 FOR VALUES FROM (10) TO (20)",
+            "ALTER TABLE a ENABLE TRIGGER t",
+            "ALTER TABLE a RENAME TO b",
+            "ALTER FUNCTION f() RENAME TO g",
+            "CREATE EXTENSION hstore",
+            "CREATE SCHEMA s CREATE VIEW v AS SELECT 1",
+            "CREATE POLICY p ON a FOR SELECT USING (g IN (SELECT g FROM m))",
+            "ALTER TABLE a ENABLE ROW LEVEL SECURITY",
+        ] {
+            assert!(changes(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn plain_schema_changes_do_not_count() {
+        for sql in [
+            "CREATE TABLE a (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)",
+            "CREATE TABLE p (id int) PARTITION BY RANGE (id)",
+            "CREATE INDEX ON a (n)",
+            "CREATE SEQUENCE s",
+            "CREATE SCHEMA s",
+            "DROP TABLE a",
+            "DROP TRIGGER t ON a",
+            "ALTER TABLE a ADD COLUMN m int, ALTER COLUMN n SET NOT NULL",
+            "ALTER TABLE a ADD CONSTRAINT u UNIQUE (n)",
+            "GRANT SELECT ON a TO PUBLIC",
+            "COMMENT ON TABLE a IS 'x'",
+            "SELECT 1",
+            "INSERT INTO a VALUES (1)",
+        ] {
+            assert!(!changes(sql), "{sql}");
+        }
+    }
+}
