@@ -30,6 +30,19 @@ pub struct CatalogRows {
     /// were read).
     #[serde(default)]
     pub rules: Vec<RuleRow>,
+    /// User functions each view's query calls ([`VIEW_CALLS_SQL`]; absent from rows saved
+    /// before they were read).
+    #[serde(default)]
+    pub view_calls: Vec<ViewCallRow>,
+    /// What the row-security policies that filter reads refer to ([`POLICY_DEPS_SQL`];
+    /// absent from rows saved before they were read).
+    #[serde(default)]
+    pub policy_deps: Vec<PolicyDepRow>,
+    /// User functions a write to a table evaluates in column defaults, generated columns,
+    /// check constraints and index expressions ([`WRITE_CALLS_SQL`]; absent from rows
+    /// saved before they were read).
+    #[serde(default)]
+    pub write_calls: Vec<WriteCallRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -79,6 +92,42 @@ pub struct ViewDepRow {
     pub view_oid: Oid,
     /// A relation its query reads (never the view itself).
     pub base_oid: Oid,
+}
+
+/// A function a view's (or materialized view's) query calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewCallRow {
+    /// The view.
+    pub view_oid: Oid,
+    /// A function its query calls (`pg_proc.oid`; built-ins are in no row of
+    /// [`FUNCTIONS_SQL`] and add nothing).
+    pub function_oid: Oid,
+}
+
+/// A relation or function a row-security policy that filters reads refers to: a read of
+/// the table reads what the policy's `USING` expression reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyDepRow {
+    /// The table the policy is on (`polrelid`; row security enabled).
+    pub table_oid: Oid,
+    /// The policy's name.
+    pub name: String,
+    /// What the expression refers to (`pg_depend.refobjid`).
+    pub ref_oid: Oid,
+    /// `r`: a relation (`pg_class`), `f`: a function (`pg_proc`).
+    pub ref_kind: char,
+}
+
+/// A function a write to a table evaluates: in a column default or generated column, a check
+/// constraint, or an index expression or predicate.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteCallRow {
+    /// The table written.
+    pub table_oid: Oid,
+    /// The function its expression calls (`pg_proc.oid`).
+    pub function_oid: Oid,
+    /// Where: `default`, `check` or `index`.
+    pub via: String,
 }
 
 /// A rewrite rule on an INSERT, UPDATE or DELETE of a relation (`CREATE RULE ... DO ALSO |
@@ -160,6 +209,48 @@ WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_class'::regclass 
 AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v', 'm', 'f') \
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
+/// The user functions a view's or materialized view's query calls: the dependencies of its
+/// `_RETURN` rule on functions; system views left out.
+pub const VIEW_CALLS_SQL: &str = "\
+SELECT DISTINCT r.ev_class::int8 AS view_oid, d.refobjid::int8 AS function_oid \
+FROM pg_catalog.pg_rewrite r \
+JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
+JOIN pg_catalog.pg_class v ON v.oid = r.ev_class \
+JOIN pg_catalog.pg_namespace n ON n.oid = v.relnamespace \
+WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_proc'::regclass \
+AND d.deptype = 'n' AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
+
+/// What the policies that filter reads (`FOR SELECT` or `FOR ALL`) of tables with row security
+/// enabled refer to: the relations and functions their expressions use (PostgreSQL records
+/// them as normal dependencies of the policy), the policy's own table left out.
+pub const POLICY_DEPS_SQL: &str = "\
+SELECT DISTINCT p.polrelid::int8 AS table_oid, p.polname::text AS name, \
+d.refobjid::int8 AS ref_oid, \
+CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN 'f' ELSE 'r' END AS ref_kind \
+FROM pg_catalog.pg_policy p \
+JOIN pg_catalog.pg_class c ON c.oid = p.polrelid \
+JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_policy'::regclass AND d.objid = p.oid \
+WHERE c.relrowsecurity AND p.polcmd IN ('r', '*') AND d.deptype = 'n' \
+AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass) \
+AND d.refobjid <> p.polrelid";
+
+/// The functions writes evaluate behind a table: those the expressions of its column defaults
+/// and generated columns (`pg_attrdef`), check constraints and index expressions or
+/// predicates call (normal dependencies of those objects on `pg_proc`).
+pub const WRITE_CALLS_SQL: &str = "\
+SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
+x.via::text AS via \
+FROM (\
+SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid AS table_oid, \
+'default' AS via FROM pg_catalog.pg_attrdef a \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check' \
+FROM pg_catalog.pg_constraint c WHERE c.contype = 'c' AND c.conrelid <> 0 \
+UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
+FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL\
+) x \
+JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
+WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'";
+
 /// Partitions and inheritance children.
 pub const INHERITS_SQL: &str = "\
 SELECT i.inhrelid::int8 AS child_oid, i.inhparent::int8 AS parent_oid \
@@ -196,7 +287,7 @@ WHERE r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D' \
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 7] = [
+pub const QUERIES: [(&str, &str); 10] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
@@ -204,6 +295,9 @@ pub const QUERIES: [(&str, &str); 7] = [
     ("inherits", INHERITS_SQL),
     ("functions", FUNCTIONS_SQL),
     ("rules", RULES_SQL),
+    ("view_calls", VIEW_CALLS_SQL),
+    ("policy_deps", POLICY_DEPS_SQL),
+    ("write_calls", WRITE_CALLS_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
@@ -252,6 +346,9 @@ mod tests {
             fields::<InheritsRow>(),
             fields::<FunctionRow>(),
             fields::<RuleRow>(),
+            fields::<ViewCallRow>(),
+            fields::<PolicyDepRow>(),
+            fields::<WriteCallRow>(),
         ];
         for ((what, sql), want) in QUERIES.iter().zip(expected) {
             let mut got = columns(sql);

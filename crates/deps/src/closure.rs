@@ -1,5 +1,5 @@
 //! Precomputing closures: for every relation and function, everything a write to it (or a
-//! call of it) marks, and everything a read of it reads.
+//! call of it) marks, and everything a read of it (or a call of it) reads.
 //!
 //! Write closures walk two kinds of relation state, because partitions go both ways but not
 //! transitively: a write to a parent may write any descendant (and those writes are visible
@@ -111,42 +111,40 @@ impl Walk {
         self.queue.extend(b.parents[i].iter().map(|&p| Item::Up(p)));
     }
 
-    /// The base relations a read of view `start` reads, through views over views.
-    fn view_reads(&mut self, b: &Builder, start: RelId) {
-        self.begin();
-        self.queue.push(Item::Full(start));
-        while let Some(Item::Full(r)) = self.queue.pop() {
-            let i = r as usize;
-            if self.full[i] == self.stamp {
-                continue;
-            }
-            self.full[i] = self.stamp;
-            self.collect(r);
-            self.queue
-                .extend(b.view_reads[i].iter().map(|&c| Item::Full(c)));
-        }
-    }
-
-    /// What a call of `start` reads (through the functions it calls, and views); true when an
-    /// unanalysable function may run.
-    fn func_reads(&mut self, b: &Builder, start: FuncId, rel_read: &[Vec<RelId>]) -> bool {
+    /// Everything a read of relation `start` (`Item::Full`) or a call of function `start`
+    /// (`Item::Func`) reads: a view's base relations and the functions its query calls, what
+    /// a row-security policy's expression reads and calls, what function bodies read and
+    /// call; transitively. True when an unanalysable function may run.
+    fn reads(&mut self, b: &Builder, start: Item) -> bool {
         self.begin();
         let mut whole = false;
-        let mut stack = vec![start];
-        while let Some(f) = stack.pop() {
-            let i = f as usize;
-            if self.func[i] == self.stamp {
-                continue;
-            }
-            self.func[i] = self.stamp;
-            whole |= b.unanalysable[i].is_some();
-            for &r in &b.func_reads[i] {
-                self.collect(r);
-                for &base in &rel_read[r as usize] {
-                    self.collect(base);
+        self.queue.push(start);
+        while let Some(item) = self.queue.pop() {
+            match item {
+                Item::Full(r) | Item::Up(r) => {
+                    let i = r as usize;
+                    if self.full[i] == self.stamp {
+                        continue;
+                    }
+                    self.full[i] = self.stamp;
+                    self.collect(r);
+                    self.queue
+                        .extend(b.rel_reads[i].iter().map(|&c| Item::Full(c)));
+                    self.queue
+                        .extend(b.read_calls[i].iter().map(|&f| Item::Func(f)));
+                }
+                Item::Func(f) => {
+                    let i = f as usize;
+                    if self.func[i] == self.stamp {
+                        continue;
+                    }
+                    self.func[i] = self.stamp;
+                    whole |= b.unanalysable[i].is_some();
+                    self.queue
+                        .extend(b.func_reads[i].iter().map(|&r| Item::Full(r)));
+                    self.queue.extend(b.calls[i].iter().map(|&g| Item::Func(g)));
                 }
             }
-            stack.extend(b.calls[i].iter().copied());
         }
         whole
     }
@@ -185,15 +183,13 @@ impl DepGraph {
         let mut walk = Walk::new(&b);
         let mut pool = Vec::new();
 
-        let mut rel_read_ids: Vec<Vec<RelId>> = vec![Vec::new(); b.rels.len()];
         let mut rel_read = vec![Span::default(); b.rels.len()];
         let mut rel_write = vec![Span::default(); b.rels.len()];
         for r in 0..b.rels.len() {
             let id = r as RelId;
-            if !b.view_reads[r].is_empty() {
-                walk.view_reads(&b, id);
-                rel_read_ids[r] = walk.out.iter().copied().filter(|&x| x != id).collect();
-                rel_read[r] = push_span(&mut pool, &rel_read_ids[r], None, false);
+            if !b.rel_reads[r].is_empty() || !b.read_calls[r].is_empty() {
+                let whole = walk.reads(&b, Item::Full(id));
+                rel_read[r] = push_span(&mut pool, &walk.out, Some(id), whole);
             }
             let trivial = b.triggers[r].is_empty()
                 && b.cascades[r].is_empty()
@@ -209,7 +205,7 @@ impl DepGraph {
         for f in 0..b.funcs.len() {
             let whole = walk.writes(&b, Item::Func(f as FuncId));
             func_write[f] = push_span(&mut pool, &walk.out, None, whole);
-            let whole = walk.func_reads(&b, f as FuncId, &rel_read_ids);
+            let whole = walk.reads(&b, Item::Func(f as FuncId));
             func_read[f] = push_span(&mut pool, &walk.out, None, whole);
         }
 

@@ -34,7 +34,8 @@ pub(crate) struct Builder {
     pub volatility: Vec<char>,
     /// Why a function cannot be analysed; `None` when it can or a manual rule describes it.
     pub unanalysable: Vec<Option<String>>,
-    /// Relation → functions its triggers run.
+    /// Relation → functions a write to it runs: its triggers' functions, those its rewrite
+    /// rules call, and those its defaults, check constraints and index expressions call.
     pub triggers: Vec<Vec<FuncId>>,
     /// Relation → relations a write to it writes (FK cascades, writes through a view, manual).
     pub cascades: Vec<Vec<RelId>>,
@@ -42,8 +43,12 @@ pub(crate) struct Builder {
     pub children: Vec<Vec<RelId>>,
     /// Child → parents.
     pub parents: Vec<Vec<RelId>>,
-    /// View → relations its query reads (not for materialized views).
-    pub view_reads: Vec<Vec<RelId>>,
+    /// Relation → relations a read of it reads: a view's query (not for materialized
+    /// views), a row-security policy's expression.
+    pub rel_reads: Vec<Vec<RelId>>,
+    /// Relation → functions a read of it runs: those a view's query calls, those a
+    /// row-security policy's expression calls.
+    pub read_calls: Vec<Vec<FuncId>>,
     /// Function → relations it writes.
     pub func_writes: Vec<Vec<RelId>>,
     /// Function → relations it reads.
@@ -71,11 +76,12 @@ impl Builder {
             &mut self.cascades,
             &mut self.children,
             &mut self.parents,
-            &mut self.view_reads,
+            &mut self.rel_reads,
         ] {
             v.push(Vec::new());
         }
         self.triggers.push(Vec::new());
+        self.read_calls.push(Vec::new());
         id
     }
 
@@ -166,7 +172,7 @@ impl Builder {
             &mut b.cascades,
             &mut b.children,
             &mut b.parents,
-            &mut b.view_reads,
+            &mut b.rel_reads,
             &mut b.func_writes,
             &mut b.func_reads,
         ] {
@@ -175,7 +181,12 @@ impl Builder {
                 l.dedup();
             });
         }
-        for l in b.triggers.iter_mut().chain(b.calls.iter_mut()) {
+        for l in b
+            .triggers
+            .iter_mut()
+            .chain(b.calls.iter_mut())
+            .chain(b.read_calls.iter_mut())
+        {
             l.sort_unstable();
             l.dedup();
         }
@@ -228,11 +239,23 @@ impl Builder {
                 self.edge(EdgeKind::View, from, to, None, action);
                 continue;
             }
-            self.view_reads[view as usize].push(base);
+            self.rel_reads[view as usize].push(base);
             // A write through an updatable view writes its base relation.
             self.cascades[view as usize].push(base);
             self.edge(EdgeKind::View, from, to, None, "reads");
         }
+        for c in &rows.write_calls {
+            let (Some(&rel), Some(&f)) = (
+                self.by_oid.get(&c.table_oid),
+                self.func_by_oid.get(&c.function_oid),
+            ) else {
+                continue; // a built-in (nextval, now ...): writes nothing of ours
+            };
+            self.triggers[rel as usize].push(f);
+            let (from, to) = (self.rel_label(rel), func_label(&self.funcs[f as usize]));
+            self.edge(EdgeKind::Expression, from, to, Some(&c.via), "calls");
+        }
+        self.add_read_deps(rows);
         for i in &rows.inherits {
             let (Some(&child), Some(&parent)) = (
                 self.by_oid.get(&i.child_oid),
@@ -249,6 +272,51 @@ impl Builder {
             };
             let (from, to) = (self.rel_label(parent), self.rel_label(child));
             self.edge(kind, from, to, None, action);
+        }
+    }
+
+    /// What a read runs behind a relation's name: the functions a view's query calls, and
+    /// what the row-security policies filtering its reads read and call.
+    fn add_read_deps(&mut self, rows: &CatalogRows) {
+        for c in &rows.view_calls {
+            let (Some(&view), Some(&f)) = (
+                self.by_oid.get(&c.view_oid),
+                self.func_by_oid.get(&c.function_oid),
+            ) else {
+                continue; // a built-in or extension function: reads nothing of ours
+            };
+            let (from, to) = (self.rel_label(view), func_label(&self.funcs[f as usize]));
+            if self.relkind[view as usize] == 'm' {
+                let action = "materialized: called only at refresh";
+                self.edge(EdgeKind::View, from, to, None, action);
+                continue;
+            }
+            self.read_calls[view as usize].push(f);
+            self.edge(EdgeKind::View, from, to, None, "calls");
+        }
+        for p in &rows.policy_deps {
+            let Some(&table) = self.by_oid.get(&p.table_oid) else {
+                continue;
+            };
+            let from = self.rel_label(table);
+            if p.ref_kind == 'f' {
+                let Some(&f) = self.func_by_oid.get(&p.ref_oid) else {
+                    continue;
+                };
+                self.read_calls[table as usize].push(f);
+                let to = func_label(&self.funcs[f as usize]);
+                self.edge(EdgeKind::Policy, from, to, Some(&p.name), "calls");
+            } else {
+                let Some(&base) = self.by_oid.get(&p.ref_oid) else {
+                    continue;
+                };
+                if base == table {
+                    continue;
+                }
+                self.rel_reads[table as usize].push(base);
+                let to = self.rel_label(base);
+                self.edge(EdgeKind::Policy, from, to, Some(&p.name), "reads");
+            }
         }
     }
 

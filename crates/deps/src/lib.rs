@@ -4,7 +4,9 @@
 //! other tables, rewrite rules (`CREATE RULE ... DO ALSO`) run statements of their own,
 //! foreign keys cascade deletes and updates, a write to a partitioned table
 //! writes its partitions (and a write to a partition is visible through its ancestors), a view
-//! reads its base relations, and a function's body reads and writes whatever it says. DESIGN
+//! reads its base relations (and what the functions it calls read), a read of a table with
+//! row security reads what its policies' expressions read, and a function's body reads and
+//! writes whatever it says. DESIGN
 //! §1 rule 6 requires those side effects to be marked with the statement's own writes.
 //!
 //! This crate turns what the catalog says ([`CatalogRows`], filled by the queries in
@@ -47,8 +49,8 @@ pub mod report;
 pub mod rules;
 
 pub use catalog::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, Oid, RelationRow, RuleRow, TriggerRow,
-    ViewDepRow,
+    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, Oid, PolicyDepRow, RelationRow, RuleRow,
+    TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 pub use expand::{DepGraph, Expansion};
 pub use report::{DependencyReport, Edge, EdgeKind, UnanalysableBody};

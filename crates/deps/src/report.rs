@@ -12,14 +12,21 @@ pub enum EdgeKind {
     Rule,
     /// A delete or update of `from` cascades to `to` (foreign key `via`).
     ForeignKey,
-    /// View `from` reads `to` (and a write through the view writes it).
+    /// View `from` reads `to` (and a write through the view writes it), or calls function
+    /// `to` (see `action`).
     View,
+    /// A read of `from` is filtered by row-security policy `via`, whose expression reads or
+    /// calls `to`.
+    Policy,
     /// `to` is a partition of `from`.
     Partition,
     /// `to` inherits from `from`.
     Inheritance,
     /// Function `from` writes, reads or calls `to` (see `action`).
     Function,
+    /// A write to `from` evaluates an expression (`via`: a column `default`, a `check`
+    /// constraint, an `index` expression) that calls function `to`.
+    Expression,
     /// A rule from `relation_dependencies`.
     Manual,
 }

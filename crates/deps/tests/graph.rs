@@ -358,6 +358,117 @@ fn rewrite_rules_join_the_closures() {
         .any(|u| u.function == "rule weird_rule on app.weird" && u.language == "rule"));
 }
 
+/// A read of a view runs the functions its query calls, and a read of a table with row
+/// security reads what its policies' expressions read and call.
+#[test]
+fn view_calls_and_policies_join_the_read_closures() {
+    let mut s = Schema::default();
+    let accounts = s.table("app.accounts");
+    s.table("app.ledger");
+    let docs = s.table("app.docs");
+    let members = s.table("app.memberships");
+    s.table("app.grants");
+    let sql_def = |name: &str, body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION {name}(a integer)\n RETURNS bigint\n LANGUAGE sql\n STABLE\nAS $function$ {body} $function$\n"
+        )
+    };
+    let bal = s.func(
+        "app.bal",
+        "sql",
+        's',
+        Some(sql_def(
+            "app.bal",
+            "SELECT sum(amount) FROM app.ledger WHERE account = a",
+        )),
+    );
+    let allowed = s.func(
+        "app.allowed",
+        "sql",
+        's',
+        Some(sql_def(
+            "app.allowed",
+            "SELECT count(*) FROM app.grants WHERE g = a",
+        )),
+    );
+    let opaque = s.func("app.opaque", "plpython3u", 's', None);
+    let balances = s.view("app.balances", 'v', &[accounts]);
+    s.view_call(balances, bal);
+    s.view("app.balance_report", 'v', &[balances]);
+    let mv = s.view("app.mv_balances", 'm', &[accounts]);
+    s.view_call(mv, bal);
+    s.policy(docs, "docs_members", members, 'r');
+    s.policy(docs, "docs_members", allowed, 'f');
+    s.policy(docs, "docs_members", docs, 'r');
+    let secret = s.table("app.secret");
+    s.policy(secret, "secret_opaque", opaque, 'f');
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(
+        reads(&g, &["app.balances"], &[]),
+        (rels(&["app.accounts", "app.ledger"]), P)
+    );
+    assert_eq!(
+        reads(&g, &["balance_report"], &[]),
+        (rels(&["app.accounts", "app.balances", "app.ledger"]), P)
+    );
+    // A materialized view's calls run only at refresh.
+    assert_eq!(reads(&g, &["app.mv_balances"], &[]), (vec![], P));
+    assert_eq!(
+        reads(&g, &["docs"], &[]),
+        (rels(&["app.grants", "app.memberships"]), P)
+    );
+    assert_eq!(reads(&g, &["app.secret"], &[]).1, W);
+    // Writes are unchanged: a policy filters reads.
+    assert_eq!(writes(&g, &["app.docs"], &[]), (vec![], P));
+    let r = g.report();
+    let kinds = |kind: EdgeKind| -> Vec<(&str, &str, &str)> {
+        r.edges
+            .iter()
+            .filter(|e| e.kind == kind)
+            .map(|e| (e.from.as_str(), e.to.as_str(), e.action.as_str()))
+            .collect()
+    };
+    assert_eq!(
+        kinds(EdgeKind::Policy),
+        [
+            ("app.docs", "app.allowed()", "calls"),
+            ("app.docs", "app.memberships", "reads"),
+            ("app.secret", "app.opaque()", "calls"),
+        ]
+    );
+    assert!(kinds(EdgeKind::View).contains(&("app.balances", "app.bal()", "calls")));
+}
+
+/// A column default (or check constraint, or index expression) that calls a function: a write
+/// to the table runs it, as a trigger's function would.
+#[test]
+fn functions_in_defaults_run_with_writes() {
+    let mut s = Schema::default();
+    let invoices = s.table("app.invoices");
+    s.table("app.invoice_counter");
+    let next = plpgsql_def(
+        "app.next_invoice_no",
+        "bigint",
+        "",
+        "  UPDATE app.invoice_counter SET n = n + 1;\n  RETURN 1;",
+    );
+    let f = s.func("app.next_invoice_no", "plpgsql", 'v', Some(next));
+    s.write_call(invoices, f, "default");
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(
+        writes(&g, &["invoices"], &[]),
+        (rels(&["app.invoice_counter"]), P)
+    );
+    assert!(g
+        .report()
+        .edges
+        .iter()
+        .any(|e| e.kind == EdgeKind::Expression
+            && e.from == "app.invoices"
+            && e.to == "app.next_invoice_no()"
+            && e.via.as_deref() == Some("default")));
+}
+
 /// A function that writes large objects writes `pg_catalog.pg_largeobject`, the one system
 /// catalog whose writes count.
 #[test]

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use pgfresh_deps::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, RelationRow, RuleRow, TriggerRow,
-    ViewDepRow,
+    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, PolicyDepRow, RelationRow, RuleRow,
+    TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use pgfresh_sql::{FuncName, RelName};
 
@@ -95,6 +95,34 @@ impl Schema {
             });
         }
         oid
+    }
+
+    /// A write to `table` evaluates an expression (`via`) calling `function`.
+    pub fn write_call(&mut self, table: u32, function: u32, via: &str) {
+        self.rows.write_calls.push(WriteCallRow {
+            table_oid: table,
+            function_oid: function,
+            via: via.to_owned(),
+        });
+    }
+
+    /// View `view`'s query calls `function`.
+    pub fn view_call(&mut self, view: u32, function: u32) {
+        self.rows.view_calls.push(ViewCallRow {
+            view_oid: view,
+            function_oid: function,
+        });
+    }
+
+    /// Row-security policy `name` on `table` refers to relation (`'r'`) or function (`'f'`)
+    /// `target`.
+    pub fn policy(&mut self, table: u32, name: &str, target: u32, kind: char) {
+        self.rows.policy_deps.push(PolicyDepRow {
+            table_oid: table,
+            name: name.to_owned(),
+            ref_oid: target,
+            ref_kind: kind,
+        });
     }
 
     /// A rewrite rule on `table`, `definition` as `pg_get_ruledef` gives it.
