@@ -1,9 +1,10 @@
 //! Dependency graphs learned from the primary's catalog, per database (DESIGN §1 rule 6).
 //!
-//! A statement's side effects (triggers, foreign-key cascades, partition routing, the bodies
-//! of called functions) are marked with its own writes, and a read of a view is a read of its
-//! base relations. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
-//! from seven catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
+//! A statement's side effects (triggers, rewrite rules, foreign-key cascades, partition
+//! routing, functions in defaults and checks, the bodies of called functions) are marked with
+//! its own writes, and a read of a view or of a table with row-security policies is a read of
+//! what those read. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
+//! from ten catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
 //! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
 //! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
 //!
@@ -28,14 +29,16 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+
+use crate::schema_window::{SchemaChange, SchemaWindow};
 use pgfresh_config::Config;
 use pgfresh_deps::catalog::{
-    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, RELATIONS_SQL, RULES_SQL,
-    TRIGGERS_SQL, VIEW_DEPS_SQL,
+    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, POLICY_DEPS_SQL, RELATIONS_SQL,
+    RULES_SQL, TRIGGERS_SQL, VIEW_CALLS_SQL, VIEW_DEPS_SQL, WRITE_CALLS_SQL,
 };
 use pgfresh_deps::{
-    CatalogRows, DepGraph, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule, Oid, RelationRow,
-    RuleRow, TriggerRow, ViewDepRow,
+    CatalogRows, DepGraph, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule, Oid, PolicyDepRow,
+    RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use tokio::sync::oneshot;
 
@@ -53,7 +56,7 @@ pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
-/// A load (connect, seven queries) that takes longer is abandoned and counted as an error.
+/// A load (connect, ten queries) that takes longer is abandoned and counted as an error.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The manual rules in force, and the graph they make on their own.
@@ -116,6 +119,8 @@ struct Entry {
     /// The rows of the last successful load, for rebuilds when the rules change.
     rows: Mutex<Option<Arc<CatalogRows>>>,
     work: Mutex<Work>,
+    /// Effect-changing schema changes through pgfresh and what the graph learned of them.
+    window: Arc<SchemaWindow>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -226,6 +231,7 @@ impl Dependencies {
             failures: Default::default(),
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
+            window: Arc::default(),
         });
         let mut next = HashMap::clone(&dbs);
         next.insert(db.to_string(), entry.clone());
@@ -276,6 +282,39 @@ impl Dependencies {
             }
         }
         graph.load().clone()
+    }
+
+    /// The schema window of the database of `entry`, once [`Self::graph_of`] found its
+    /// entry; None with `learn_dependencies = false` (there is no learned graph to be out
+    /// of date).
+    pub fn window<'e>(&self, entry: &'e DbEntry) -> Option<&'e SchemaWindow> {
+        match &entry.0 {
+            Some(Some((entry, _))) if self.learning() => Some(&entry.window),
+            _ => None,
+        }
+    }
+
+    /// An effect-changing schema change is being sent in the database of `entry` (found
+    /// by [`Self::graph_of`]): the database's window stays open until the change ends
+    /// (the guard is dropped, which schedules a reload) and a load after it succeeded.
+    /// None when nothing is learned (`learn_dependencies = false`).
+    pub fn begin_change(&self, entry: &DbEntry) -> Option<SchemaChange> {
+        let Some(Some((entry, _))) = &entry.0 else {
+            return None;
+        };
+        if !self.learning() {
+            return None;
+        }
+        let shared = self.shared.get()?.clone();
+        let reload = entry.clone();
+        Some(SchemaChange::begin(
+            entry.window.clone(),
+            Box::new(move || {
+                if let Some(shared) = shared.upgrade() {
+                    shared.deps.schedule(&reload, true, None);
+                }
+            }),
+        ))
     }
 
     /// Schedules a reload of `db` now (after DDL passed through pgfresh). Coalesces: with a
@@ -388,6 +427,8 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
             entry.due.store(true, Ordering::Relaxed);
         }
         let load = load && deps.learning();
+        // The schema changes ended before the catalog is read: learned if this load works.
+        let upto = entry.window.load_starting();
         if load {
             arm(&entry, REFRESH);
             let fetched = tokio::time::timeout(LOAD_TIMEOUT, fetch(&shared, &entry.db))
@@ -441,6 +482,7 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
         if load {
             match &outcome {
                 Ok(()) => {
+                    entry.window.learned(upto);
                     metrics::counter!("pgfresh_dependency_loads_total", "result" => "ok")
                         .increment(1);
                     metrics::histogram!("pgfresh_dependency_load_seconds")
@@ -515,7 +557,7 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
     Ok(char_column(&text(row, col)?))
 }
 
-/// Runs the seven catalog queries on the primary in `db`, in one read-only snapshot.
+/// Runs the ten catalog queries on the primary in `db`, in one read-only snapshot.
 async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
     let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
     let rows = query_all(&mut conn.client).await;
@@ -593,6 +635,27 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, S
             table_oid: oid(&r, "table_oid")?,
             name: text(&r, "name")?,
             definition: text(&r, "definition")?,
+        });
+    }
+    for r in run("view_calls", VIEW_CALLS_SQL).await? {
+        rows.view_calls.push(ViewCallRow {
+            view_oid: oid(&r, "view_oid")?,
+            function_oid: oid(&r, "function_oid")?,
+        });
+    }
+    for r in run("policy_deps", POLICY_DEPS_SQL).await? {
+        rows.policy_deps.push(PolicyDepRow {
+            table_oid: oid(&r, "table_oid")?,
+            name: text(&r, "name")?,
+            ref_oid: oid(&r, "ref_oid")?,
+            ref_kind: letter(&r, "ref_kind")?,
+        });
+    }
+    for r in run("write_calls", WRITE_CALLS_SQL).await? {
+        rows.write_calls.push(WriteCallRow {
+            table_oid: oid(&r, "table_oid")?,
+            function_oid: oid(&r, "function_oid")?,
+            via: text(&r, "via")?,
         });
     }
     tx.commit().await.map_err(|e| pg_error(&e))?;

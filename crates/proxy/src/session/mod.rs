@@ -51,6 +51,31 @@ struct TxWrites {
     whole_db: bool,
     /// DDL ran: the dependency graph is reloaded once the transaction ends.
     ddl: bool,
+    /// The oldest schema window stamp of the transaction's units (see `InFlight`).
+    schema_stamp: Option<u64>,
+    /// Effect-changing schema changes of the transaction, ended when it ends.
+    schema_changes: Vec<crate::schema_window::SchemaChange>,
+}
+
+impl TxWrites {
+    /// Takes in what an ended unit of the open transaction wrote and changed.
+    fn absorb(&mut self, u: &mut InFlight, wrote: bool) {
+        if wrote {
+            self.writes.append(&mut u.writes);
+            self.whole_db |= u.whole_db;
+            self.schema_stamp = oldest(self.schema_stamp, u.schema_stamp);
+        }
+        self.ddl |= u.ddl;
+        self.schema_changes.append(&mut u.schema_changes);
+    }
+}
+
+/// The older of two schema window stamps (stamps only grow).
+fn oldest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// A transaction BEGIN that pgfresh answered itself and will send to the node the

@@ -184,13 +184,12 @@ impl Session {
                             if u.ddl || self.tx_writes.ddl {
                                 self.ddl_done();
                             }
+                            // Ends the transaction's schema changes (their guards
+                            // schedule the reload that closes the window).
                             self.tx_writes = super::TxWrites::default();
-                        } else if !u.autocommit && !u.error {
-                            self.tx_writes.writes.extend(u.writes);
-                            self.tx_writes.whole_db |= u.whole_db;
-                            self.tx_writes.ddl |= u.ddl;
                         } else {
-                            self.tx_writes.ddl |= u.ddl;
+                            let wrote = !u.autocommit && !u.error;
+                            self.tx_writes.absorb(&mut u, wrote);
                         }
                         self.tx = status;
                         let hold = self
@@ -237,9 +236,11 @@ impl Session {
                     self.mark_autocommit_write();
                 } else if is_commit {
                     u.committed = true;
+                    let stamp = super::oldest(u.schema_stamp, self.tx_writes.schema_stamp);
                     let whole = u.whole_db || self.tx_writes.whole_db;
                     let mut w = std::mem::take(&mut self.tx_writes.writes);
                     w.extend(u.writes.iter().cloned());
+                    let whole = whole || self.schema_changed_since(stamp);
                     self.mark(w, whole);
                 }
                 Action::Forward
@@ -436,7 +437,8 @@ impl Session {
             return;
         };
         if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
-            let (w, whole) = (u.writes.clone(), u.whole_db);
+            let whole = u.whole_db || self.schema_changed_since(u.schema_stamp);
+            let w = u.writes.clone();
             self.mark(w, whole);
         }
     }
@@ -451,12 +453,7 @@ impl Session {
             // A commit that wrote: a tracking session gets its position.
             p.report |= track;
         }
-        if whole_db {
-            // Something unanalysable ran: every read of the database is hot, primary
-            // only, for one TTL.
-            self.shared.recency.mark_database(&self.login.database);
-        }
-        if writes.is_empty() {
+        if writes.is_empty() && !whole_db {
             return;
         }
         let recency = &self.shared.recency;
@@ -471,12 +468,26 @@ impl Session {
             Some(probe) => {
                 // Marked with the commit's position when the probe answers; what the
                 // client is sent from here on waits for that (see `DeferredMarks`).
-                probe.marks.push(recency, db, writes);
+                if whole_db {
+                    // Something pgfresh cannot name was written: every read of the
+                    // database needs a replica that replayed this commit.
+                    probe.marks.push_database(recency, db);
+                }
+                if !writes.is_empty() {
+                    probe.marks.push(recency, db, writes);
+                }
                 self.hold_client_output();
             }
             None => {
-                let keys: Vec<RelKey<'_>> = writes.iter().map(crate::router::rel_key).collect();
-                recency.mark(db, &keys, None);
+                if whole_db {
+                    // Without a position: every read of the database is hot, primary
+                    // only, for one TTL.
+                    recency.mark_database(db);
+                }
+                if !writes.is_empty() {
+                    let keys: Vec<RelKey<'_>> = writes.iter().map(crate::router::rel_key).collect();
+                    recency.mark(db, &keys, None);
+                }
             }
         }
     }

@@ -34,6 +34,39 @@ fn analysis_of(stmt: &Statement) -> Analysis {
     }
 }
 
+/// What a unit writes, as [`Session::unit_writes`] found.
+struct UnitWrites {
+    writes: Vec<pgfresh_sql::RelName>,
+    whole_db: bool,
+    /// The schema window's stamp the analysis was made under.
+    schema_stamp: Option<u64>,
+    /// The unit holds an effect-changing schema change: begun before it is sent, so a
+    /// write analysed from then on sees the window open.
+    schema_change: Option<crate::schema_window::SchemaChange>,
+}
+
+/// Adds to `writes` what the unit's writes and calls write behind them (triggers,
+/// cascades, partitions, function bodies); true when that may be anything.
+fn expand(
+    graph: &pgfresh_deps::DepGraph,
+    unit: &ClientUnit,
+    writes: &mut Vec<pgfresh_sql::RelName>,
+) -> bool {
+    let functions: Vec<pgfresh_sql::FuncName> = unit
+        .parts
+        .iter()
+        .flat_map(|a| a.functions.iter().cloned())
+        .collect();
+    let mut behind = Vec::new();
+    let whole = graph
+        .expand_writes(writes, &functions, &mut behind)
+        .is_whole_database();
+    writes.extend(behind);
+    writes.sort();
+    writes.dedup();
+    whole
+}
+
 /// What [`Session::write_unit`] wrote, for [`Session::track_unit`].
 struct Written {
     /// Replies to swallow: ParseComplete and CloseComplete of statements pgfresh
@@ -47,6 +80,8 @@ struct Written {
     /// What the unit writes (behind the text too), or the whole database.
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    schema_stamp: Option<u64>,
+    schema_change: Option<crate::schema_window::SchemaChange>,
     /// A position probe follows the unit.
     probe: bool,
     /// A replay sample follows the unit.
@@ -324,7 +359,12 @@ impl Session {
             && !unit.force_primary
             && (continuing || !super::rewrite::plain_unit(unit)))
         .then(|| self.rewrite_unit(node, unit));
-        let (writes, whole_db) = self.unit_writes(unit);
+        let UnitWrites {
+            writes,
+            whole_db,
+            schema_stamp,
+            schema_change,
+        } = self.unit_writes(unit);
         let probe =
             self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db);
         // A read on a standby while reads wait on replay positions: the standby's position
@@ -357,6 +397,8 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            schema_stamp,
+            schema_change,
             probe,
             sample,
             expect: rewritten.map(|r| r.expect).unwrap_or_default(),
@@ -380,6 +422,8 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            schema_stamp,
+            schema_change,
             probe,
             sample,
             expect,
@@ -400,6 +444,8 @@ impl Session {
                 last.writes.extend(writes);
                 last.whole_db |= whole_db;
                 last.ddl |= ddl;
+                last.schema_stamp = super::oldest(last.schema_stamp, schema_stamp);
+                last.schema_changes.extend(schema_change);
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
@@ -439,6 +485,8 @@ impl Session {
                 events: events.into(),
                 whole_db,
                 ddl,
+                schema_stamp,
+                schema_changes: schema_change.into_iter().collect(),
                 expect,
             });
             leftover
@@ -498,39 +546,44 @@ impl Session {
 
     /// The relations a unit writes: those its statements name, and what the catalog
     /// says those writes and the functions it calls write behind them (triggers,
-    /// cascades, partitions, function bodies). `true` when something unanalysable may
-    /// write anything in the database.
-    fn unit_writes(&mut self, unit: &ClientUnit) -> (Vec<pgfresh_sql::RelName>, bool) {
-        let mut writes = unit.writes();
+    /// cascades, partitions, function bodies). `whole_db` when something unanalysable
+    /// may write anything in the database, or the graph may be out of date (see
+    /// [`crate::schema_window`]).
+    fn unit_writes(&mut self, unit: &ClientUnit) -> UnitWrites {
+        let writes = unit.writes();
         let unnamed = unit
             .parts
             .iter()
             .flat_map(|a| &a.statements)
             .any(|s| s.writes_unnamed);
-        if unnamed {
+        let calls = unit.parts.iter().any(|a| !a.functions.is_empty());
+        let effect_ddl = unit.has_effect_ddl();
+        let mut out = UnitWrites {
+            writes,
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
             // block or COMMIT PREPARED may write anything.
-            return (writes, true);
-        }
-        let Some(graph) = self.dep_graph().filter(|g| !g.is_empty()) else {
-            return (writes, false);
+            whole_db: unnamed,
+            schema_stamp: None,
+            schema_change: None,
         };
-        let functions: Vec<pgfresh_sql::FuncName> = unit
-            .parts
-            .iter()
-            .flat_map(|a| a.functions.iter().cloned())
-            .collect();
-        if writes.is_empty() && functions.is_empty() {
-            return (writes, false);
+        if out.writes.is_empty() && !calls && !effect_ddl {
+            return out; // a plain read
         }
-        let mut behind = Vec::new();
-        let whole = graph
-            .expand_writes(&writes, &functions, &mut behind)
-            .is_whole_database();
-        writes.extend(behind);
-        writes.sort();
-        writes.dedup();
-        (writes, whole)
+        let graph = self.dep_graph();
+        if let Some(window) = self.shared.deps.window(&self.deps_entry) {
+            // A schema change that moves effects makes what was written before it reach
+            // further; while one is open or not yet learned, the graph may miss what this
+            // write fires.
+            out.schema_stamp = window.stamp();
+            out.whole_db |= out.schema_stamp.is_none() || effect_ddl;
+            if effect_ddl {
+                out.schema_change = self.shared.deps.begin_change(&self.deps_entry);
+            }
+        }
+        if let Some(g) = graph.filter(|g| !g.is_empty()) {
+            out.whole_db |= expand(&g, unit, &mut out.writes);
+        }
+        out
     }
 
     fn apply_session_effects(&mut self, unit: &ClientUnit) {

@@ -165,6 +165,16 @@ impl ClientUnit {
             .any(|s| s.kind == pgfresh_sql::Kind::Ddl)
     }
 
+    /// A statement of the unit changes what other statements touch behind their text
+    /// (`Statement::changes_effects`): the learned dependency graph is out of date until
+    /// reloaded after it.
+    pub fn has_effect_ddl(&self) -> bool {
+        self.parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| s.changes_effects)
+    }
+
     pub fn writes(&self) -> Vec<RelName> {
         let mut w: Vec<RelName> = self
             .parts
@@ -246,6 +256,11 @@ pub struct InFlight {
     pub whole_db: bool,
     /// The unit runs DDL: the database's dependency graph is reloaded once it commits.
     pub ddl: bool,
+    /// The schema window's stamp taken when the unit's writes were analysed (None: no
+    /// window, or it was open and the unit marks the whole database already).
+    pub schema_stamp: Option<u64>,
+    /// Effect-changing schema changes the unit sent, ended when its transaction ends.
+    pub schema_changes: Vec<crate::schema_window::SchemaChange>,
     /// Transaction mode: the replies expected for an extended unit, in order (empty
     /// when nothing needs to be swallowed or synthesized).
     pub expect: std::collections::VecDeque<Expect>,
@@ -345,6 +360,8 @@ impl InFlight {
             events: std::collections::VecDeque::new(),
             whole_db: false,
             ddl: false,
+            schema_stamp: None,
+            schema_changes: Vec::new(),
             expect: std::collections::VecDeque::new(),
         }
     }
@@ -381,6 +398,9 @@ impl InFlight {
 pub struct DeferredMarks {
     target: Option<(Arc<pgfresh_recency::RecencyMap>, String)>,
     writes: Vec<Vec<RelName>>,
+    /// The commit may have written relations nobody can name: the whole database is
+    /// marked with the position.
+    whole_database: bool,
 }
 
 impl DeferredMarks {
@@ -391,15 +411,25 @@ impl DeferredMarks {
         db: &str,
         writes: Vec<RelName>,
     ) {
+        self.target_of(recency, db);
+        self.writes.push(writes);
+    }
+
+    /// Adds a mark of the whole database `db`.
+    pub fn push_database(&mut self, recency: &Arc<pgfresh_recency::RecencyMap>, db: &str) {
+        self.target_of(recency, db);
+        self.whole_database = true;
+    }
+
+    fn target_of(&mut self, recency: &Arc<pgfresh_recency::RecencyMap>, db: &str) {
         if self.target.is_none() {
             self.target = Some((recency.clone(), db.to_string()));
         }
-        self.writes.push(writes);
     }
 
     /// Nothing is waiting.
     pub fn is_empty(&self) -> bool {
-        self.writes.is_empty()
+        self.writes.is_empty() && !self.whole_database
     }
 
     /// Marks every relation with `lsn` (`None`: position unknown, primary only).
@@ -407,6 +437,9 @@ impl DeferredMarks {
         let Some((recency, db)) = &self.target else {
             return;
         };
+        if std::mem::take(&mut self.whole_database) {
+            recency.mark_database_at(db, lsn);
+        }
         for writes in self.writes.drain(..) {
             let keys: Vec<pgfresh_recency::RelKey<'_>> =
                 writes.iter().map(crate::router::rel_key).collect();
@@ -425,6 +458,7 @@ impl std::fmt::Debug for DeferredMarks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeferredMarks")
             .field("writes", &self.writes)
+            .field("whole_database", &self.whole_database)
             .finish()
     }
 }
@@ -550,6 +584,24 @@ mod tests {
         let mut d = DeferredMarks::default();
         d.push(&m, "db", orders());
         d.settle(None);
+        assert_eq!(required(&m), Some(None));
+    }
+
+    #[test]
+    fn a_deferred_whole_database_mark_carries_the_position() {
+        let m = map();
+        let mut d = DeferredMarks::default();
+        d.push_database(&m, "db");
+        assert!(!d.is_empty());
+        assert_eq!(required(&m), None);
+        d.settle(Some(Lsn(0x900)));
+        assert_eq!(required(&m), Some(Some(Lsn(0x900))));
+        assert!(d.is_empty());
+        // Dropped unsettled: primary only.
+        let m = map();
+        let mut d = DeferredMarks::default();
+        d.push_database(&m, "db");
+        drop(d);
         assert_eq!(required(&m), Some(None));
     }
 }

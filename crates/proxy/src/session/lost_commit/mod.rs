@@ -299,13 +299,16 @@ impl Session {
             (_, _, Some(w)) => w.reply,
             _ => Vec::new(),
         };
-        let (mut writes, mut whole_db, mut ddl) = (Vec::new(), false, false);
+        let (mut writes, mut whole_db, mut ddl, mut stamp) = (Vec::new(), false, false, None);
         if let Some(u) = unit {
             writes.extend(u.writes.iter().cloned());
             whole_db = u.whole_db;
             ddl = u.ddl;
+            stamp = u.schema_stamp;
         }
         writes.append(&mut self.tx_writes.writes);
+        let stamp = super::oldest(stamp, self.tx_writes.schema_stamp);
+        whole_db |= self.schema_changed_since(stamp);
         self.lost.pending = Some(Pending {
             node,
             node_name: node_name.clone(),
