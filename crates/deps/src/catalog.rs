@@ -43,6 +43,10 @@ pub struct CatalogRows {
     /// saved before they were read).
     #[serde(default)]
     pub write_calls: Vec<WriteCallRow>,
+    /// Enabled event triggers ([`EVENT_TRIGGERS_SQL`]; absent from rows saved before they
+    /// were read).
+    #[serde(default)]
+    pub event_triggers: Vec<EventTriggerRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -128,6 +132,18 @@ pub struct WriteCallRow {
     pub function_oid: Oid,
     /// Where: `default`, `check` or `index`.
     pub via: String,
+}
+
+/// An enabled event trigger: DDL runs its function (`CREATE EVENT TRIGGER ... ON
+/// ddl_command_end EXECUTE FUNCTION audit_ddl()`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventTriggerRow {
+    /// `evtname`.
+    pub name: String,
+    /// `evtevent`: `ddl_command_start`, `ddl_command_end`, `sql_drop`, `table_rewrite`.
+    pub event: String,
+    /// The function it runs (`evtfoid`).
+    pub function_oid: Oid,
 }
 
 /// A rewrite rule on an INSERT, UPDATE or DELETE of a relation (`CREATE RULE ... DO ALSO |
@@ -251,6 +267,12 @@ FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
 WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'";
 
+/// Event triggers that can fire (`evtenabled <> 'D'`; `O`, `R` and `A` all fire in some
+/// session replication role).
+pub const EVENT_TRIGGERS_SQL: &str = "\
+SELECT e.evtname::text AS name, e.evtevent::text AS event, e.evtfoid::int8 AS function_oid \
+FROM pg_catalog.pg_event_trigger e WHERE e.evtenabled <> 'D'";
+
 /// Partitions and inheritance children.
 pub const INHERITS_SQL: &str = "\
 SELECT i.inhrelid::int8 AS child_oid, i.inhparent::int8 AS parent_oid \
@@ -287,7 +309,7 @@ WHERE r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D' \
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 10] = [
+pub const QUERIES: [(&str, &str); 11] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
@@ -298,6 +320,7 @@ pub const QUERIES: [(&str, &str); 10] = [
     ("view_calls", VIEW_CALLS_SQL),
     ("policy_deps", POLICY_DEPS_SQL),
     ("write_calls", WRITE_CALLS_SQL),
+    ("event_triggers", EVENT_TRIGGERS_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
@@ -349,6 +372,7 @@ mod tests {
             fields::<ViewCallRow>(),
             fields::<PolicyDepRow>(),
             fields::<WriteCallRow>(),
+            fields::<EventTriggerRow>(),
         ];
         for ((what, sql), want) in QUERIES.iter().zip(expected) {
             let mut got = columns(sql);

@@ -60,9 +60,14 @@ impl Walk {
 
     /// Everything `start` writes; true when an unanalysable volatile function may run.
     fn writes(&mut self, b: &Builder, start: Item) -> bool {
+        self.writes_from(b, &[start])
+    }
+
+    /// Everything the items of `starts` write together.
+    fn writes_from(&mut self, b: &Builder, starts: &[Item]) -> bool {
         self.begin();
         let mut whole = false;
-        self.queue.push(start);
+        self.queue.extend_from_slice(starts);
         while let Some(item) = self.queue.pop() {
             match item {
                 Item::Full(r) => {
@@ -209,6 +214,13 @@ impl DepGraph {
             func_read[f] = push_span(&mut pool, &walk.out, None, whole);
         }
 
+        let ddl_write = if b.ddl_calls.is_empty() {
+            Span::default()
+        } else {
+            let starts: Vec<Item> = b.ddl_calls.iter().map(|&f| Item::Func(f)).collect();
+            let whole = walk.writes_from(&b, &starts);
+            push_span(&mut pool, &walk.out, None, whole)
+        };
         let mut rel_index: FastMap<_, Vec<RelId>> = FastMap::default();
         for (r, name) in b.rels.iter().enumerate() {
             if !rel_write[r].is_trivial() || !rel_read[r].is_trivial() {
@@ -236,6 +248,7 @@ impl DepGraph {
             rel_read,
             func_write,
             func_read,
+            ddl_write,
             rel_index,
             func_index,
             report: b.report,

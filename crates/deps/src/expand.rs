@@ -58,6 +58,8 @@ pub struct DepGraph {
     pub(crate) rel_read: Vec<Span>,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
+    /// What DDL writes through the event triggers it fires.
+    pub(crate) ddl_write: Span,
     /// Name → ids, probed for every routed statement: a fast non-cryptographic hash
     /// (names come from the catalog and from parsed SQL, not from an adversary's choice
     /// of hash inputs alone; measured in crates/proxy/benches/route.rs).
@@ -74,7 +76,22 @@ impl DepGraph {
 
     /// True when no expansion can add anything.
     pub fn is_empty(&self) -> bool {
-        self.rel_index.is_empty() && self.func_index.is_empty()
+        self.rel_index.is_empty() && self.func_index.is_empty() && self.ddl_write.is_trivial()
+    }
+
+    /// Appends to `out` what a DDL statement writes through the event triggers it fires
+    /// (their functions' writes, transitively); `WholeDatabase` when one may write anything.
+    /// Every DDL statement counts: the event a trigger listens for is not checked.
+    pub fn expand_ddl(&self, out: &mut Vec<RelName>) -> Expansion {
+        let span = self.ddl_write;
+        self.slice(span)
+            .iter()
+            .for_each(|&r| out.push(self.rels[r as usize].clone()));
+        if span.whole {
+            Expansion::WholeDatabase
+        } else {
+            Expansion::Precise
+        }
     }
 
     /// Appends to `out` the relations that committing writes to `writes`, and calls of

@@ -55,6 +55,8 @@ pub(crate) struct Builder {
     pub func_reads: Vec<Vec<RelId>>,
     /// Function → functions it calls.
     pub calls: Vec<Vec<FuncId>>,
+    /// Functions DDL runs: those of enabled event triggers.
+    pub ddl_calls: Vec<FuncId>,
     by_oid: HashMap<Oid, RelId>,
     func_by_oid: HashMap<Oid, FuncId>,
     by_name: HashMap<Arc<str>, Vec<RelId>>,
@@ -254,6 +256,21 @@ impl Builder {
             self.triggers[rel as usize].push(f);
             let (from, to) = (self.rel_label(rel), func_label(&self.funcs[f as usize]));
             self.edge(EdgeKind::Expression, from, to, Some(&c.via), "calls");
+        }
+        for e in &rows.event_triggers {
+            let Some(&f) = self.func_by_oid.get(&e.function_oid) else {
+                continue;
+            };
+            self.ddl_calls.push(f);
+            let to = func_label(&self.funcs[f as usize]);
+            let action = format!("fires on {}", e.event);
+            self.edge(
+                EdgeKind::EventTrigger,
+                "ddl".into(),
+                to,
+                Some(&e.name),
+                &action,
+            );
         }
         self.add_read_deps(rows);
         for i in &rows.inherits {

@@ -49,8 +49,8 @@ pub mod report;
 pub mod rules;
 
 pub use catalog::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, Oid, PolicyDepRow, RelationRow, RuleRow,
-    TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
+    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, InheritsRow, Oid, PolicyDepRow,
+    RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 pub use expand::{DepGraph, Expansion};
 pub use report::{DependencyReport, Edge, EdgeKind, UnanalysableBody};

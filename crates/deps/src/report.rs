@@ -27,6 +27,8 @@ pub enum EdgeKind {
     /// A write to `from` evaluates an expression (`via`: a column `default`, a `check`
     /// constraint, an `index` expression) that calls function `to`.
     Expression,
+    /// DDL (`from` is `ddl`) fires event trigger `via`, whose function is `to`.
+    EventTrigger,
     /// A rule from `relation_dependencies`.
     Manual,
 }

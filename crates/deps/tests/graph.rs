@@ -469,6 +469,40 @@ fn functions_in_defaults_run_with_writes() {
             && e.via.as_deref() == Some("default")));
 }
 
+/// DDL fires event triggers: their functions' writes are the DDL's too.
+#[test]
+fn event_triggers_write_with_ddl() {
+    let mut s = Schema::default();
+    s.table("app.ddl_log");
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(g.expand_ddl(&mut Vec::new()), P);
+    let log = plpgsql_def(
+        "app.log_ddl",
+        "event_trigger",
+        "",
+        "  INSERT INTO app.ddl_log VALUES (tg_tag);",
+    );
+    let f = s.func("app.log_ddl", "plpgsql", 'v', Some(log));
+    s.event_trigger("audit_ddl", "ddl_command_end", f);
+    let opaque = s.func("app.opaque_ddl", "plpython3u", 'v', None);
+    let g = DepGraph::build(&s.rows, &[]);
+    assert!(!g.is_empty());
+    let mut out = Vec::new();
+    assert_eq!(g.expand_ddl(&mut out), P);
+    assert_eq!(out, rels(&["app.ddl_log"]));
+    assert!(g
+        .report()
+        .edges
+        .iter()
+        .any(|e| e.kind == EdgeKind::EventTrigger
+            && e.from == "ddl"
+            && e.to == "app.log_ddl()"
+            && e.action == "fires on ddl_command_end"));
+    s.event_trigger("opaque", "sql_drop", opaque);
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(g.expand_ddl(&mut Vec::new()), W);
+}
+
 /// A function that writes large objects writes `pg_catalog.pg_largeobject`, the one system
 /// catalog whose writes count.
 #[test]

@@ -4,7 +4,7 @@
 //! routing, functions in defaults and checks, the bodies of called functions) are marked with
 //! its own writes, and a read of a view or of a table with row-security policies is a read of
 //! what those read. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
-//! from ten catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
+//! from eleven catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
 //! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
 //! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
 //!
@@ -33,12 +33,13 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use crate::schema_window::{SchemaChange, SchemaWindow};
 use pgfresh_config::Config;
 use pgfresh_deps::catalog::{
-    char_column, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL, POLICY_DEPS_SQL, RELATIONS_SQL,
-    RULES_SQL, TRIGGERS_SQL, VIEW_CALLS_SQL, VIEW_DEPS_SQL, WRITE_CALLS_SQL,
+    char_column, EVENT_TRIGGERS_SQL, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, INHERITS_SQL,
+    POLICY_DEPS_SQL, RELATIONS_SQL, RULES_SQL, TRIGGERS_SQL, VIEW_CALLS_SQL, VIEW_DEPS_SQL,
+    WRITE_CALLS_SQL,
 };
 use pgfresh_deps::{
-    CatalogRows, DepGraph, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule, Oid, PolicyDepRow,
-    RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
+    CatalogRows, DepGraph, EventTriggerRow, ForeignKeyRow, FunctionRow, InheritsRow, ManualRule,
+    Oid, PolicyDepRow, RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use tokio::sync::oneshot;
 
@@ -56,7 +57,7 @@ pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
-/// A load (connect, ten queries) that takes longer is abandoned and counted as an error.
+/// A load (connect, eleven queries) that takes longer is abandoned and counted as an error.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The manual rules in force, and the graph they make on their own.
@@ -557,7 +558,7 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
     Ok(char_column(&text(row, col)?))
 }
 
-/// Runs the ten catalog queries on the primary in `db`, in one read-only snapshot.
+/// Runs the eleven catalog queries on the primary in `db`, in one read-only snapshot.
 async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
     let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
     let rows = query_all(&mut conn.client).await;
@@ -656,6 +657,13 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, S
             table_oid: oid(&r, "table_oid")?,
             function_oid: oid(&r, "function_oid")?,
             via: text(&r, "via")?,
+        });
+    }
+    for r in run("event_triggers", EVENT_TRIGGERS_SQL).await? {
+        rows.event_triggers.push(EventTriggerRow {
+            name: text(&r, "name")?,
+            event: text(&r, "event")?,
+            function_oid: oid(&r, "function_oid")?,
         });
     }
     tx.commit().await.map_err(|e| pg_error(&e))?;

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use pgfresh_deps::{
-    CatalogRows, ForeignKeyRow, FunctionRow, InheritsRow, PolicyDepRow, RelationRow, RuleRow,
-    TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
+    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, InheritsRow, PolicyDepRow,
+    RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use pgfresh_sql::{FuncName, RelName};
 
@@ -103,6 +103,15 @@ impl Schema {
             table_oid: table,
             function_oid: function,
             via: via.to_owned(),
+        });
+    }
+
+    /// An enabled event trigger running `function`.
+    pub fn event_trigger(&mut self, name: &str, event: &str, function: u32) {
+        self.rows.event_triggers.push(EventTriggerRow {
+            name: name.to_owned(),
+            event: event.to_owned(),
+            function_oid: function,
         });
     }
 

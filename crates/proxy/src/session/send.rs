@@ -46,10 +46,12 @@ struct UnitWrites {
 }
 
 /// Adds to `writes` what the unit's writes and calls write behind them (triggers,
-/// cascades, partitions, function bodies); true when that may be anything.
+/// cascades, partitions, function bodies, and for DDL the event triggers it fires); true
+/// when that may be anything.
 fn expand(
     graph: &pgfresh_deps::DepGraph,
     unit: &ClientUnit,
+    ddl: bool,
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
     let functions: Vec<pgfresh_sql::FuncName> = unit
@@ -58,9 +60,12 @@ fn expand(
         .flat_map(|a| a.functions.iter().cloned())
         .collect();
     let mut behind = Vec::new();
-    let whole = graph
+    let mut whole = graph
         .expand_writes(writes, &functions, &mut behind)
         .is_whole_database();
+    if ddl {
+        whole |= graph.expand_ddl(&mut behind).is_whole_database();
+    }
     writes.extend(behind);
     writes.sort();
     writes.dedup();
@@ -558,6 +563,7 @@ impl Session {
             .any(|s| s.writes_unnamed);
         let calls = unit.parts.iter().any(|a| !a.functions.is_empty());
         let effect_ddl = unit.has_effect_ddl();
+        let ddl = effect_ddl || unit.has_ddl();
         let mut out = UnitWrites {
             writes,
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
@@ -566,7 +572,7 @@ impl Session {
             schema_stamp: None,
             schema_change: None,
         };
-        if out.writes.is_empty() && !calls && !effect_ddl {
+        if out.writes.is_empty() && !calls && !ddl {
             return out; // a plain read
         }
         let graph = self.dep_graph();
@@ -581,7 +587,7 @@ impl Session {
             }
         }
         if let Some(g) = graph.filter(|g| !g.is_empty()) {
-            out.whole_db |= expand(&g, unit, &mut out.writes);
+            out.whole_db |= expand(&g, unit, ddl, &mut out.writes);
         }
         out
     }
