@@ -58,8 +58,13 @@ pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
     }
 }
 
+/// A foreign key whose ON DELETE or ON UPDATE action writes the referencing table
+/// (CASCADE, SET NULL, SET DEFAULT); NO ACTION and RESTRICT write nothing.
 fn is_foreign_key(n: &Node) -> bool {
-    matches!(&n.node, Some(NodeEnum::Constraint(c)) if c.contype == ConstrType::ConstrForeign as i32)
+    let writes = |action: &str| matches!(action, "c" | "n" | "d");
+    matches!(&n.node, Some(NodeEnum::Constraint(c))
+        if c.contype == ConstrType::ConstrForeign as i32
+            && (writes(&c.fk_del_action) || writes(&c.fk_upd_action)))
 }
 
 /// An `ALTER TABLE` action that changes no trigger, rule, partition, inheritance, foreign
@@ -130,9 +135,9 @@ mod tests {
             "CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (1) TO (10)",
             "CREATE TABLE c () INHERITS (a)",
             "CREATE TABLE c (id int REFERENCES a ON DELETE CASCADE)",
-            "CREATE TABLE c (id int, FOREIGN KEY (id) REFERENCES a)",
+            "CREATE TABLE c (id int, FOREIGN KEY (id) REFERENCES a ON UPDATE SET NULL)",
             "ALTER TABLE c ADD CONSTRAINT fk FOREIGN KEY (id) REFERENCES a ON DELETE CASCADE",
-            "ALTER TABLE c ADD COLUMN a_id int REFERENCES a",
+            "ALTER TABLE c ADD COLUMN a_id int REFERENCES a ON DELETE SET DEFAULT",
             "ALTER TABLE p ATTACH PARTITION p2 FOR VALUES FROM (10) TO (20)",
             "ALTER TABLE a ENABLE TRIGGER t",
             "ALTER TABLE a RENAME TO b",
@@ -158,6 +163,8 @@ mod tests {
             "DROP TRIGGER t ON a",
             "ALTER TABLE a ADD COLUMN m int, ALTER COLUMN n SET NOT NULL",
             "ALTER TABLE a ADD CONSTRAINT u UNIQUE (n)",
+            "CREATE TABLE c (id int REFERENCES a, b int, FOREIGN KEY (b) REFERENCES a ON DELETE RESTRICT)",
+            "ALTER TABLE c ADD COLUMN a_id int REFERENCES a",
             "GRANT SELECT ON a TO PUBLIC",
             "COMMENT ON TABLE a IS 'x'",
             "SELECT 1",
