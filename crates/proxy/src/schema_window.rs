@@ -24,6 +24,11 @@
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
+/// What [`SchemaWindow::stamp`] returns: the count of changes sent, cut to 32 bits (a unit
+/// in flight carries one, so it is kept small; only equality is asked of it, and 2^32
+/// changes would have to be sent while one write is in flight to fool it).
+pub type Stamp = u32;
+
 /// Counts of one database's effect-changing schema changes and of what the graph learned.
 ///
 /// Orderings are sequentially consistent: [`SchemaWindow::stamp`] reads `sent` before
@@ -45,8 +50,8 @@ pub struct SchemaWindow {
 impl SchemaWindow {
     /// Taken before a write is analysed with the graph: `Some(stamp)` when the graph in
     /// hand knows every change sent so far, `None` while one is open or not yet learned.
-    pub fn stamp(&self) -> Option<u64> {
-        let sent = self.sent.load(SeqCst);
+    pub fn stamp(&self) -> Option<Stamp> {
+        let sent = self.sent.load(SeqCst) as Stamp;
         let current =
             self.open.load(SeqCst) == 0 && self.learned.load(SeqCst) >= self.ended.load(SeqCst);
         current.then_some(sent)
@@ -54,8 +59,8 @@ impl SchemaWindow {
 
     /// Whether a change was sent after `stamp` was taken (a write analysed before it may
     /// have run under it).
-    pub fn changed_since(&self, stamp: u64) -> bool {
-        self.sent.load(SeqCst) != stamp
+    pub fn changed_since(&self, stamp: Stamp) -> bool {
+        self.sent.load(SeqCst) as Stamp != stamp
     }
 
     /// Whether the graph in force may miss a change (one is open, or ended and not yet
@@ -103,6 +108,38 @@ impl Drop for SchemaChange {
         if let Some(f) = self.on_end.take() {
             f();
         }
+    }
+}
+
+/// The schema changes a unit or a transaction holds: almost always none, so one pointer
+/// (a unit in flight is moved on every statement).
+///
+/// A boxed `Vec` on purpose: a thin pointer (8 bytes) where a `Vec` takes 24 and a boxed
+/// slice 16; the rare unit that holds a change pays the second allocation.
+#[derive(Debug, Default)]
+#[allow(clippy::box_collection)]
+pub struct SchemaChanges(Option<Box<Vec<SchemaChange>>>);
+
+impl SchemaChanges {
+    pub fn push(&mut self, change: SchemaChange) {
+        self.0.get_or_insert_with(Box::default).push(change);
+    }
+
+    /// Moves every change of `other` here.
+    pub fn append(&mut self, other: &mut SchemaChanges) {
+        let Some(theirs) = other.0.take() else {
+            return;
+        };
+        match &mut self.0 {
+            Some(ours) => ours.extend(*theirs),
+            None => self.0 = Some(theirs),
+        }
+    }
+}
+
+impl From<Option<SchemaChange>> for SchemaChanges {
+    fn from(change: Option<SchemaChange>) -> Self {
+        SchemaChanges(change.map(|c| Box::new(vec![c])))
     }
 }
 

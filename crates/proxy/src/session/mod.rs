@@ -52,9 +52,9 @@ struct TxWrites {
     /// DDL ran: the dependency graph is reloaded once the transaction ends.
     ddl: bool,
     /// The oldest schema window stamp of the transaction's units (see `InFlight`).
-    schema_stamp: Option<u64>,
+    schema_stamp: Option<crate::schema_window::Stamp>,
     /// Effect-changing schema changes of the transaction, ended when it ends.
-    schema_changes: Vec<crate::schema_window::SchemaChange>,
+    schema_changes: crate::schema_window::SchemaChanges,
 }
 
 impl TxWrites {
@@ -71,7 +71,7 @@ impl TxWrites {
 }
 
 /// The older of two schema window stamps (stamps only grow).
-fn oldest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+fn oldest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

@@ -284,7 +284,7 @@ impl Session {
     /// A write analysed at `stamp` ([`crate::schema_window::SchemaWindow::stamp`])
     /// commits: whether an effect-changing schema change was sent since, which the
     /// write may have run under (it waited for the change's lock, say).
-    pub(super) fn schema_changed_since(&self, stamp: Option<u64>) -> bool {
+    pub(super) fn schema_changed_since(&self, stamp: Option<crate::schema_window::Stamp>) -> bool {
         match (stamp, self.shared.deps.window(&self.deps_entry)) {
             (Some(s), Some(w)) => w.changed_since(s),
             _ => false,

@@ -38,8 +38,10 @@ fn analysis_of(stmt: &Statement) -> Analysis {
 struct UnitWrites {
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    /// The unit runs DDL (the dependency graph is reloaded once it commits).
+    ddl: bool,
     /// The schema window's stamp the analysis was made under.
-    schema_stamp: Option<u64>,
+    schema_stamp: Option<crate::schema_window::Stamp>,
     /// The unit holds an effect-changing schema change: begun before it is sent, so a
     /// write analysed from then on sees the window open.
     schema_change: Option<crate::schema_window::SchemaChange>,
@@ -85,7 +87,8 @@ struct Written {
     /// What the unit writes (behind the text too), or the whole database.
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
-    schema_stamp: Option<u64>,
+    ddl: bool,
+    schema_stamp: Option<crate::schema_window::Stamp>,
     schema_change: Option<crate::schema_window::SchemaChange>,
     /// A position probe follows the unit.
     probe: bool,
@@ -367,6 +370,7 @@ impl Session {
         let UnitWrites {
             writes,
             whole_db,
+            ddl,
             schema_stamp,
             schema_change,
         } = self.unit_writes(unit);
@@ -402,6 +406,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            ddl,
             schema_stamp,
             schema_change,
             probe,
@@ -427,6 +432,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            ddl,
             schema_stamp,
             schema_change,
             probe,
@@ -434,7 +440,6 @@ impl Session {
             expect,
         } = written;
         let synced = unit.synced;
-        let ddl = unit.has_ddl();
         let owed = if self.copy_in {
             0
         } else {
@@ -450,7 +455,9 @@ impl Session {
                 last.whole_db |= whole_db;
                 last.ddl |= ddl;
                 last.schema_stamp = super::oldest(last.schema_stamp, schema_stamp);
-                last.schema_changes.extend(schema_change);
+                if let Some(c) = schema_change {
+                    last.schema_changes.push(c);
+                }
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
@@ -491,7 +498,7 @@ impl Session {
                 whole_db,
                 ddl,
                 schema_stamp,
-                schema_changes: schema_change.into_iter().collect(),
+                schema_changes: schema_change.into(),
                 expect,
             });
             leftover
@@ -556,19 +563,15 @@ impl Session {
     /// [`crate::schema_window`]).
     fn unit_writes(&mut self, unit: &ClientUnit) -> UnitWrites {
         let writes = unit.writes();
-        let unnamed = unit
-            .parts
-            .iter()
-            .flat_map(|a| &a.statements)
-            .any(|s| s.writes_unnamed);
         let calls = unit.parts.iter().any(|a| !a.functions.is_empty());
-        let effect_ddl = unit.has_effect_ddl();
-        let ddl = effect_ddl || unit.has_ddl();
+        let flags = unit.flags();
+        let (ddl, effect_ddl) = (flags.ddl, flags.effect_ddl);
         let mut out = UnitWrites {
             writes,
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
             // block or COMMIT PREPARED may write anything.
-            whole_db: unnamed,
+            whole_db: flags.writes_unnamed,
+            ddl,
             schema_stamp: None,
             schema_change: None,
         };

@@ -156,23 +156,16 @@ impl ClientUnit {
         self.frames.iter().map(Bytes::len).sum()
     }
 
-    /// A statement of the unit is DDL (each statement counts: a string mixing DDL and
-    /// writes is a write as a whole).
-    pub fn has_ddl(&self) -> bool {
-        self.parts
-            .iter()
-            .flat_map(|a| &a.statements)
-            .any(|s| s.kind == pgfresh_sql::Kind::Ddl)
-    }
-
-    /// A statement of the unit changes what other statements touch behind their text
-    /// (`Statement::changes_effects`): the learned dependency graph is out of date until
-    /// reloaded after it.
-    pub fn has_effect_ddl(&self) -> bool {
-        self.parts
-            .iter()
-            .flat_map(|a| &a.statements)
-            .any(|s| s.changes_effects)
+    /// What the unit's statements say about writes beyond their text, in one pass (each
+    /// statement counts: a string mixing DDL and writes is a write as a whole).
+    pub fn flags(&self) -> UnitFlags {
+        let mut f = UnitFlags::default();
+        for s in self.parts.iter().flat_map(|a| &a.statements) {
+            f.ddl |= s.kind == pgfresh_sql::Kind::Ddl || s.changes_effects;
+            f.effect_ddl |= s.changes_effects;
+            f.writes_unnamed |= s.writes_unnamed;
+        }
+        f
     }
 
     pub fn writes(&self) -> Vec<RelName> {
@@ -258,9 +251,9 @@ pub struct InFlight {
     pub ddl: bool,
     /// The schema window's stamp taken when the unit's writes were analysed (None: no
     /// window, or it was open and the unit marks the whole database already).
-    pub schema_stamp: Option<u64>,
+    pub schema_stamp: Option<crate::schema_window::Stamp>,
     /// Effect-changing schema changes the unit sent, ended when its transaction ends.
-    pub schema_changes: Vec<crate::schema_window::SchemaChange>,
+    pub schema_changes: crate::schema_window::SchemaChanges,
     /// Transaction mode: the replies expected for an extended unit, in order (empty
     /// when nothing needs to be swallowed or synthesized).
     pub expect: std::collections::VecDeque<Expect>,
@@ -361,7 +354,7 @@ impl InFlight {
             whole_db: false,
             ddl: false,
             schema_stamp: None,
-            schema_changes: Vec::new(),
+            schema_changes: Default::default(),
             expect: std::collections::VecDeque::new(),
         }
     }
@@ -385,6 +378,19 @@ impl InFlight {
             _ => None,
         }
     }
+}
+
+/// What a unit's statements say beyond the relations they name ([`ClientUnit::flags`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnitFlags {
+    /// A statement is DDL: the dependency graph is reloaded once it commits, and the
+    /// event triggers it fires write.
+    pub ddl: bool,
+    /// A statement changes what other statements touch behind their text
+    /// (`Statement::changes_effects`): the learned graph is out of date until reloaded.
+    pub effect_ddl: bool,
+    /// A statement may write relations it does not name (`Statement::writes_unnamed`).
+    pub writes_unnamed: bool,
 }
 
 /// Relations a commit wrote, marked in the recency map only once the position probe
@@ -481,15 +487,20 @@ mod tests {
             pgfresh_sql::Kind::Write,
             "a write as a whole"
         );
-        assert!(
-            u.has_ddl(),
+        assert_eq!(
+            u.flags(),
+            UnitFlags {
+                ddl: true,
+                effect_ddl: true,
+                writes_unnamed: false
+            },
             "but its DDL still reloads the dependency graph"
         );
         let mut w = ClientUnit::new();
         w.parts.push(Arc::new(pgfresh_sql::analyze_uncached(
             "INSERT INTO a VALUES (1)",
         )));
-        assert!(!w.has_ddl());
+        assert_eq!(w.flags(), UnitFlags::default());
     }
 
     #[test]
@@ -603,5 +614,13 @@ mod tests {
         d.push_database(&m, "db");
         drop(d);
         assert_eq!(required(&m), Some(None));
+    }
+
+    /// A unit in flight is moved into the session's queue on every statement: kept within
+    /// 256 bytes, the copy stays on memcpy's short path (callgrind: 280 bytes cost about
+    /// 100 instructions a statement more).
+    #[test]
+    fn a_unit_in_flight_stays_small() {
+        assert!(std::mem::size_of::<InFlight>() <= 256);
     }
 }
