@@ -196,15 +196,20 @@ async fn setup(sql: &str) {
 
 /// A connection straight to the primary, bypassing pgfresh: the truth.
 async fn primary_direct() -> tokio_postgres::Client {
+    node_direct(0).await
+}
+
+/// A connection straight to node `i`, bypassing pgfresh.
+async fn node_direct(i: usize) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(
         &format!(
             "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname=app connect_timeout=10",
-            node_port(0)
+            node_port(i)
         ),
         tokio_postgres::NoTls,
     )
     .await
-    .expect("connect to the primary");
+    .unwrap_or_else(|e| panic!("connect to node {i}: {e}"));
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -1300,18 +1305,7 @@ async fn catalog_lookups_after_ddl_are_read_fresh() {
     let p = start_proxy(&config_text(""));
     let writer = p.connect().await;
     let other = p.connect().await;
-    let (standby, conn) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=app password={APP_PASSWORD} dbname=app connect_timeout=10",
-            node_port(1)
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("connect to a standby");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let standby = node_direct(1).await;
     let _delay = ApplyDelay::set(DELAY_MS);
     let (mut stale, mut control) = (Vec::new(), 0);
     for i in 0..ROUNDS {

@@ -556,14 +556,7 @@ fn drop_targets(w: &mut Walker, d: &protobuf::DropStmt) {
         let Some(NodeEnum::List(l)) = &o.node else {
             continue;
         };
-        let parts: Vec<&str> = l
-            .items
-            .iter()
-            .filter_map(|i| match &i.node {
-                Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
-                _ => None,
-            })
-            .collect();
+        let parts = crate::visit::string_parts(&l.items);
         if let Some((name, rest)) = parts.split_last() {
             w.writes.push(RelName::new(rest.last().copied(), name));
         }

@@ -21,9 +21,17 @@ pub(crate) enum Builtin {
     Unknown,
 }
 
+/// Standby-safe built-ins: [`STANDBY_SAFE`], and the catalog lookups (which are catalog
+/// reads too, see [`reads_catalog`]).
 fn standby_safe() -> &'static HashSet<&'static str> {
     static SET: OnceLock<HashSet<&'static str>> = OnceLock::new();
-    SET.get_or_init(|| STANDBY_SAFE.iter().copied().collect())
+    SET.get_or_init(|| {
+        STANDBY_SAFE
+            .iter()
+            .chain(CATALOG_LOOKUPS)
+            .copied()
+            .collect()
+    })
 }
 
 fn primary_only() -> &'static HashSet<&'static str> {

@@ -29,17 +29,20 @@ pub(crate) struct Walker {
     ctes: Vec<String>,
 }
 
-/// Whether `t` is an object-identifier type that looks names up (`regclass` ...).
-fn names_catalog_type(t: &protobuf::TypeName) -> bool {
-    let parts: Vec<&str> = t
-        .names
+/// The string items of a name list (`[schema, ]name`), in order; other items are left out.
+pub(crate) fn string_parts(nodes: &[Node]) -> Vec<&str> {
+    nodes
         .iter()
         .filter_map(|n| match &n.node {
             Some(NodeEnum::String(s)) => Some(s.sval.as_str()),
             _ => None,
         })
-        .collect();
-    is_catalog_type(&parts)
+        .collect()
+}
+
+/// Whether `t` is an object-identifier type that looks names up (`regclass` ...).
+fn names_catalog_type(t: &protobuf::TypeName) -> bool {
+    is_catalog_type(&string_parts(&t.names))
 }
 
 /// Folded relation name of a RangeVar.
