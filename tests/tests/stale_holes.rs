@@ -1420,3 +1420,55 @@ async fn writes_of_event_triggers_are_read_fresh() {
         "the control without learned dependencies saw no stale read, so the test proves nothing"
     );
 }
+
+/// A database pgfresh has not loaded the dependencies of yet (its first statement starts
+/// the load): writes analysed before the first load finished count as writing the whole
+/// database, so what their triggers wrote is read fresh.
+#[tokio::test]
+async fn writes_before_the_first_dependency_load_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    const ROUNDS: usize = 3;
+    let (orders, totals, f) = (unique("fl_orders"), unique("fl_totals"), unique("fl_bump"));
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {totals} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;
+         CREATE TRIGGER {f}_trg AFTER INSERT ON {orders} FOR EACH ROW EXECUTE FUNCTION {f}();"
+    ))
+    .await;
+    let truth = primary_direct().await;
+    let read = format!("SELECT n FROM {totals} WHERE id = 1");
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut misses = [0usize; 2];
+    for (i, extra) in ["", CONTROL].into_iter().enumerate() {
+        for round in 0..ROUNDS {
+            // A new proxy: nothing of database app is loaded until its first statement.
+            let p = start_proxy(&config_text(extra));
+            let writer = p.connect().await;
+            let proto = if round % 2 == 0 {
+                Proto::Simple
+            } else {
+                Proto::Extended
+            };
+            exec(
+                &writer,
+                proto,
+                &format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+                1,
+            )
+            .await;
+            let expected = read_i64(&truth, Proto::Extended, &read, 0).await;
+            let other = p.connect().await;
+            for c in [&writer, &other] {
+                misses[i] += usize::from(read_i64(c, proto, &read, 0).await != expected);
+            }
+        }
+    }
+    assert_eq!(misses[0], 0, "stale reads before the first dependency load");
+    assert!(
+        misses[1] > 0,
+        "the control without learned dependencies saw no stale read, so the test proves nothing"
+    );
+}

@@ -232,7 +232,7 @@ impl Dependencies {
             failures: Default::default(),
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
-            window: Arc::default(),
+            window: Arc::new(SchemaWindow::unlearned()),
         });
         let mut next = HashMap::clone(&dbs);
         next.insert(db.to_string(), entry.clone());

@@ -17,6 +17,9 @@
 //! - the unit or transaction holding the change itself (its own writes, and those that
 //!   were made earlier and now reach further).
 //!
+//! The window is also open before a database's first successful load
+//! ([`SchemaWindow::unlearned`]): nothing of its triggers is known yet.
+//!
 //! One window per database, shared by every session through pgfresh; a change made
 //! directly on the primary, or through another pgfresh instance, is learned at the next
 //! periodic load (documented).
@@ -48,6 +51,14 @@ pub struct SchemaWindow {
 }
 
 impl SchemaWindow {
+    /// The window of a database whose graph was never loaded: open until the first load
+    /// succeeds (until then no trigger, cascade or function body of it is known).
+    pub fn unlearned() -> SchemaWindow {
+        let w = SchemaWindow::default();
+        w.ended.store(1, SeqCst);
+        w
+    }
+
     /// Taken before a write is analysed with the graph: `Some(stamp)` when the graph in
     /// hand knows every change sent so far, `None` while one is open or not yet learned.
     pub fn stamp(&self) -> Option<Stamp> {
@@ -186,6 +197,14 @@ mod tests {
         let after = w.stamp().expect("learned");
         assert!(!w.changed_since(after));
         assert!(w.changed_since(before));
+    }
+
+    #[test]
+    fn a_database_never_loaded_is_in_the_window_until_its_first_load() {
+        let w = SchemaWindow::unlearned();
+        assert!(w.is_open());
+        w.learned(w.load_starting());
+        assert!(!w.is_open());
     }
 
     #[test]
