@@ -2,7 +2,7 @@
 //! (`GET /v1/dependencies`) and the console (`SHOW DEPENDENCIES`) show it: triggers, FK
 //! cascades, views, partitions, function bodies and unanalysable (dynamic SQL) bodies; a
 //! reload after DDL; manual rules from the config file, changed live, and a bad rule
-//! rejected with the running config kept.
+//! rejected with the running config kept; the schema window while a change is in flight.
 
 use std::time::{Duration, Instant};
 
@@ -363,4 +363,47 @@ async fn manual_rules_reload_live_and_a_bad_rule_is_rejected() {
         .edges
         .iter()
         .all(|e| e.kind == pgfresh_deps::EdgeKind::Manual));
+}
+
+/// `GET /v1/dependencies` says, per database, whether the schema window is open: from an
+/// effect-changing schema change being sent until the load after it has finished.
+#[tokio::test]
+async fn the_schema_window_is_shown_while_a_change_is_in_flight() {
+    let p = start_proxy(&config_text(""));
+    let (t, f) = (unique("sw_src"), unique("sw_fn"));
+    let setup = p.connect().await;
+    setup
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int);
+             CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;"
+        ))
+        .await
+        .unwrap();
+    let window = |d: &Value| d["databases"]["app"]["schema_window"].clone();
+    wait_deps(&p, None, "a closed window", |d| window(d)["open"] == false).await;
+    let c = p.connect().await;
+    c.batch_execute(&format!(
+        "BEGIN; CREATE TRIGGER {t}_trg AFTER INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {f}()"
+    ))
+    .await
+    .unwrap();
+    let d = get_json(&p, "/v1/dependencies", None).await;
+    assert_eq!(
+        window(&d),
+        serde_json::json!({"open": true, "changes_in_flight": 1}),
+        "{d}"
+    );
+    c.batch_execute("COMMIT").await.unwrap();
+    let d = wait_deps(&p, None, "the window closed after the reload", |d| {
+        window(d)["open"] == false
+            && has_edge(
+                d,
+                "trigger",
+                &format!("public.{t}"),
+                &format!("public.{f}()"),
+                None,
+            )
+    })
+    .await;
+    assert_eq!(window(&d)["changes_in_flight"], 0);
 }

@@ -523,14 +523,26 @@ pub fn edge_kind_name(kind: pgfresh_deps::EdgeKind) -> String {
 /// The `GET /v1/dependencies` document: `{"databases": {"<db>": <DependencyReport>}}` for
 /// every database loaded so far.
 pub fn report_json(deps: &Dependencies) -> serde_json::Value {
+    let windows = deps.dbs.load();
     let databases: serde_json::Map<String, serde_json::Value> = deps
         .loaded()
         .into_iter()
         .map(|(db, g)| {
-            (
-                db,
-                serde_json::to_value(g.report()).unwrap_or(serde_json::Value::Null),
-            )
+            let mut report = serde_json::to_value(g.report()).unwrap_or(serde_json::Value::Null);
+            let window = windows
+                .get(&db)
+                .filter(|_| deps.learning())
+                .map(|e| &e.window);
+            if let (Some(obj), Some(w)) = (report.as_object_mut(), window) {
+                obj.insert(
+                    "schema_window".into(),
+                    serde_json::json!({
+                        "open": w.is_open(),
+                        "changes_in_flight": w.changes_in_flight(),
+                    }),
+                );
+            }
+            (db, report)
         })
         .collect();
     serde_json::json!({ "databases": databases })

@@ -80,6 +80,11 @@ impl SchemaWindow {
         self.stamp().is_none()
     }
 
+    /// Changes sent and not yet ended.
+    pub fn changes_in_flight(&self) -> u64 {
+        self.open.load(SeqCst)
+    }
+
     /// A catalog load starts: what it will have learned if it succeeds.
     pub fn load_starting(&self) -> u64 {
         self.ended.load(SeqCst)
