@@ -137,6 +137,11 @@ impl Drop for SchemaChange {
 pub struct SchemaChanges(Option<Box<Vec<SchemaChange>>>);
 
 impl SchemaChanges {
+    /// Holds no change.
+    pub fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|v| v.is_empty())
+    }
+
     pub fn push(&mut self, change: SchemaChange) {
         self.0.get_or_insert_with(Box::default).push(change);
     }

@@ -181,11 +181,16 @@ impl Session {
                         let settled = self.pending_settings.on_ready(status, u.error);
                         self.apply_settings(node, settled);
                         if status == TxStatus::Idle {
-                            if u.ddl || self.tx_writes.ddl {
+                            // Effect-changing DDL ends with its guards, whose drop (the
+                            // reset below, or `u`'s) schedules the reload that closes the
+                            // window; other DDL asks for it here. One request only: a
+                            // request made after the load started (worker threads) costs
+                            // one more load.
+                            let guarded = !u.schema_changes.is_empty()
+                                || !self.tx_writes.schema_changes.is_empty();
+                            if (u.ddl || self.tx_writes.ddl) && !guarded {
                                 self.ddl_done();
                             }
-                            // Ends the transaction's schema changes (their guards
-                            // schedule the reload that closes the window).
                             self.tx_writes = super::TxWrites::default();
                         } else {
                             let wrote = !u.autocommit && !u.error;
