@@ -788,6 +788,42 @@ async fn user_functions_follow_their_catalog_volatility() {
     }
 }
 
+/// A function redefined through pgfresh from a STABLE read into a VOLATILE write: its next
+/// call goes to the primary (the volatilities learned before are dropped with the DDL), not
+/// to a standby that would refuse the write.
+#[tokio::test]
+async fn a_function_redefined_to_write_goes_to_the_primary_at_once() {
+    let _g = SERIAL.lock().await;
+    let (t, f) = (unique("redef_t"), unique("redef_f"));
+    let p = start_proxy(&config_text(""));
+    let c = p.connect().await;
+    c.batch_execute(&format!(
+        "CREATE TABLE {t}(id int);
+         CREATE FUNCTION {f}() RETURNS int LANGUAGE sql STABLE AS 'SELECT inet_server_port()'"
+    ))
+    .await
+    .unwrap();
+    wait_replicated(&c).await;
+    poll(
+        "the STABLE function to run on a replica",
+        Duration::from_secs(60),
+        || async { (port_of(&c, &format!("SELECT {f}()")).await != primary_port()).then_some(()) },
+    )
+    .await;
+    c.batch_execute(&format!(
+        "CREATE OR REPLACE FUNCTION {f}() RETURNS int LANGUAGE sql VOLATILE AS \
+         'INSERT INTO {t} VALUES (1); SELECT inet_server_port()'"
+    ))
+    .await
+    .unwrap();
+    let port: i32 = c
+        .query_one(&format!("SELECT {f}()"), &[])
+        .await
+        .unwrap_or_else(|e| panic!("the call of the redefined function failed: {e}"))
+        .get(0);
+    assert_eq!(port as u16, primary_port());
+}
+
 #[tokio::test]
 async fn lsn_routing_sends_hot_reads_to_replicas_that_replayed_the_write() {
     let _g = SERIAL.lock().await;

@@ -1472,3 +1472,174 @@ async fn writes_before_the_first_dependency_load_are_read_fresh() {
         "the control without learned dependencies saw no stale read, so the test proves nothing"
     );
 }
+
+/// Replay delay of both standbys in the rounds below: long enough that a read right after
+/// the write finds no replica that has it, on a loaded machine too.
+const OUTSIDE_DELAY_MS: u64 = 2_000;
+
+/// A trigger created straight on the primary (a migration run past the pooler): writes
+/// through pgfresh go on being expanded with the graph loaded before it. With both standbys
+/// replaying late, each round creates the trigger outside pgfresh, writes through pgfresh, lets the
+/// schema check run (`check_now`, what `dependency_check_ms` runs periodically), then reads
+/// what the trigger wrote through two connections. The check marks the whole database with
+/// the primary's position: the reads must be fresh. The control runs the same rounds
+/// without the check: its reads must be stale (the graph in force knows no trigger).
+#[tokio::test]
+async fn writes_after_a_schema_change_made_outside_pgfresh_are_read_fresh_once_checked() {
+    let _g = SERIAL.lock().await;
+    const ROUNDS: usize = 4;
+    let (orders, totals, f) = (unique("ob_orders"), unique("ob_totals"), unique("ob_bump"));
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {totals} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;"
+    ))
+    .await;
+    let truth = primary_direct().await;
+    let read = format!("SELECT n FROM {totals} WHERE id = 1");
+    // Delayed standbys stay in the read pool for the whole round.
+    let extra = "delay_threshold_by_time = 600000";
+    let mut misses = [0usize; 2];
+    for (i, checked) in [true, false].into_iter().enumerate() {
+        for round in 0..ROUNDS {
+            let p = start_proxy(&config_text(extra));
+            p.shared
+                .deps
+                .load_now(&p.shared, "app")
+                .await
+                .expect("the first dependency load");
+            let trigger = format!("{f}_trg{round}");
+            let proto = if round % 2 == 0 {
+                Proto::Simple
+            } else {
+                Proto::Extended
+            };
+            // (A paused standby leaves the read pool; a delayed one stays.)
+            let delay = ApplyDelay::set(OUTSIDE_DELAY_MS);
+            truth
+                .batch_execute(&format!(
+                    "CREATE TRIGGER {trigger} AFTER INSERT ON {orders} \
+                     FOR EACH ROW EXECUTE FUNCTION {f}()"
+                ))
+                .await
+                .expect("the trigger, made outside pgfresh");
+            let writer = p.connect().await;
+            exec(
+                &writer,
+                proto,
+                &format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+                1,
+            )
+            .await;
+            if checked {
+                let changed = p
+                    .shared
+                    .deps
+                    .check_now(&p.shared, "app")
+                    .await
+                    .expect("the schema check");
+                assert!(changed, "the check did not see the new trigger");
+            }
+            let expected = read_i64(&truth, Proto::Extended, &read, 0).await;
+            let other = p.connect().await;
+            for c in [&writer, &other] {
+                misses[i] += usize::from(read_i64(c, proto, &read, 0).await != expected);
+            }
+            drop(delay);
+            truth
+                .batch_execute(&format!("DROP TRIGGER {trigger} ON {orders}"))
+                .await
+                .expect("drop the trigger");
+        }
+    }
+    eprintln!(
+        "reads after a trigger made outside pgfresh: {}/{} stale once checked, control {}/{}",
+        misses[0],
+        2 * ROUNDS,
+        misses[1],
+        2 * ROUNDS
+    );
+    assert_eq!(misses[0], 0, "stale reads after the schema check");
+    assert!(
+        misses[1] > 0,
+        "the control without the check saw no stale read, so the test proves nothing"
+    );
+}
+
+/// The periodic check (`dependency_check_ms`) finds a trigger created straight on the
+/// primary, and the reload it asks for learns it, long before the 30 s refresh would.
+/// A plain table made outside pgfresh changes nothing a graph is built from and is not
+/// counted as a change.
+#[tokio::test]
+async fn the_periodic_schema_check_finds_changes_made_outside_pgfresh() {
+    let _g = SERIAL.lock().await;
+    let (orders, totals, f) = (unique("pc_orders"), unique("pc_totals"), unique("pc_bump"));
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;"
+    ))
+    .await;
+    let p = start_proxy(&config_text("dependency_check_ms = 50"));
+    p.shared
+        .deps
+        .load_now(&p.shared, "app")
+        .await
+        .expect("the first dependency load");
+    let changed = "pgfresh_schema_checks_total{result=\"changed\"}";
+    let unchanged = "pgfresh_schema_checks_total{result=\"unchanged\"}";
+    let c = p.connect().await;
+    let truth = primary_direct().await;
+    // Plain DDL: the checks go on and see no change.
+    let before = metric_value(changed);
+    truth
+        .batch_execute(&format!("CREATE TABLE {}(id int)", unique("pc_plain")))
+        .await
+        .expect("a plain table");
+    let seen = metric_value(unchanged);
+    poll(
+        "two checks after the plain table",
+        Duration::from_secs(60),
+        || async {
+            // The database must stay in use for the checks to run.
+            c.simple_query("SELECT 1").await.expect("a statement");
+            (metric_value(unchanged) >= seen + 2.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        metric_value(changed),
+        before,
+        "a plain table counted as a change"
+    );
+    // A trigger: found, and learned.
+    truth
+        .batch_execute(&format!(
+            "CREATE TRIGGER {f}_trg AFTER INSERT ON {orders} FOR EACH ROW EXECUTE FUNCTION {f}()"
+        ))
+        .await
+        .expect("the trigger, made outside pgfresh");
+    let hole = Hole {
+        name: "outside ddl",
+        write: String::new(),
+        delta: 0,
+        reads: vec![],
+        edges: vec![edge("trigger", &orders, &format!("{f}()"))],
+        unanalysable: vec![],
+        warmup: None,
+        out_of_band: None,
+    };
+    poll(
+        "the check to find the trigger",
+        Duration::from_secs(60),
+        || async {
+            c.simple_query("SELECT 1").await.expect("a statement");
+            (metric_value(changed) > before).then_some(())
+        },
+    )
+    .await;
+    wait_graph(&p, &hole).await;
+}

@@ -367,6 +367,12 @@ pub struct RoutingSection {
     /// also writes both) and `"place_order() -> orders, ledger"` (a call of `place_order`
     /// writes and reads both). Checked with `pgfresh_deps::parse_rules`.
     pub relation_dependencies: Vec<String>,
+    /// How often (ms) each database in use is asked whether its schema changed outside
+    /// this pgfresh (DDL run directly on the primary, or through another instance): a
+    /// change seen marks the whole database with the primary's position and reloads its
+    /// dependency graph. 0: off (such changes are learned at the next 30 s refresh, and
+    /// writes made meanwhile are marked without their new effects).
+    pub dependency_check_ms: u64,
     /// With `lsn_routing`: how long a read of a recently written relation may wait for a
     /// replica to replay the write before it goes to the primary (0: go at once).
     pub replica_wait_ms: u64,
@@ -408,6 +414,7 @@ impl Default for RoutingSection {
             read_only_function_list: Vec::new(),
             learn_dependencies: true,
             relation_dependencies: Vec::new(),
+            dependency_check_ms: 1_000,
             replica_wait_ms: 0,
             on_stale: OnStale::Primary,
             max_primary_fallbacks: 1_000,

@@ -40,6 +40,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     // Dependency graphs are rebuilt (from cached catalog rows) when the rules change.
     ("routing.learn_dependencies", ReloadClass::Live),
     ("routing.relation_dependencies", ReloadClass::Live),
+    ("routing.dependency_check_ms", ReloadClass::Live),
     // Read when a COMMIT is sent: a change applies to the next COMMIT of every session.
     ("routing.resolve_lost_commits", ReloadClass::Live),
     ("routing.", ReloadClass::Live),

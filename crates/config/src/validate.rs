@@ -7,6 +7,10 @@ use std::path::Path;
 
 use crate::model::{AuthMethod, Config};
 
+/// The shortest `routing.dependency_check_ms` other than 0 (each check is a catalog query on
+/// the primary per database in use).
+pub const MIN_DEPENDENCY_CHECK_MS: u64 = 50;
+
 /// Why a configuration file was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -183,6 +187,12 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
                 "{} exceeds routing.recent_access_max_ttl_ms ({})",
                 r.recent_access_ttl_ms, r.recent_access_max_ttl_ms
             ),
+        ));
+    }
+    if (1..MIN_DEPENDENCY_CHECK_MS).contains(&r.dependency_check_ms) {
+        return Err(ConfigError::invalid(
+            "routing.dependency_check_ms",
+            format!("must be 0 (off) or at least {MIN_DEPENDENCY_CHECK_MS}"),
         ));
     }
     if r.recency_max_entries == 0 {

@@ -81,6 +81,10 @@ fn invalid_values_are_named() {
             "nodes[1].name",
         ),
         (
+            "[routing]\ndependency_check_ms = 5\n",
+            "routing.dependency_check_ms",
+        ),
+        (
             "[routing]\nnever_track = [\"a.b.c\"]\n",
             "routing.never_track",
         ),

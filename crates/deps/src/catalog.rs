@@ -308,6 +308,52 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
 WHERE r.ev_type IN ('2', '3', '4') AND r.ev_enabled <> 'D' \
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
+/// One text that changes whenever a catalog row the graph is built from may have changed:
+/// user triggers, rewrite rules, foreign keys, inheritance, user functions (their source,
+/// name, schema and volatility), row-security policies, event triggers, the dependencies of
+/// defaults, checks, indexes, views and policies on user functions, the names, kinds and
+/// row-security flags of the relations the graph can name an edge for (those with triggers,
+/// rules, children, partitions, row security, and views), and user schemas. Plain tables,
+/// indexes, sequences, grants, statistics and temporary relations are left out: creating,
+/// truncating, analysing or dropping them changes no edge.
+///
+/// Rows whose content is large (view and rule actions, policy expressions) count by their
+/// `xmin`, which changes on every update; freezing changes it too, which costs one needless
+/// reload. Run by the proxy's schema check (about a millisecond on a small schema), and in
+/// each load's snapshot so the first check has what the loaded graph saw.
+pub const SCHEMA_FINGERPRINT_SQL: &str = "\
+SELECT pg_catalog.md5(pg_catalog.concat_ws('|', \
+coalesce((SELECT pg_catalog.string_agg(t.oid || ':' || t.tgrelid || ':' || t.tgfoid || ':' \
+|| t.tgenabled::text || ':' || t.tgtype, ',' ORDER BY t.oid) \
+FROM pg_catalog.pg_trigger t WHERE NOT t.tgisinternal), ''), \
+coalesce((SELECT pg_catalog.string_agg(r.oid || ':' || r.ev_class || ':' || r.ev_type::text || ':' \
+|| r.ev_enabled::text || ':' || r.xmin, ',' ORDER BY r.oid) \
+FROM pg_catalog.pg_rewrite r WHERE r.oid >= 16384), ''), \
+coalesce((SELECT pg_catalog.string_agg(c.oid || ':' || c.conrelid || ':' || c.confrelid || ':' \
+|| c.confdeltype::text || c.confupdtype::text, ',' ORDER BY c.oid) \
+FROM pg_catalog.pg_constraint c WHERE c.contype = 'f'), ''), \
+coalesce((SELECT pg_catalog.string_agg(i.inhrelid || ':' || i.inhparent, ',' \
+ORDER BY i.inhrelid, i.inhparent) FROM pg_catalog.pg_inherits i), ''), \
+coalesce((SELECT pg_catalog.string_agg(p.oid || ':' || p.pronamespace || ':' || p.proname || ':' \
+|| p.provolatile::text || ':' || p.prolang || ':' || pg_catalog.md5(p.prosrc), ',' ORDER BY p.oid) \
+FROM pg_catalog.pg_proc p WHERE p.oid >= 16384), ''), \
+coalesce((SELECT pg_catalog.string_agg(p.oid || ':' || p.polrelid || ':' || p.polcmd::text || ':' \
+|| p.xmin, ',' ORDER BY p.oid) FROM pg_catalog.pg_policy p), ''), \
+coalesce((SELECT pg_catalog.string_agg(e.oid || ':' || e.evtevent || ':' || e.evtfoid || ':' \
+|| e.evtenabled::text, ',' ORDER BY e.oid) FROM pg_catalog.pg_event_trigger e), ''), \
+coalesce((SELECT pg_catalog.string_agg(d.classid || ':' || d.objid || ':' || d.objsubid || ':' \
+|| d.refobjid, ',' ORDER BY d.classid, d.objid, d.objsubid, d.refobjid) \
+FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass \
+AND d.refobjid >= 16384 AND d.deptype = 'n'), ''), \
+coalesce((SELECT pg_catalog.string_agg(c.oid || ':' || c.relnamespace || ':' || c.relname || ':' \
+|| c.relkind::text || ':' || c.relrowsecurity || ':' || c.relispartition, ',' ORDER BY c.oid) \
+FROM pg_catalog.pg_class c WHERE c.oid >= 16384 AND c.relpersistence <> 't' \
+AND (c.relkind::text IN ('v', 'm', 'p') OR c.relhastriggers OR c.relhasrules OR c.relhassubclass \
+OR c.relispartition OR c.relrowsecurity)), ''), \
+coalesce((SELECT pg_catalog.string_agg(n.oid || ':' || n.nspname, ',' ORDER BY n.oid) \
+FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), '') \
+)) AS fingerprint";
+
 /// Each query with the row type it fills, for loaders and tests.
 pub const QUERIES: [(&str, &str); 11] = [
     ("relations", RELATIONS_SQL),
@@ -380,6 +426,11 @@ mod tests {
             got.sort();
             assert_eq!(got, want, "{what}");
         }
+    }
+
+    #[test]
+    fn the_fingerprint_is_one_named_column() {
+        assert_eq!(columns(SCHEMA_FINGERPRINT_SQL), vec!["fingerprint"]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! since the last refresh, calls are unknown and go to the primary.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,6 +79,10 @@ impl VolatilityOracle for DbFunctions {
 struct Entry {
     functions: Arc<ArcSwapOption<DbFunctions>>,
     loading_since: Mutex<Option<Instant>>,
+    /// Loads started, and the number of the one whose answer is in `functions`: an older
+    /// load that finishes after a newer one is not stored.
+    started: AtomicU64,
+    stored: Arc<Mutex<u64>>,
 }
 
 /// The per-database function catalogs.
@@ -103,6 +108,8 @@ impl Catalog {
                     Arc::new(Entry {
                         functions: Arc::new(ArcSwapOption::empty()),
                         loading_since: Mutex::new(None),
+                        started: AtomicU64::new(0),
+                        stored: Arc::new(Mutex::new(0)),
                     })
                 })
                 .clone()
@@ -113,10 +120,18 @@ impl Catalog {
             .unwrap_or_else(|p| p.into_inner());
         if loading.is_none_or(|t| t.elapsed() >= REFRESH) {
             *loading = Some(Instant::now());
+            let number = entry.started.fetch_add(1, Ordering::AcqRel) + 1;
             let (shared, db, slot) = (shared.clone(), db.to_string(), entry.functions.clone());
+            let stored = entry.stored.clone();
             tokio::spawn(async move {
                 match load(&shared, &db).await {
-                    Ok(f) => slot.store(Some(Arc::new(f))),
+                    Ok(f) => {
+                        let mut last = stored.lock().unwrap_or_else(|p| p.into_inner());
+                        if *last < number {
+                            *last = number;
+                            slot.store(Some(Arc::new(f)));
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(database = %db, error = %e, "cannot read pg_proc; user functions go to the primary")
                     }
@@ -124,6 +139,25 @@ impl Catalog {
             });
         }
         entry.functions.load_full()
+    }
+
+    /// DDL may have changed the functions of `db` (through pgfresh, or found by the schema
+    /// check): what was loaded is dropped (until the next load, every user function counts
+    /// as unknown, so calls go to the primary), loads already running are not stored, and
+    /// the next [`Self::functions`] call loads again.
+    pub fn invalidate(&self, db: &str) {
+        let entry = self
+            .dbs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(db)
+            .cloned();
+        if let Some(e) = entry {
+            let mut loading = e.loading_since.lock().unwrap_or_else(|p| p.into_inner());
+            *e.stored.lock().unwrap_or_else(|p| p.into_inner()) = e.started.load(Ordering::Acquire);
+            e.functions.store(None);
+            *loading = None;
+        }
     }
 }
 

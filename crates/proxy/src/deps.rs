@@ -15,6 +15,8 @@
 //! - [`Dependencies::invalidate`], called after DDL passes through pgfresh, schedules a
 //!   reload now. At most one load runs per database; requests during a load cause exactly
 //!   one more load after it.
+//! - A change made outside this pgfresh is found by [`crate::schema_watch`] (every
+//!   `dependency_check_ms`), which marks the whole database and schedules a reload.
 //! - When `relation_dependencies` changes, every loaded graph is rebuilt from the catalog
 //!   rows already fetched, without querying the catalog.
 //! - A failed load is logged (the server's own message and SQLSTATE) and counted; the
@@ -105,8 +107,8 @@ struct Work {
     waiters: Vec<Waiter>,
 }
 
-struct Entry {
-    db: String,
+pub(crate) struct Entry {
+    pub(crate) db: String,
     graph: ArcSwapOption<DepGraph>,
     /// Rules generation the graph in `graph` was built with; 0 before the first.
     built_with: AtomicU64,
@@ -121,10 +123,12 @@ struct Entry {
     rows: Mutex<Option<Arc<CatalogRows>>>,
     work: Mutex<Work>,
     /// Effect-changing schema changes through pgfresh and what the graph learned of them.
-    window: Arc<SchemaWindow>,
+    pub(crate) window: Arc<SchemaWindow>,
+    /// What [`crate::schema_watch`] compares the catalog with.
+    pub(crate) watch: crate::schema_watch::Watch,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -206,7 +210,7 @@ impl Dependencies {
         }
     }
 
-    fn learning(&self) -> bool {
+    pub(crate) fn learning(&self) -> bool {
         self.learn.load(Ordering::Relaxed)
     }
 
@@ -233,6 +237,7 @@ impl Dependencies {
             rows: Mutex::new(None),
             work: Mutex::new(Work::default()),
             window: Arc::new(SchemaWindow::unlearned()),
+            watch: Default::default(),
         });
         let mut next = HashMap::clone(&dbs);
         next.insert(db.to_string(), entry.clone());
@@ -269,6 +274,7 @@ impl Dependencies {
                     .map(|e| (e.clone(), arc_swap::Cache::new(EntryGraph(e))))
             })
             .as_mut()?;
+        entry.watch.used();
         if entry.due.load(Ordering::Relaxed) {
             // One caller per period starts the load; the worker arms the next timer.
             if entry.due.swap(false, Ordering::AcqRel) {
@@ -303,6 +309,11 @@ impl Dependencies {
         let Some(Some((entry, _))) = &entry.0 else {
             return None;
         };
+        self.change_of(entry)
+    }
+
+    /// A schema change of the database of `entry` begins (see [`Self::begin_change`]).
+    pub(crate) fn change_of(&self, entry: &Arc<Entry>) -> Option<SchemaChange> {
         if !self.learning() {
             return None;
         }
@@ -313,6 +324,7 @@ impl Dependencies {
             Box::new(move || {
                 if let Some(shared) = shared.upgrade() {
                     shared.deps.schedule(&reload, true, None);
+                    shared.catalog.invalidate(&reload.db);
                 }
             }),
         ))
@@ -343,6 +355,23 @@ impl Dependencies {
         self.schedule(&entry, true, Some(tx));
         rx.await
             .map_err(|_| "the dependency loader stopped".to_string())?
+    }
+
+    /// Asks the primary now whether the schema of `db` changed outside this pgfresh since
+    /// the last check (see [`crate::schema_watch`]), as the periodic check does; true when
+    /// it did (the whole database was marked and a reload scheduled). An error when `db`
+    /// was never loaded or the primary cannot be asked.
+    pub async fn check_now(&self, shared: &Arc<Shared>, db: &str) -> Result<bool, String> {
+        if !self.learning() {
+            return Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+        }
+        let entry = self
+            .dbs
+            .load()
+            .get(db)
+            .cloned()
+            .ok_or_else(|| format!("database {db} was never loaded"))?;
+        crate::schema_watch::check(shared, &entry).await
     }
 
     /// The graphs of every database loaded so far, sorted by name (what `graph()` would
@@ -436,7 +465,9 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                 .await
                 .unwrap_or_else(|_| Err(format!("timed out after {LOAD_TIMEOUT:?}")));
             match fetched {
-                Ok(rows) => {
+                Ok((rows, fingerprint)) => {
+                    entry.watch.loaded(fingerprint);
+                    crate::schema_watch::start(&shared, &entry);
                     *lock(&entry.rows) = Some(Arc::new(rows));
                     entry.failures.store(0, Ordering::Relaxed);
                     rebuild = true;
@@ -550,7 +581,7 @@ pub fn report_json(deps: &Dependencies) -> serde_json::Value {
 
 /// An error in the server's own words (message and SQLSTATE), not tokio-postgres's
 /// generic "db error".
-fn pg_error(e: &tokio_postgres::Error) -> String {
+pub(crate) fn pg_error(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => e.to_string(),
@@ -570,15 +601,16 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
     Ok(char_column(&text(row, col)?))
 }
 
-/// Runs the eleven catalog queries on the primary in `db`, in one read-only snapshot.
-async fn fetch(shared: &Shared, db: &str) -> Result<CatalogRows, String> {
+/// Runs the eleven catalog queries and the schema fingerprint on the primary in `db`, in
+/// one read-only snapshot.
+async fn fetch(shared: &Shared, db: &str) -> Result<(CatalogRows, String), String> {
     let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
     let rows = query_all(&mut conn.client).await;
     conn.close().await;
     rows
 }
 
-async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, String> {
+async fn query_all(client: &mut tokio_postgres::Client) -> Result<(CatalogRows, String), String> {
     let tx = client
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -678,8 +710,9 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<CatalogRows, S
             function_oid: oid(&r, "function_oid")?,
         });
     }
+    let fingerprint = crate::schema_watch::fingerprint(&tx).await?;
     tx.commit().await.map_err(|e| pg_error(&e))?;
-    Ok(rows)
+    Ok((rows, fingerprint))
 }
 
 #[cfg(test)]

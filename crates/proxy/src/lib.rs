@@ -20,6 +20,7 @@ pub mod listener;
 pub mod monitor_conn;
 pub mod pool;
 pub mod router;
+pub mod schema_watch;
 pub mod schema_window;
 pub mod server;
 pub mod session;

@@ -294,6 +294,7 @@ impl Session {
     /// DDL committed: the database's dependencies may have changed.
     pub(super) fn ddl_done(&self) {
         self.shared.deps.invalidate(&self.login.database);
+        self.shared.catalog.invalidate(&self.login.database);
     }
 
     /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one

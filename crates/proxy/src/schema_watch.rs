@@ -1,0 +1,208 @@
+//! Schema changes made outside this pgfresh: DDL run directly on the primary (a migration
+//! tool connected past the pooler, say) or through another pgfresh instance.
+//!
+//! Such a change is not seen passing by, so [`crate::schema_window`] cannot cover it: writes
+//! through this pgfresh go on being expanded with the graph loaded before it, without the
+//! new trigger's (rule's, function's ...) effects, until the graph is loaded again. To
+//! bound that, every database in use is asked every `dependency_check_ms` for one text that
+//! changes whenever a catalog row the graph is built from may have changed
+//! ([`pgfresh_deps::catalog::SCHEMA_FINGERPRINT_SQL`], about a millisecond). When it differs
+//! from the last one seen (the first is taken in the first load's own snapshot):
+//!
+//! 1. the database's schema window opens (a [`SchemaChange`] begins): writes analysed from
+//!    now on, and writes analysed before but committed after, mark the whole database with
+//!    their commit position, as during a change through pgfresh;
+//! 2. the primary's WAL insert position is read, and the whole database is marked with it.
+//!    Every write this pgfresh relayed before step 1, whatever its unknown effects, has
+//!    its commit before that position, so reads go only to replicas that have replayed it;
+//! 3. the change ends, which schedules a reload; the window closes once a load that started
+//!    after it has succeeded.
+//!
+//! What remains uncovered is a read made between such a write and the check that follows
+//! it (at most `dependency_check_ms` plus a query later). A change through this pgfresh is
+//! seen by the check too, which costs one more whole-database mark and reload, harmless.
+//!
+//! One connection per database is kept (as the `[monitor]` user) while the database is in
+//! use; a database no session asked for since the last check is not checked, and its
+//! connection is closed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::context::Shared;
+use crate::deps::{lock, pg_error, Entry};
+use crate::monitor_conn::MonitorConn;
+use crate::schema_window::SchemaChange;
+use pgfresh_deps::catalog::SCHEMA_FINGERPRINT_SQL;
+
+/// How often a watcher looks at the config again while checks are off.
+const OFF_RECHECK: Duration = Duration::from_secs(1);
+
+/// A check (query and mark) that takes longer is abandoned and counted as an error.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The watch state of one database (held by its dependency entry).
+#[derive(Default)]
+pub struct Watch {
+    /// The last fingerprint seen (by a check, or the first load); None before the first load.
+    baseline: Mutex<Option<String>>,
+    /// A session asked for the database's graph since the last check.
+    used: AtomicBool,
+    /// The watcher task was started.
+    started: AtomicBool,
+    /// The check's connection, kept while the database is in use; the lock also keeps two
+    /// checks of one database (the watcher's and `check_now`'s) from running at once.
+    conn: tokio::sync::Mutex<Option<MonitorConn>>,
+}
+
+impl Watch {
+    /// A session asked for the graph (the hot path: one relaxed load, a store only when
+    /// the flag was down).
+    pub fn used(&self) {
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A load succeeded with `fingerprint` in its snapshot: the first one is the baseline
+    /// (later ones are not: a change made outside between two checks must still be seen,
+    /// however many loads learned it meanwhile).
+    pub fn loaded(&self, fingerprint: String) {
+        let mut baseline = lock(&self.baseline);
+        if baseline.is_none() {
+            *baseline = Some(fingerprint);
+        }
+    }
+}
+
+/// The fingerprint of the catalog, as `client` (a connection or a transaction) sees it.
+pub async fn fingerprint(client: &impl tokio_postgres::GenericClient) -> Result<String, String> {
+    let row = client
+        .query_one(SCHEMA_FINGERPRINT_SQL, &[])
+        .await
+        .map_err(|e| format!("schema fingerprint query: {}", pg_error(&e)))?;
+    row.try_get("fingerprint")
+        .map_err(|e| format!("schema fingerprint query: {e}"))
+}
+
+/// Starts the watcher of `entry` once (after its first successful load).
+pub(crate) fn start(shared: &Arc<Shared>, entry: &Arc<Entry>) {
+    if entry.watch.started.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(run(Arc::downgrade(shared), entry.clone()));
+}
+
+/// The watcher of one database: a check every `dependency_check_ms` while the database is
+/// in use, until the proxy is gone.
+async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
+    let mut last_error: Option<String> = None;
+    loop {
+        let every = match shared.upgrade() {
+            Some(s) => s.config.snapshot().routing.dependency_check_ms,
+            None => return,
+        };
+        let pause = if every == 0 {
+            OFF_RECHECK
+        } else {
+            Duration::from_millis(every)
+        };
+        tokio::time::sleep(pause).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let on = shared.config.snapshot().routing.dependency_check_ms > 0 && shared.deps.learning();
+        if !on || !entry.watch.used.swap(false, Ordering::Relaxed) {
+            if let Some(conn) = entry.watch.conn.lock().await.take() {
+                conn.close().await;
+            }
+            continue;
+        }
+        match check(&shared, &entry).await {
+            Ok(_) => last_error = None,
+            Err(e) => {
+                // Logged when it starts and when it changes, not every period.
+                if last_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(database = %entry.db, error = %e,
+                        "cannot check whether the schema changed outside pgfresh; will retry");
+                }
+                metrics::counter!("pgfresh_schema_checks_total", "result" => "error").increment(1);
+                last_error = Some(e);
+            }
+        }
+    }
+}
+
+/// One check of `entry`'s database (see the module documentation): true when the schema
+/// changed since the last one.
+pub(crate) async fn check(shared: &Arc<Shared>, entry: &Arc<Entry>) -> Result<bool, String> {
+    let mut conn = entry.watch.conn.lock().await;
+    if conn.is_none() {
+        *conn =
+            Some(MonitorConn::open(shared, None, Some(&entry.db), "pgfresh schema check").await?);
+    }
+    let client = &conn.as_ref().expect("opened above").client;
+    let outcome = tokio::time::timeout(CHECK_TIMEOUT, detect(shared, entry, client))
+        .await
+        .unwrap_or_else(|_| Err(format!("timed out after {CHECK_TIMEOUT:?}")));
+    if outcome.is_err() {
+        // A new connection next time (the primary may have changed, or the socket died).
+        if let Some(c) = conn.take() {
+            c.close().await;
+        }
+    }
+    outcome
+}
+
+async fn detect(
+    shared: &Arc<Shared>,
+    entry: &Arc<Entry>,
+    client: &tokio_postgres::Client,
+) -> Result<bool, String> {
+    let now = fingerprint(client).await?;
+    {
+        let mut baseline = lock(&entry.watch.baseline);
+        match baseline.as_deref() {
+            None => {
+                *baseline = Some(now);
+                return Ok(false);
+            }
+            Some(seen) if seen == now => {
+                metrics::counter!("pgfresh_schema_checks_total", "result" => "unchanged")
+                    .increment(1);
+                return Ok(false);
+            }
+            Some(_) => {}
+        }
+    }
+    // The window first: a write whose commit this pgfresh relays from now on is covered by
+    // the window, every one before by the position read after it.
+    let change: Option<SchemaChange> = shared.deps.change_of(entry);
+    let position = client
+        .query_one("SELECT pg_catalog.pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .map_err(|e| pg_error(&e))
+        .and_then(|row| row.try_get::<_, String>(0).map_err(|e| e.to_string()))
+        .and_then(|text| text.parse::<pgfresh_lsn::Lsn>().map_err(|e| e.to_string()));
+    let lsn = match position {
+        Ok(lsn) => Some(lsn),
+        Err(e) => {
+            // Marked without a position: reads of the database stay on the primary for
+            // the TTL.
+            tracing::warn!(database = %entry.db, error = %e,
+                "cannot read the primary's WAL position after a schema change; marking without it");
+            None
+        }
+    };
+    shared.recency.mark_database_at(&entry.db, lsn);
+    *lock(&entry.watch.baseline) = Some(now);
+    metrics::counter!("pgfresh_schema_checks_total", "result" => "changed").increment(1);
+    tracing::info!(
+        database = %entry.db,
+        position = ?lsn,
+        "the schema changed outside this pgfresh; the whole database is marked and its dependencies reloaded"
+    );
+    drop(change);
+    Ok(true)
+}
