@@ -3,8 +3,9 @@
 //! A call of a user function may stay a read only when the function cannot write: the
 //! catalog marks it STABLE or IMMUTABLE (DESIGN §1.5). pgfresh reads `pg_proc` of each
 //! database its clients use, on a connection of its own as the monitor user, and refreshes
-//! it periodically. Until a database's functions are loaded, and for functions created
-//! since the last refresh, calls are unknown and go to the primary.
+//! it every 30 s and after DDL ([`Catalog::invalidate`]: through pgfresh, or found by the
+//! schema check). Until a database's functions are loaded (again), and for functions
+//! created since the last load, calls are unknown and go to the primary.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

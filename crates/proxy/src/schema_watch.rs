@@ -14,7 +14,9 @@
 //!    their commit position, as during a change through pgfresh;
 //! 2. the primary's WAL insert position is read, and the whole database is marked with it.
 //!    Every write this pgfresh relayed before step 1, whatever its unknown effects, has
-//!    its commit before that position, so reads go only to replicas that have replayed it;
+//!    its commit before that position, so reads go only to replicas that have replayed it
+//!    (without `lsn_routing`, or when the position cannot be read: to the primary, for the
+//!    TTL);
 //! 3. the change ends, which schedules a reload; the window closes once a load that started
 //!    after it has succeeded.
 //!
@@ -195,6 +197,8 @@ async fn detect(
             None
         }
     };
+    // As a session marks: with a position only under `lsn_routing`.
+    let lsn = lsn.filter(|_| shared.config.snapshot().routing.lsn_routing);
     shared.recency.mark_database_at(&entry.db, lsn);
     *lock(&entry.watch.baseline) = Some(now);
     metrics::counter!("pgfresh_schema_checks_total", "result" => "changed").increment(1);
