@@ -202,10 +202,12 @@ async fn detect(
     shared.recency.mark_database_at(&entry.db, lsn);
     *lock(&entry.watch.baseline) = Some(now);
     metrics::counter!("pgfresh_schema_checks_total", "result" => "changed").increment(1);
+    let position = lsn.map_or_else(|| "none (primary only)".to_string(), |l| l.to_string());
     tracing::info!(
         database = %entry.db,
-        position = ?lsn,
-        "the schema changed outside this pgfresh; the whole database is marked and its dependencies reloaded"
+        %position,
+        "the catalog changed since the last schema check (DDL made elsewhere, or through this pgfresh); \
+         the whole database is marked and its dependencies reloaded"
     );
     drop(change);
     Ok(true)
