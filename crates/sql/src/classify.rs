@@ -137,12 +137,14 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
             if c.is_select_into {
                 w.reasons.push(MustPrimary::SelectInto);
             }
+            w.ddl_events = true;
             if let Some(rel) = c.into.as_ref().and_then(|i| i.rel.as_ref()) {
                 created(&mut w, rel);
             }
             Kind::Write
         }
         NodeEnum::RefreshMatViewStmt(r) => {
+            w.ddl_events = true;
             if let Some(rel) = &r.relation {
                 w.write_rel(rel);
             }
@@ -227,6 +229,7 @@ fn classify_into(w: &mut Walker, node: &NodeEnum) -> Kind {
     w.reasons.extend(s.must_primary);
     w.functions.extend(s.functions);
     w.touches_catalog |= s.touches_catalog;
+    w.ddl_events |= s.fires_event_triggers;
     if w.session.is_none() {
         w.session = s.session;
     }
@@ -243,6 +246,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         touches_catalog,
         writes_unnamed,
         changes_effects,
+        ddl_events,
         ..
     } = w;
     sort_dedup(&mut reads);
@@ -260,6 +264,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         touches_catalog,
         writes_unnamed,
         changes_effects,
+        fires_event_triggers: kind == Kind::Ddl || ddl_events,
         text_range: range,
     }
 }
@@ -452,6 +457,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         touches_catalog: s.touches_catalog,
         writes_unnamed: false,
         changes_effects: false,
+        fires_event_triggers: false,
         text_range: range,
     }
 }
@@ -534,6 +540,7 @@ fn ddl(w: &mut Walker, node: &NodeEnum) -> Kind {
     }
     if let Some(rel) = temp {
         w.session = Some(SessionEffect::CreateTemp(rel_name(rel)));
+        w.ddl_events = true;
         return Kind::Write;
     }
     Kind::Ddl

@@ -152,6 +152,36 @@ mod tests {
     }
 
     #[test]
+    fn writes_that_create_relations_fire_event_triggers() {
+        let fires = |sql: &str| {
+            let a = analyze_uncached(sql);
+            assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+            a.statements.iter().any(|s| s.fires_event_triggers)
+        };
+        for sql in [
+            "CREATE TABLE a (id int)",
+            "DROP TABLE a",
+            "CREATE TEMP TABLE t (id int)",
+            "CREATE TEMPORARY VIEW v AS SELECT 1",
+            "CREATE TABLE t AS SELECT 1 AS id",
+            "SELECT 1 AS id INTO t",
+            "CREATE MATERIALIZED VIEW m AS SELECT 1 AS id",
+            "REFRESH MATERIALIZED VIEW m",
+            "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 1",
+        ] {
+            assert!(fires(sql), "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "INSERT INTO a VALUES (1)",
+            "UPDATE a SET id = 2",
+            "EXPLAIN SELECT 1",
+        ] {
+            assert!(!fires(sql), "{sql}");
+        }
+    }
+
+    #[test]
     fn plain_schema_changes_do_not_count() {
         for sql in [
             "CREATE TABLE a (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)",

@@ -303,6 +303,10 @@ pub struct Statement {
     /// `effects.rs`): the dependency graph learned from the catalog is out of date
     /// until it is reloaded after the change.
     pub changes_effects: bool,
+    /// PostgreSQL fires event triggers (`ddl_command_start`/`end`) for it: DDL, and the
+    /// statements that create or refresh a relation while pgfresh counts them as writes
+    /// (`CREATE TEMP TABLE`, `CREATE TABLE AS`, `SELECT INTO`, `REFRESH MATERIALIZED VIEW`).
+    pub fires_event_triggers: bool,
     /// Byte range of the statement in the analysed text.
     pub text_range: (usize, usize),
 }
@@ -321,6 +325,7 @@ impl Statement {
             touches_catalog: false,
             writes_unnamed: false,
             changes_effects: false,
+            fires_event_triggers: kind == Kind::Ddl,
             text_range,
         }
     }

@@ -25,6 +25,8 @@ pub(crate) struct Walker {
     pub writes_unnamed: bool,
     /// Schema change that may change what other statements touch behind their text.
     pub changes_effects: bool,
+    /// A statement PostgreSQL fires event triggers for though it is not `Kind::Ddl`.
+    pub ddl_events: bool,
     /// CTE names visible at the current point, innermost last.
     ctes: Vec<String>,
 }
@@ -213,6 +215,7 @@ impl Walker {
         }
         if let Some(into) = &s.into_clause {
             self.writes_data = true;
+            self.ddl_events = true;
             self.reason(MustPrimary::SelectInto);
             if let Some(rel) = &into.rel {
                 self.write_rel(rel);

@@ -53,7 +53,7 @@ struct UnitWrites {
 fn expand(
     graph: &pgfresh_deps::DepGraph,
     unit: &ClientUnit,
-    ddl: bool,
+    fires_event_triggers: bool,
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
     let functions: Vec<pgfresh_sql::FuncName> = unit
@@ -65,7 +65,7 @@ fn expand(
     let mut whole = graph
         .expand_writes(writes, &functions, &mut behind)
         .is_whole_database();
-    if ddl {
+    if fires_event_triggers {
         whole |= graph.expand_ddl(&mut behind).is_whole_database();
     }
     writes.extend(behind);
@@ -575,7 +575,7 @@ impl Session {
             schema_stamp: None,
             schema_change: None,
         };
-        if out.writes.is_empty() && !calls && !ddl {
+        if out.writes.is_empty() && !calls && !ddl && !flags.event_ddl {
             return out; // a plain read
         }
         let graph = self.dep_graph();
@@ -590,7 +590,7 @@ impl Session {
             }
         }
         if let Some(g) = graph.filter(|g| !g.is_empty()) {
-            out.whole_db |= expand(&g, unit, ddl, &mut out.writes);
+            out.whole_db |= expand(&g, unit, flags.event_ddl, &mut out.writes);
         }
         out
     }

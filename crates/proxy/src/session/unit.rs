@@ -164,6 +164,7 @@ impl ClientUnit {
             f.ddl |= s.kind == pgfresh_sql::Kind::Ddl || s.changes_effects;
             f.effect_ddl |= s.changes_effects;
             f.writes_unnamed |= s.writes_unnamed;
+            f.event_ddl |= s.fires_event_triggers;
         }
         f
     }
@@ -383,14 +384,16 @@ impl InFlight {
 /// What a unit's statements say beyond the relations they name ([`ClientUnit::flags`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnitFlags {
-    /// A statement is DDL: the dependency graph is reloaded once it commits, and the
-    /// event triggers it fires write.
+    /// A statement is DDL: the dependency graph is reloaded once it commits.
     pub ddl: bool,
     /// A statement changes what other statements touch behind their text
     /// (`Statement::changes_effects`): the learned graph is out of date until reloaded.
     pub effect_ddl: bool,
     /// A statement may write relations it does not name (`Statement::writes_unnamed`).
     pub writes_unnamed: bool,
+    /// A statement fires event triggers (`Statement::fires_event_triggers`): DDL, and
+    /// `CREATE TEMP TABLE`, `CREATE TABLE AS` and the like, which count as writes.
+    pub event_ddl: bool,
 }
 
 /// Relations a commit wrote, marked in the recency map only once the position probe
@@ -492,9 +495,22 @@ mod tests {
             UnitFlags {
                 ddl: true,
                 effect_ddl: true,
-                writes_unnamed: false
+                writes_unnamed: false,
+                event_ddl: true,
             },
             "but its DDL still reloads the dependency graph"
+        );
+        let mut t = ClientUnit::new();
+        t.parts.push(Arc::new(pgfresh_sql::analyze_uncached(
+            "CREATE TEMP TABLE t AS SELECT 1",
+        )));
+        assert_eq!(
+            t.flags(),
+            UnitFlags {
+                event_ddl: true,
+                ..UnitFlags::default()
+            },
+            "a write that fires event triggers, with nothing to reload"
         );
         let mut w = ClientUnit::new();
         w.parts.push(Arc::new(pgfresh_sql::analyze_uncached(
