@@ -537,6 +537,26 @@ async fn large_object_writes_are_read_fresh() {
 
 /// A `DO` block's code is not read, so what it writes is not known: the whole database
 /// counts as written, and a read of the table it updated sees the update.
+/// `setval` is a call in a SELECT, but it writes the sequence: a read of the sequence
+/// relation (`SELECT last_value FROM s`) must see it. (`setval` is logged exactly;
+/// `nextval` is logged ahead, so a standby that replayed it shows a later value than
+/// the primary's, never an earlier one.)
+#[tokio::test]
+async fn sequence_values_set_by_setval_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let seq = unique("seq");
+    setup(&format!("CREATE SEQUENCE {seq} MINVALUE 0 START 0")).await;
+    check_hole(
+        Hole::plain(
+            "sequence",
+            format!("SELECT setval('{seq}', $1::int)"),
+            &format!("SELECT last_value FROM {seq}"),
+        ),
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn do_block_writes_are_read_fresh() {
     let _g = SERIAL.lock().await;

@@ -377,6 +377,10 @@ impl Walker {
                 Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
                 None => {}
             }
+            if let Some(seq) = advanced_sequence(&name, &f.args) {
+                // A read of the sequence relation (`SELECT last_value FROM s`) sees it.
+                self.writes.push(seq);
+            }
             self.functions.push(name);
         }
         self.list(&f.args);
@@ -566,4 +570,16 @@ impl Walker {
             self.write_rel(rv);
         }
     }
+}
+
+/// The sequence `nextval('s')` or `setval('s', ...)` advances, when named by a constant
+/// (`'s'`, `'app.s'::regclass`, `'"S"'`); None for other calls, or a name computed at run
+/// time.
+fn advanced_sequence(f: &FuncName, args: &[Node]) -> Option<RelName> {
+    if !matches!(f.schema.as_deref(), None | Some("pg_catalog"))
+        || !matches!(&*f.name, "nextval" | "setval")
+    {
+        return None;
+    }
+    RelName::parse(&const_text(args.first()?)?).ok()
 }

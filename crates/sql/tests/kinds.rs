@@ -192,7 +192,7 @@ fn explain() {
         case!(
             "EXPLAIN SELECT nextval('s') FROM orders FOR UPDATE",
             Read,
-            ["orders"],
+            ["orders", "s"],
             [],
             []
         ),

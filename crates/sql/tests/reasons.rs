@@ -35,12 +35,14 @@ fn must_primary_reasons() {
         case!("SELECT * FROM t JOIN u ON t.id = u.id FOR UPDATE OF t", Read, ["t", "u"], [], [M::LockingClause]),
         case!("SELECT * FROM (SELECT * FROM t FOR UPDATE) s", Read, ["t"], [], [M::LockingClause]),
         case!("SELECT * FROM t WHERE id IN (SELECT id FROM u FOR SHARE)", Read, ["t", "u"], [], [M::LockingClause]),
-        case!("SELECT nextval('order_seq')", Read, [], [], [seq("nextval")]),
-        case!("SELECT setval('s', 10)", Read, [], [], [seq("setval")]),
+        case!("SELECT nextval('order_seq')", Read, [], ["order_seq"], [seq("nextval")]),
+        case!("SELECT setval('s', 10)", Read, [], ["s"], [seq("setval")]),
+        case!("SELECT setval('App.\"S\"'::regclass, 10)", Read, [], ["app.\"S\""], [seq("setval")]),
+        case!("SELECT nextval(pg_get_serial_sequence('t', 'id'))", Read, [], [], [seq("nextval")]),
         case!("SELECT currval('s')", Read, [], [], [seq("currval")]),
         case!("SELECT lastval()", Read, [], [], [seq("lastval")]),
-        case!("SELECT pg_catalog.nextval('s')", Read, [], [], [seq("nextval")]),
-        case!("INSERT INTO t (id) VALUES (nextval('s'))", Write, [], ["t"], [seq("nextval")]),
+        case!("SELECT pg_catalog.nextval('s')", Read, [], ["s"], [seq("nextval")]),
+        case!("INSERT INTO t (id) VALUES (nextval('s'))", Write, [], ["s", "t"], [seq("nextval")]),
         case!("SELECT pg_advisory_lock(1)", Read, [], [], [M::AdvisoryLock { session_level: true }]),
         case!("SELECT pg_try_advisory_lock(1, 2)", Read, [], [], [M::AdvisoryLock { session_level: true }]),
         case!("SELECT pg_advisory_xact_lock(1)", Read, [], [], [M::AdvisoryLock { session_level: false }]),
@@ -62,11 +64,11 @@ fn must_primary_reasons() {
         case!("SELECT pg_terminate_backend(123)", Read, [], [], [M::BuiltinWriter("pg_terminate_backend".into())]),
         case!("SELECT pg_is_in_recovery()", Read, [], [], [M::ServerState("pg_is_in_recovery".into())]),
         case!("SHOW transaction_read_only", Read, [], [], [M::ServerState("transaction_read_only".into())]),
-        case!("SELECT * FROM t WHERE id = (SELECT nextval('s'))", Read, ["t"], [], [seq("nextval")]),
+        case!("SELECT * FROM t WHERE id = (SELECT nextval('s'))", Read, ["t"], ["s"], [seq("nextval")]),
         case!("SELECT CASE WHEN x THEN pg_advisory_xact_lock(1) END FROM t", Read, ["t"], [], [M::AdvisoryLock { session_level: false }]),
-        case!("SELECT coalesce(nextval('s'), 0)", Read, [], [], [seq("nextval")]),
-        case!("SELECT count(*) FILTER (WHERE nextval('s') > 0) FROM t", Read, ["t"], [], [seq("nextval")]),
-        case!("SELECT * FROM generate_series(1, nextval('s'))", Read, [], [], [seq("nextval")]),
+        case!("SELECT coalesce(nextval('s'), 0)", Read, [], ["s"], [seq("nextval")]),
+        case!("SELECT count(*) FILTER (WHERE nextval('s') > 0) FROM t", Read, ["t"], ["s"], [seq("nextval")]),
+        case!("SELECT * FROM generate_series(1, nextval('s'))", Read, [], ["s"], [seq("nextval")]),
         case!("WITH x AS (SELECT * FROM t FOR UPDATE) SELECT * FROM x", Read, ["t"], [], [M::LockingClause]),
         case!("WITH RECURSIVE r AS (SELECT 1 UNION ALL SELECT 1 FROM r, LATERAL (DELETE FROM t RETURNING 1) d) SELECT * FROM r", Unclassified, [], [], []),
         case!("SELECT * FROM t WHERE EXISTS (WITH d AS (DELETE FROM u RETURNING 1) SELECT 1 FROM d)", Write, ["t"], ["u"], [M::WritableCte]),
@@ -75,7 +77,7 @@ fn must_primary_reasons() {
         case!("SELECT * FROM pg_temp.scratch", Read, ["pg_temp.scratch"], [], [M::TempRelation(RelName::new(Some("pg_temp"), "scratch"))]),
         case!("SET default_transaction_isolation = 'serializable'", Session, [], [], [M::SerializableTxn]),
     ]);
-    assert_eq!(n, 45);
+    assert_eq!(n, 47);
 }
 
 #[test]

@@ -136,7 +136,7 @@ fn multi_statement_strings() {
             "SELECT 1; SELECT nextval('s')",
             Read,
             [],
-            [],
+            ["s"],
             [MustPrimary::Sequence("nextval".into())]
         ),
         case!("select 1;;; select 2;", Read, [], [], []),
