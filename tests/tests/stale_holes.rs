@@ -171,6 +171,20 @@ struct Hole {
 impl Hole {
     /// A hole that needs nothing learned first: `write`, then `read` (moving by 1 a write)
     /// on the writer's connection and another one.
+    /// Nothing to write or read: the edges a test waits for before it goes on.
+    fn edges(name: &'static str, edges: Vec<Edge>) -> Hole {
+        Hole {
+            name,
+            write: String::new(),
+            delta: 0,
+            reads: vec![],
+            edges,
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        }
+    }
+
     fn plain(name: &'static str, write: String, read: &str) -> Hole {
         Hole {
             name,
@@ -182,6 +196,16 @@ impl Hole {
             warmup: None,
             out_of_band: None,
         }
+    }
+}
+
+/// An event trigger of database `app`, dropped with this (event triggers fire in every
+/// test of the binary, so none outlives its test).
+struct DropEventTrigger(String);
+
+impl Drop for DropEventTrigger {
+    fn drop(&mut self) {
+        let _ = cluster().psql(0, "app", &format!("DROP EVENT TRIGGER {}", self.0));
     }
 }
 
@@ -1383,13 +1407,7 @@ async fn writes_of_event_triggers_are_read_fresh() {
             ),
         )
         .expect("create the event trigger");
-    struct DropEvent(String);
-    impl Drop for DropEvent {
-        fn drop(&mut self) {
-            let _ = cluster().psql(0, "app", &format!("DROP EVENT TRIGGER {}", self.0));
-        }
-    }
-    let _drop = DropEvent(evt.clone());
+    let _drop = DropEventTrigger(evt.clone());
     let truth = primary_direct().await;
     wait_replicated_on(cluster(), &truth).await;
     let learning = start_proxy(&config_text(""));
@@ -1503,6 +1521,25 @@ async fn writes_before_the_first_dependency_load_are_read_fresh() {
     );
 }
 
+/// `PREFIX_orders`, `PREFIX_totals` (one row, n = 0) and a trigger function `PREFIX_bump`
+/// that counts into it, with no trigger yet: for tests that create the trigger themselves.
+async fn orders_and_totals(prefix: &str) -> (String, String, String) {
+    let (orders, totals, f) = (
+        unique(&format!("{prefix}_orders")),
+        unique(&format!("{prefix}_totals")),
+        unique(&format!("{prefix}_bump")),
+    );
+    setup(&format!(
+        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
+         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {totals} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;"
+    ))
+    .await;
+    (orders, totals, f)
+}
+
 /// Replay delay of both standbys in the rounds below: long enough that a read right after
 /// the write finds no replica that has it, on a loaded machine too.
 const OUTSIDE_DELAY_MS: u64 = 2_000;
@@ -1518,15 +1555,7 @@ const OUTSIDE_DELAY_MS: u64 = 2_000;
 async fn writes_after_a_schema_change_made_outside_pgfresh_are_read_fresh_once_checked() {
     let _g = SERIAL.lock().await;
     const ROUNDS: usize = 4;
-    let (orders, totals, f) = (unique("ob_orders"), unique("ob_totals"), unique("ob_bump"));
-    setup(&format!(
-        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
-         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
-         INSERT INTO {totals} VALUES (1, 0);
-         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;"
-    ))
-    .await;
+    let (orders, totals, f) = orders_and_totals("ob").await;
     let truth = primary_direct().await;
     let read = format!("SELECT n FROM {totals} WHERE id = 1");
     // Delayed standbys stay in the read pool for the whole round.
@@ -1605,14 +1634,7 @@ async fn writes_after_a_schema_change_made_outside_pgfresh_are_read_fresh_once_c
 #[tokio::test]
 async fn the_periodic_schema_check_finds_changes_made_outside_pgfresh() {
     let _g = SERIAL.lock().await;
-    let (orders, totals, f) = (unique("pc_orders"), unique("pc_totals"), unique("pc_bump"));
-    setup(&format!(
-        "CREATE TABLE {orders}(id serial PRIMARY KEY, amount int NOT NULL);
-         CREATE TABLE {totals}(id int PRIMARY KEY, n bigint NOT NULL);
-         CREATE FUNCTION {f}() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN UPDATE {totals} SET n = n + 1 WHERE id = 1; RETURN NEW; END $$;"
-    ))
-    .await;
+    let (orders, _, f) = orders_and_totals("pc").await;
     let p = start_proxy(&config_text("dependency_check_ms = 50"));
     p.shared
         .deps
@@ -1652,16 +1674,10 @@ async fn the_periodic_schema_check_finds_changes_made_outside_pgfresh() {
         ))
         .await
         .expect("the trigger, made outside pgfresh");
-    let hole = Hole {
-        name: "outside ddl",
-        write: String::new(),
-        delta: 0,
-        reads: vec![],
-        edges: vec![edge("trigger", &orders, &format!("{f}()"))],
-        unanalysable: vec![],
-        warmup: None,
-        out_of_band: None,
-    };
+    let hole = Hole::edges(
+        "outside ddl",
+        vec![edge("trigger", &orders, &format!("{f}()"))],
+    );
     poll(
         "the check to find the trigger",
         Duration::from_secs(60),
@@ -1671,5 +1687,72 @@ async fn the_periodic_schema_check_finds_changes_made_outside_pgfresh() {
         },
     )
     .await;
+    wait_graph(&p, &hole).await;
+}
+
+/// With `dependency_notify_channel`, an event trigger that notifies on every DDL makes the
+/// schema check run at once: the periodic check here is ten minutes away, and a trigger
+/// created straight on the primary is still found and learned.
+#[tokio::test]
+async fn a_ddl_notification_runs_the_schema_check_at_once() {
+    let _g = SERIAL.lock().await;
+    let (orders, _, f) = orders_and_totals("nc").await;
+    let (notify, evt, channel) = (unique("nc_notify"), unique("nc_evt"), unique("nc_ddl"));
+    // What the README tells operators to install (event triggers need a superuser).
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE FUNCTION {notify}() RETURNS event_trigger LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_notify('{channel}', current_database()); END $$;
+                 CREATE EVENT TRIGGER {evt} ON ddl_command_end EXECUTE FUNCTION {notify}();"
+            ),
+        )
+        .expect("create the notifying event trigger");
+    let _drop = DropEventTrigger(evt.clone());
+    let p = start_proxy(&config_text(&format!(
+        "dependency_check_ms = 600000\ndependency_notify_channel = \"{channel}\""
+    )));
+    p.shared
+        .deps
+        .load_now(&p.shared, "app")
+        .await
+        .expect("the first dependency load");
+    let truth = primary_direct().await;
+    // (As a superuser: pg_stat_activity hides other roles' queries.)
+    eventually(
+        "the schema check to listen",
+        Duration::from_secs(60),
+        || {
+            cluster()
+                .psql(
+                    0,
+                    "app",
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'pgfresh schema check' AND query LIKE 'LISTEN%'",
+                )
+                .is_ok_and(|n| n != "0")
+        },
+    )
+    .await;
+    let changed = "pgfresh_schema_checks_total{result=\"changed\"}";
+    let before = metric_value(changed);
+    truth
+        .batch_execute(&format!(
+            "CREATE TRIGGER {f}_trg AFTER INSERT ON {orders} FOR EACH ROW EXECUTE FUNCTION {f}()"
+        ))
+        .await
+        .expect("the trigger, made outside pgfresh");
+    poll(
+        "the notified check to find the trigger",
+        Duration::from_secs(60),
+        || async { (metric_value(changed) > before).then_some(()) },
+    )
+    .await;
+    let hole = Hole::edges(
+        "notified ddl",
+        vec![edge("trigger", &orders, &format!("{f}()"))],
+    );
     wait_graph(&p, &hole).await;
 }

@@ -373,6 +373,10 @@ pub struct RoutingSection {
     /// dependency graph. 0: off (such changes are learned at the next 30 s refresh, and
     /// writes made meanwhile are marked without their new effects).
     pub dependency_check_ms: u64,
+    /// A channel the schema check `LISTEN`s on: a notification on it (from an event
+    /// trigger on `ddl_command_end` that calls `pg_notify`, installed by the operator)
+    /// runs the check at once instead of at the next period. Empty: none.
+    pub dependency_notify_channel: String,
     /// With `lsn_routing`: how long a read of a recently written relation may wait for a
     /// replica to replay the write before it goes to the primary (0: go at once).
     pub replica_wait_ms: u64,
@@ -415,6 +419,7 @@ impl Default for RoutingSection {
             learn_dependencies: true,
             relation_dependencies: Vec::new(),
             dependency_check_ms: 1_000,
+            dependency_notify_channel: String::new(),
             replica_wait_ms: 0,
             on_stale: OnStale::Primary,
             max_primary_fallbacks: 1_000,

@@ -41,6 +41,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("routing.learn_dependencies", ReloadClass::Live),
     ("routing.relation_dependencies", ReloadClass::Live),
     ("routing.dependency_check_ms", ReloadClass::Live),
+    ("routing.dependency_notify_channel", ReloadClass::Live),
     // Read when a COMMIT is sent: a change applies to the next COMMIT of every session.
     ("routing.resolve_lost_commits", ReloadClass::Live),
     ("routing.", ReloadClass::Live),

@@ -195,6 +195,12 @@ pub fn validate(c: &Config) -> Result<(), ConfigError> {
             format!("must be 0 (off) or at least {MIN_DEPENDENCY_CHECK_MS}"),
         ));
     }
+    if r.dependency_notify_channel.len() > 63 || r.dependency_notify_channel.contains('\0') {
+        return Err(ConfigError::invalid(
+            "routing.dependency_notify_channel",
+            "must be a channel name of at most 63 bytes, without NUL",
+        ));
+    }
     if r.recency_max_entries == 0 {
         return Err(ConfigError::invalid(
             "routing.recency_max_entries",

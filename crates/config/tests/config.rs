@@ -85,6 +85,10 @@ fn invalid_values_are_named() {
             "routing.dependency_check_ms",
         ),
         (
+            "[routing]\ndependency_notify_channel = \"0123456789012345678901234567890123456789012345678901234567890123\"\n",
+            "routing.dependency_notify_channel",
+        ),
+        (
             "[routing]\nnever_track = [\"a.b.c\"]\n",
             "routing.never_track",
         ),

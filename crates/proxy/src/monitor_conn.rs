@@ -2,6 +2,7 @@
 //! volatility, dependencies; lost-commit checks) or as `[auth] auth_user` (`auth_query`).
 //! Never taken from the client pools.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::context::Shared;
@@ -36,6 +37,29 @@ impl MonitorConn {
         .await
     }
 
+    /// As [`MonitorConn::open`] to the primary, with every notification the connection
+    /// receives (after a `LISTEN` on it) waking `heard` (coalesced: one wake-up may stand
+    /// for several notifications).
+    pub async fn open_listening(
+        shared: &Shared,
+        db: &str,
+        application: &str,
+        heard: Arc<tokio::sync::Notify>,
+    ) -> Result<MonitorConn, String> {
+        let config = shared.config.snapshot();
+        let m = &config.monitor;
+        Self::connect(
+            shared,
+            None,
+            db,
+            application,
+            &m.user,
+            &m.password,
+            Some(heard),
+        )
+        .await
+    }
+
     /// As [`MonitorConn::open`], logging in as `user` with `password`.
     pub async fn open_as(
         shared: &Shared,
@@ -44,6 +68,18 @@ impl MonitorConn {
         application: &str,
         user: &str,
         password: &str,
+    ) -> Result<MonitorConn, String> {
+        Self::connect(shared, node, db, application, user, password, None).await
+    }
+
+    async fn connect(
+        shared: &Shared,
+        node: Option<usize>,
+        db: &str,
+        application: &str,
+        user: &str,
+        password: &str,
+        heard: Option<Arc<tokio::sync::Notify>>,
     ) -> Result<MonitorConn, String> {
         let config = shared.config.snapshot();
         let node = match node {
@@ -71,9 +107,27 @@ impl MonitorConn {
                     pgfresh_balancer::describe_connect_error(&e)
                 )
             })?;
+        let task = match heard {
+            None => tokio::spawn(c.connection),
+            Some(heard) => {
+                let mut connection = c.connection;
+                tokio::spawn(async move {
+                    loop {
+                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                            Some(Ok(tokio_postgres::AsyncMessage::Notification(_))) => {
+                                heard.notify_one();
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => return Err(e),
+                            None => return Ok(()),
+                        }
+                    }
+                })
+            }
+        };
         Ok(MonitorConn {
             client: c.client,
-            task: tokio::spawn(c.connection),
+            task,
         })
     }
 

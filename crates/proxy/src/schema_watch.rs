@@ -24,9 +24,14 @@
 //! it (at most `dependency_check_ms` plus a query later). A change through this pgfresh is
 //! seen by the check too, which costs one more whole-database mark and reload, harmless.
 //!
+//! With `dependency_notify_channel` set, the check's connection also `LISTEN`s on that
+//! channel, and a notification on it (an event trigger on `ddl_command_end` calling
+//! `pg_notify`, which the operator installs) runs the check at once: the uncovered time
+//! shrinks to the notification's way to pgfresh and one query.
+//!
 //! One connection per database is kept (as the `[monitor]` user) while the database is in
-//! use; a database no session asked for since the last check is not checked, and its
-//! connection is closed.
+//! use (or, with a channel, once it was loaded); a database no session asked for since the
+//! last check is not checked, and without a channel its connection is closed.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -53,9 +58,12 @@ pub struct Watch {
     used: AtomicBool,
     /// The watcher task was started.
     started: AtomicBool,
-    /// The check's connection, kept while the database is in use; the lock also keeps two
-    /// checks of one database (the watcher's and `check_now`'s) from running at once.
-    conn: tokio::sync::Mutex<Option<MonitorConn>>,
+    /// The check's connection, kept while the database is in use, with the channel it
+    /// listens on ("" for none); the lock also keeps two checks of one database (the
+    /// watcher's and `check_now`'s) from running at once.
+    conn: tokio::sync::Mutex<Option<(MonitorConn, String)>>,
+    /// Woken by a notification on the listened channel.
+    heard: Arc<tokio::sync::Notify>,
 }
 
 impl Watch {
@@ -105,19 +113,46 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
             Some(s) => s.config.snapshot().routing.dependency_check_ms,
             None => return,
         };
+        // With a channel, listen from the start (not only from the first check on).
+        if let Some(s) = shared.upgrade() {
+            let r = &s.config.snapshot().routing;
+            if every > 0 && !r.dependency_notify_channel.is_empty() && s.deps.learning() {
+                let mut conn = entry.watch.conn.lock().await;
+                if let Err(e) = connected(&s, &entry, &mut conn).await {
+                    if last_error.as_deref() != Some(e.as_str()) {
+                        tracing::warn!(database = %entry.db, error = %e,
+                            "cannot listen for schema changes; will retry");
+                    }
+                    last_error = Some(e);
+                }
+            }
+        }
         let pause = if every == 0 {
             OFF_RECHECK
         } else {
             Duration::from_millis(every)
         };
-        tokio::time::sleep(pause).await;
+        let heard = tokio::select! {
+            () = tokio::time::sleep(pause) => false,
+            () = entry.watch.heard.notified() => true,
+        };
         let Some(shared) = shared.upgrade() else {
             return;
         };
         let on = shared.config.snapshot().routing.dependency_check_ms > 0 && shared.deps.learning();
-        if !on || !entry.watch.used.swap(false, Ordering::Relaxed) {
-            if let Some(conn) = entry.watch.conn.lock().await.take() {
-                conn.close().await;
+        let used = entry.watch.used.swap(false, Ordering::Relaxed);
+        if !on || !(used || heard) {
+            // Unused: nothing to check, and no connection kept, unless it listens.
+            let listening = !shared
+                .config
+                .snapshot()
+                .routing
+                .dependency_notify_channel
+                .is_empty();
+            if !on || !listening {
+                if let Some((conn, _)) = entry.watch.conn.lock().await.take() {
+                    conn.close().await;
+                }
             }
             continue;
         }
@@ -140,21 +175,65 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
 /// changed since the last one.
 pub(crate) async fn check(shared: &Arc<Shared>, entry: &Arc<Entry>) -> Result<bool, String> {
     let mut conn = entry.watch.conn.lock().await;
-    if conn.is_none() {
-        *conn =
-            Some(MonitorConn::open(shared, None, Some(&entry.db), "pgfresh schema check").await?);
-    }
-    let client = &conn.as_ref().expect("opened above").client;
+    connected(shared, entry, &mut conn).await?;
+    let client = &conn.as_ref().expect("connected").0.client;
     let outcome = tokio::time::timeout(CHECK_TIMEOUT, detect(shared, entry, client))
         .await
         .unwrap_or_else(|_| Err(format!("timed out after {CHECK_TIMEOUT:?}")));
     if outcome.is_err() {
         // A new connection next time (the primary may have changed, or the socket died).
-        if let Some(c) = conn.take() {
+        if let Some((c, _)) = conn.take() {
             c.close().await;
         }
     }
     outcome
+}
+
+/// Opens the check's connection in `conn` unless one listening on the channel in force is
+/// there already.
+async fn connected(
+    shared: &Arc<Shared>,
+    entry: &Arc<Entry>,
+    conn: &mut Option<(MonitorConn, String)>,
+) -> Result<(), String> {
+    let channel = shared
+        .config
+        .snapshot()
+        .routing
+        .dependency_notify_channel
+        .clone();
+    if conn
+        .as_ref()
+        .is_some_and(|(_, listened)| *listened != channel)
+    {
+        if let Some((c, _)) = conn.take() {
+            c.close().await;
+        }
+    }
+    if conn.is_none() {
+        *conn = Some((open(shared, entry, &channel).await?, channel));
+    }
+    Ok(())
+}
+
+/// The check's connection to the primary, listening on `channel` unless it is empty.
+async fn open(
+    shared: &Arc<Shared>,
+    entry: &Arc<Entry>,
+    channel: &str,
+) -> Result<MonitorConn, String> {
+    const APPLICATION: &str = "pgfresh schema check";
+    if channel.is_empty() {
+        return MonitorConn::open(shared, None, Some(&entry.db), APPLICATION).await;
+    }
+    let heard = entry.watch.heard.clone();
+    let conn = MonitorConn::open_listening(shared, &entry.db, APPLICATION, heard).await?;
+    let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
+    if let Err(e) = conn.client.batch_execute(&listen).await {
+        conn.close().await;
+        return Err(format!("{listen}: {}", pg_error(&e)));
+    }
+    Ok(conn)
 }
 
 async fn detect(
