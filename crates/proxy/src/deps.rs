@@ -56,6 +56,9 @@ pub const REFRESH: Duration = Duration::from_secs(30);
 /// the delay doubles with each further failure in a row, up to [`REFRESH`].
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 
+/// The answer of the on-demand calls while nothing is learned.
+const NOT_LEARNING: &str = "learn_dependencies is off: nothing is loaded from the catalog";
+
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
@@ -345,7 +348,7 @@ impl Dependencies {
     /// load in flight and then one more, so the answer reflects the catalog as of this call.
     pub async fn load_now(&self, shared: &Arc<Shared>, db: &str) -> Result<Arc<DepGraph>, String> {
         if !self.learning() {
-            return Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+            return Err(NOT_LEARNING.into());
         }
         self.attach(shared);
         let entry = self
@@ -363,7 +366,7 @@ impl Dependencies {
     /// was never loaded or the primary cannot be asked.
     pub async fn check_now(&self, shared: &Arc<Shared>, db: &str) -> Result<bool, String> {
         if !self.learning() {
-            return Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+            return Err(NOT_LEARNING.into());
         }
         let entry = self
             .dbs
@@ -482,7 +485,7 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                 }
             }
         } else if !waiters.is_empty() {
-            outcome = Err("learn_dependencies is off: nothing is loaded from the catalog".into());
+            outcome = Err(NOT_LEARNING.into());
         }
         if rebuild {
             let rows = lock(&entry.rows).clone();

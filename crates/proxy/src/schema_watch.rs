@@ -104,71 +104,85 @@ pub(crate) fn start(shared: &Arc<Shared>, entry: &Arc<Entry>) {
     tokio::spawn(run(Arc::downgrade(shared), entry.clone()));
 }
 
+/// What the config in force asks of a watcher this turn.
+struct Turn {
+    /// How long until the next check.
+    pause: Duration,
+    /// Checks are on (`dependency_check_ms` > 0, dependencies learned).
+    on: bool,
+    /// A channel is set: the connection listens on it, kept while the database is unused.
+    listen: bool,
+}
+
+impl Turn {
+    fn of(shared: &Shared) -> Turn {
+        let config = shared.config.snapshot();
+        let r = &config.routing;
+        let on = r.dependency_check_ms > 0 && shared.deps.learning();
+        Turn {
+            pause: match r.dependency_check_ms {
+                0 => OFF_RECHECK,
+                ms => Duration::from_millis(ms),
+            },
+            on,
+            listen: on && !r.dependency_notify_channel.is_empty(),
+        }
+    }
+}
+
 /// The watcher of one database: a check every `dependency_check_ms` while the database is
-/// in use, until the proxy is gone.
+/// in use, and on every notification, until the proxy is gone.
 async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
-    let mut last_error: Option<String> = None;
+    let mut failing: Option<String> = None;
     loop {
-        let every = match shared.upgrade() {
-            Some(s) => s.config.snapshot().routing.dependency_check_ms,
-            None => return,
+        let Some(s) = shared.upgrade() else {
+            return;
         };
-        // With a channel, listen from the start (not only from the first check on).
-        if let Some(s) = shared.upgrade() {
-            let r = &s.config.snapshot().routing;
-            if every > 0 && !r.dependency_notify_channel.is_empty() && s.deps.learning() {
-                let mut conn = entry.watch.conn.lock().await;
-                if let Err(e) = connected(&s, &entry, &mut conn).await {
-                    if last_error.as_deref() != Some(e.as_str()) {
-                        tracing::warn!(database = %entry.db, error = %e,
-                            "cannot listen for schema changes; will retry");
-                    }
-                    last_error = Some(e);
-                }
+        let Turn { pause, listen, .. } = Turn::of(&s);
+        if listen {
+            // Listening from the start, not only from the first check on.
+            let mut conn = entry.watch.conn.lock().await;
+            if let Err(e) = connected(&s, &entry, &mut conn).await {
+                report(&entry, &mut failing, e);
             }
         }
-        let pause = if every == 0 {
-            OFF_RECHECK
-        } else {
-            Duration::from_millis(every)
-        };
+        drop(s); // not kept alive while waiting
         let heard = tokio::select! {
             () = tokio::time::sleep(pause) => false,
             () = entry.watch.heard.notified() => true,
         };
-        let Some(shared) = shared.upgrade() else {
+        let Some(s) = shared.upgrade() else {
             return;
         };
-        let on = shared.config.snapshot().routing.dependency_check_ms > 0 && shared.deps.learning();
+        let turn = Turn::of(&s);
         let used = entry.watch.used.swap(false, Ordering::Relaxed);
-        if !on || !(used || heard) {
-            // Unused: nothing to check, and no connection kept, unless it listens.
-            let listening = !shared
-                .config
-                .snapshot()
-                .routing
-                .dependency_notify_channel
-                .is_empty();
-            if !on || !listening {
+        if !turn.on || !(used || heard) {
+            // Nothing to check; no connection kept unless it listens.
+            if !turn.listen {
                 if let Some((conn, _)) = entry.watch.conn.lock().await.take() {
                     conn.close().await;
                 }
             }
             continue;
         }
-        match check(&shared, &entry).await {
-            Ok(_) => last_error = None,
+        match check(&s, &entry).await {
+            Ok(_) => failing = None,
             Err(e) => {
-                // Logged when it starts and when it changes, not every period.
-                if last_error.as_deref() != Some(e.as_str()) {
-                    tracing::warn!(database = %entry.db, error = %e,
-                        "cannot check whether the schema changed outside pgfresh; will retry");
-                }
                 metrics::counter!("pgfresh_schema_checks_total", "result" => "error").increment(1);
-                last_error = Some(e);
+                report(&entry, &mut failing, e);
             }
         }
     }
+}
+
+/// Logs a failed check or listen when failures start or their reason changes, not every
+/// period.
+fn report(entry: &Entry, failing: &mut Option<String>, e: String) {
+    if failing.as_deref() != Some(e.as_str()) {
+        tracing::warn!(database = %entry.db, error = %e,
+            "cannot check whether the schema changed outside pgfresh; will retry");
+    }
+    *failing = Some(e);
 }
 
 /// One check of `entry`'s database (see the module documentation): true when the schema
