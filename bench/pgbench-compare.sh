@@ -27,6 +27,9 @@
 #   pgfresh-session    pgfresh with write_pgfresh_conf's defaults (lib.sh): parser and routing
 #                      on, so reads go to the standbys; pool_size 20
 #   pgfresh-tx         the same with pool_mode = "transaction", 20 server connections per node
+#   pgfresh-bolt-session, pgfresh-bolt-tx
+#                      the same two with the build bench/bolt.sh lays out (target/release/
+#                      pgfresh.bolt, or $PGFRESH_BOLT_BIN); left out when there is none
 #   pgbouncer-session  PgBouncer, pool_mode = session, default_pool_size = 20, primary only
 #   pgbouncer-tx       PgBouncer, pool_mode = transaction, default_pool_size = 20, primary only
 #   relay              the floor of a tokio proxy: the example bare_relay of pgfresh-proxy (a
@@ -89,6 +92,7 @@ if [ "${PGPOOL:-1}" != 0 ] && command -v pgpool >/dev/null; then PGPOOL_OK=1; fi
 
 bench_start pgbench
 RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
+PGFRESH_BOLT_BIN="${PGFRESH_BOLT_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.bolt}"
 if [ "$BUILD" = 1 ] && ! skipped relay; then
     cargo build --release -p pgfresh-proxy --example bare_relay
 fi
@@ -206,17 +210,25 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         echo "== direct: skipped (SKIP)"
     fi
 
-    # 2. pgfresh, session and transaction mode, 20 server connections per node.
-    for target in pgfresh-session pgfresh-tx; do
+    # 2. pgfresh, session and transaction mode, 20 server connections per node; the same
+    #    with the BOLT build when there is one.
+    for target in pgfresh-session pgfresh-tx pgfresh-bolt-session pgfresh-bolt-tx; do
         if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
+        bin=$PGFRESH_BIN
+        case $target in
+            pgfresh-bolt-*)
+                bin=$PGFRESH_BOLT_BIN
+                if [ ! -x "$bin" ]; then echo "== $target: no $bin (bench/bolt.sh makes it): skipped"; continue; fi
+                ;;
+        esac
         port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
-        if [ "$target" = pgfresh-tx ]; then
+        if [ "${target%-tx}" != "$target" ]; then
             PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
                 write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
         else
             write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
         fi
-        start_pgfresh "$OUTDIR/$target$ROUND_TAG.toml" "$OUTDIR/$target$ROUND_TAG.server.log"
+        PGFRESH_BIN=$bin start_pgfresh "$OUTDIR/$target$ROUND_TAG.toml" "$OUTDIR/$target$ROUND_TAG.server.log"
         PROXY_PID=$PGFRESH_PID
         wait_accepting "$port"
         wait_replica_reads "$port"
@@ -278,7 +290,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
@@ -334,7 +346,8 @@ if rounds > 1:
     L.append("")
 L.append("### Proxy CPU per statement (µs)")
 L.append("")
-pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"))
+pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"),
+                             ("pgfresh-bolt-session", "pgbouncer-session"), ("pgfresh-bolt-tx", "pgbouncer-tx"))
          if a in targets and b in targets]
 head = ["workload"] + proxies + [f"{a} / {b}" for a, b in pairs]
 L.append("| " + " | ".join(head) + " |")
@@ -370,7 +383,8 @@ for w, label in workloads:
         cells.append(f"{tps:.0f} / " + (f"{p99:.2f}" if p99 is not None else "n/a"))
     L.append(f"| {label} | " + " | ".join(cells) + " |")
 L.append("")
-share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgpool") if t in targets]
+share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgpool")
+                 if t in targets]
 if share_targets:
     L.append("### Reads sent to the standbys during the run")
     L.append("")
@@ -387,7 +401,7 @@ if share_targets:
             cells.append(f"{100 * rep / reads:.1f} % ({rep:.0f} of {reads:.0f})" if reads else "–")
         L.append(f"| {label} | " + " | ".join(cells) + " |")
     L.append("")
-    for t in ("pgfresh-session", "pgfresh-tx"):
+    for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx"):
         by = {}
         for r in runs.get((t, "mix"), {}).values():
             for part in (r.get("primary_by_reason") or "-").split(","):
