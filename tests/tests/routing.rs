@@ -947,9 +947,36 @@ async fn a_read_on_a_standby_brings_back_its_replay_position() {
     let _g = SERIAL.lock().await;
     let slow = "sr_check_period_ms = 600000\nhealth_timeout_ms = 600000\n\
                 replay_check_period_ms = 600000";
+    // The monitor's first full poll is its only one here, and it must find both standbys
+    // in the read pool: one still replaying what the primary wrote (as just after the
+    // cluster was made, when this is the binary's first test) and that has replayed no
+    // transaction since it started has an unknown time lag, which keeps it out of the
+    // pool until the next full poll, ten minutes away. So the standbys catch up first, on
+    // a commit of this test's own.
+    cluster()
+        .psql(
+            0,
+            "app",
+            "CREATE TABLE IF NOT EXISTS sampled_catch_up(); DROP TABLE sampled_catch_up",
+        )
+        .expect("a commit on the primary");
+    for i in 1..cluster().nodes().len() {
+        cluster()
+            .wait_caught_up(i, Duration::from_secs(60))
+            .expect("standby replays");
+    }
     let p = start_proxy(
         &config_text("recent_access_ttl_ms = 600000\nrecent_access_max_ttl_ms = 600000")
             .replace("sr_check_period_ms = 50", slow),
+    );
+    let pool = p.shared.balancer.view_now();
+    assert!(
+        pool.nodes[1].eligible && pool.nodes[2].eligible,
+        "both standbys in the read pool after the first poll: {:?}",
+        pool.nodes
+            .iter()
+            .map(|n| n.ineligible_reason)
+            .collect::<Vec<_>>()
     );
     let c = p.connect().await;
     let t = unique("sampled");
