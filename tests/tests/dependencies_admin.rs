@@ -407,3 +407,48 @@ async fn the_schema_window_is_shown_while_a_change_is_in_flight() {
     .await;
     assert_eq!(window(&d)["changes_in_flight"], 0);
 }
+
+/// A pgfresh that has not learned a database yet must treat a statement calling any
+/// function (`count(*)` included) as one that may write anything: primary, and the whole
+/// database marked. The first login to the database waits for the first load, so the
+/// first reads of a new pgfresh are analysed with the catalog and stay on the replicas.
+/// (Without the wait, the first of these reads went to the primary and marked the whole
+/// database, and the reads after it followed until the replicas were known to have
+/// replayed that mark.)
+#[tokio::test]
+async fn a_new_pgfresh_learns_the_database_before_its_first_statements() {
+    let setup = proxy().connect().await;
+    let t = unique("first_load");
+    setup
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
+        ))
+        .await
+        .unwrap();
+    wait_replicated_on(cluster(), &setup).await;
+    let fresh = start_proxy(&config_text(""));
+    let c = fresh.connect().await;
+    let mut on_primary = 0;
+    for _ in 0..20 {
+        let row = c
+            .query_one(
+                &format!("SELECT inet_server_port(), count(*) FROM {t}"),
+                &[],
+            )
+            .await
+            .unwrap();
+        on_primary += usize::from(row.get::<_, i32>(0) as u16 == node_port(0));
+    }
+    assert_eq!(
+        on_primary, 0,
+        "reads that call functions went to the primary"
+    );
+    assert!(
+        matches!(
+            fresh.shared.recency.lookup_database("app"),
+            pgfresh_recency::Hotness::Cold
+        ),
+        "the database was marked: {:?}",
+        fresh.shared.recency.lookup_database("app")
+    );
+}

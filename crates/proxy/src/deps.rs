@@ -59,6 +59,10 @@ pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 /// The answer of the on-demand calls while nothing is learned.
 const NOT_LEARNING: &str = "learn_dependencies is off: nothing is loaded from the catalog";
 
+/// How long a database's first login waits for its first load at most
+/// ([`Dependencies::first_load`]).
+pub const FIRST_LOAD_WAIT: Duration = Duration::from_secs(5);
+
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
@@ -129,6 +133,8 @@ pub(crate) struct Entry {
     pub(crate) window: Arc<SchemaWindow>,
     /// What [`crate::schema_watch`] compares the catalog with.
     pub(crate) watch: crate::schema_watch::Watch,
+    /// Woken after each load, whatever its outcome (see [`Dependencies::first_load`]).
+    loaded: tokio::sync::Notify,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -241,6 +247,7 @@ impl Dependencies {
             work: Mutex::new(Work::default()),
             window: Arc::new(SchemaWindow::unlearned()),
             watch: Default::default(),
+            loaded: tokio::sync::Notify::new(),
         });
         let mut next = HashMap::clone(&dbs);
         next.insert(db.to_string(), entry.clone());
@@ -292,6 +299,37 @@ impl Dependencies {
             }
         }
         graph.load().clone()
+    }
+
+    /// Waits, until `deadline` at most, for the first load of `db` to end (it starts the
+    /// load if none has). Called at a session's login: until a database is learned, a
+    /// statement that calls any function, `count(*)` included, may write anything as far
+    /// as pgfresh knows, so it goes to the primary and marks the whole database; a login
+    /// that waits these few milliseconds once per database spares its first statements
+    /// that. Returns at once when the graph is in hand, when nothing is learned, and after
+    /// a failed load (the statements are then treated as before: conservatively).
+    pub async fn first_load(
+        &self,
+        shared: &Arc<Shared>,
+        db: &str,
+        entry: &mut DbEntry,
+        deadline: tokio::time::Instant,
+    ) {
+        if !self.learning() || self.graph_of(shared, db, entry).is_some() {
+            return;
+        }
+        let Some(Some((e, _))) = &entry.0 else {
+            return;
+        };
+        let e = e.clone();
+        let ended = e.loaded.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        // A load that ended between the lookup above and `enable`.
+        if e.graph.load().is_some() || e.failures.load(Ordering::Relaxed) > 0 {
+            return;
+        }
+        let _ = tokio::time::timeout_at(deadline, ended).await;
     }
 
     /// The schema window of the database of `entry`, once [`Self::graph_of`] found its
@@ -533,6 +571,9 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                     );
                 }
             }
+        }
+        if load {
+            entry.loaded.notify_waiters();
         }
         for w in waiters {
             let answer = outcome.clone().and_then(|()| {

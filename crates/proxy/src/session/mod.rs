@@ -276,6 +276,7 @@ impl Session {
         let deadline =
             std::time::Instant::now() + login_timeout.saturating_sub(Duration::from_millis(250));
         let primary = self.primary_for_login(deadline).await?;
+        self.learn_database(deadline).await;
         // Transaction mode: a login with settings the pool has seen logged in needs no
         // server connection; the client gets what that login reported.
         let config = self.config.clone();
@@ -403,6 +404,22 @@ impl Session {
         tracing::info!(error = %err, "no primary takes connections; the statement waits for the cluster to settle");
         let mut events = self.shared.balancer.subscribe();
         self.settle(&mut events, deadline).await.is_ok()
+    }
+
+    /// The first login to a database waits (up to [`crate::deps::FIRST_LOAD_WAIT`],
+    /// within the login's deadline) for its dependencies to be learned, so its first
+    /// statements are analysed with the catalog (see `Dependencies::first_load`).
+    async fn learn_database(&mut self, deadline: std::time::Instant) {
+        let until = deadline.min(std::time::Instant::now() + crate::deps::FIRST_LOAD_WAIT);
+        self.shared
+            .deps
+            .first_load(
+                &self.shared,
+                &self.login.database,
+                &mut self.deps_entry,
+                until.into(),
+            )
+            .await;
     }
 
     /// ParameterStatus for each of `params`, BackendKeyData and ReadyForQuery.
