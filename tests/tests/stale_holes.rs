@@ -667,6 +667,47 @@ async fn functions_in_column_defaults_are_read_fresh() {
     .await;
 }
 
+/// A column whose type is a domain with a check that calls a function with side effects
+/// (here through a domain over that domain): an INSERT that names only `orders` runs the
+/// check, which writes the audit table.
+#[tokio::test]
+async fn functions_in_domain_checks_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (orders, audit, check, dom) = (
+        unique("dom_orders"),
+        unique("dom_audit"),
+        unique("dom_check"),
+        unique("dom_amount"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {check}(v int) RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN v > 0; END $$;
+         CREATE DOMAIN {dom} AS int CHECK ({check}(VALUE));
+         CREATE DOMAIN {dom}_outer AS {dom};
+         CREATE TABLE {orders}(id serial PRIMARY KEY, amount {dom}_outer NOT NULL);"
+    ))
+    .await;
+    check_hole(
+        Hole {
+            name: "function in a domain check",
+            write: format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
+            delta: 1,
+            reads: plain(&format!("SELECT n FROM {audit} WHERE id = $1::int"), 1),
+            edges: vec![
+                edge("expression", &orders, &format!("{check}()")),
+                edge("function", &format!("{check}()"), &audit),
+            ],
+            unanalysable: vec![],
+            warmup: None,
+            out_of_band: None,
+        },
+        CONTROL,
+    )
+    .await;
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]
@@ -1685,15 +1726,36 @@ async fn the_periodic_schema_check_finds_changes_made_outside_pgfresh() {
         "outside ddl",
         vec![edge("trigger", &orders, &format!("{f}()"))],
     );
-    poll(
-        "the check to find the trigger",
-        Duration::from_secs(60),
-        || async {
+    let found = |what: &'static str, after: f64| {
+        let c = &c;
+        poll(what, Duration::from_secs(60), move || async move {
             c.simple_query("SELECT 1").await.expect("a statement");
-            (metric_value(changed) > before).then_some(())
-        },
-    )
-    .await;
+            let now = metric_value(changed);
+            (now > after).then_some(now)
+        })
+    };
+    let after_trigger = found("the check to find the trigger", before).await;
+    wait_graph(&p, &hole).await;
+    // A table with a column of a domain whose check calls a function: the column alone
+    // (the function and the domain were there before) is a change too, and learned.
+    let (check, dom, checked) = (unique("pc_check"), unique("pc_dom"), unique("pc_checked"));
+    truth
+        .batch_execute(&format!(
+            "CREATE FUNCTION {check}(v int) RETURNS boolean LANGUAGE sql AS $$ SELECT v > 0 $$;
+             CREATE DOMAIN {dom} AS int CHECK ({check}(VALUE))"
+        ))
+        .await
+        .expect("the domain, made outside pgfresh");
+    let after_domain = found("the check to find the domain", after_trigger).await;
+    truth
+        .batch_execute(&format!("CREATE TABLE {checked}(amount {dom}[])"))
+        .await
+        .expect("the table, made outside pgfresh");
+    found("the check to find the domain column", after_domain).await;
+    let hole = Hole::edges(
+        "outside ddl",
+        vec![edge("expression", &checked, &format!("{check}()"))],
+    );
     wait_graph(&p, &hole).await;
 }
 

@@ -130,7 +130,7 @@ pub struct WriteCallRow {
     pub table_oid: Oid,
     /// The function its expression calls (`pg_proc.oid`).
     pub function_oid: Oid,
-    /// Where: `default`, `check` or `index`.
+    /// Where: `default`, `check`, `domain` (a check of a column's domain) or `index`.
     pub via: String,
 }
 
@@ -251,9 +251,16 @@ AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regc
 AND d.refobjid <> p.polrelid";
 
 /// The functions writes evaluate behind a table: those the expressions of its column defaults
-/// and generated columns (`pg_attrdef`), check constraints and index expressions or
-/// predicates call (normal dependencies of those objects on `pg_proc`).
+/// and generated columns (`pg_attrdef`), check constraints, the check constraints of the
+/// domains its columns are of (a domain over a domain, or an array of one, included) and
+/// index expressions or predicates call (normal dependencies of those objects on
+/// `pg_proc`). (A domain inside a composite column type is not followed.)
 pub const WRITE_CALLS_SQL: &str = "\
+WITH RECURSIVE dom(type_oid, domain_oid) AS (\
+SELECT t.oid, t.oid FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
+UNION SELECT t.oid, dom.domain_oid FROM dom JOIN pg_catalog.pg_type t \
+ON (t.typtype = 'd' AND t.typbasetype = dom.type_oid) \
+OR (t.typcategory = 'A' AND t.typelem = dom.type_oid)) \
 SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
 x.via::text AS via \
 FROM (\
@@ -261,6 +268,10 @@ SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid A
 'default' AS via FROM pg_catalog.pg_attrdef a \
 UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check' \
 FROM pg_catalog.pg_constraint c WHERE c.contype = 'c' AND c.conrelid <> 0 \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, a.attrelid, 'domain' \
+FROM pg_catalog.pg_attribute a JOIN dom ON dom.type_oid = a.atttypid \
+JOIN pg_catalog.pg_constraint c ON c.contypid = dom.domain_oid AND c.contype = 'c' \
+WHERE a.attnum > 0 AND NOT a.attisdropped \
 UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
 FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL\
 ) x \
@@ -313,7 +324,8 @@ AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 /// name, schema and volatility), row-security policies, event triggers, the dependencies of
 /// defaults, checks, indexes, views and policies on user functions, the names, kinds and
 /// row-security flags of the relations the graph can name an edge for (those with triggers,
-/// rules, children, partitions, row security, and views), and user schemas. Plain tables,
+/// rules, children, partitions, row security, and views), user schemas, and the columns
+/// whose type is a domain (or an array of one: its checks run on writes). Plain tables,
 /// indexes, sequences, grants, statistics and temporary relations are left out: creating,
 /// truncating, analysing or dropping them changes no edge.
 ///
@@ -351,7 +363,16 @@ FROM pg_catalog.pg_class c WHERE c.oid >= 16384 AND c.relpersistence <> 't' \
 AND (c.relkind::text IN ('v', 'm', 'p') OR c.relhastriggers OR c.relhasrules OR c.relhassubclass \
 OR c.relispartition OR c.relrowsecurity)), ''), \
 coalesce((SELECT pg_catalog.string_agg(n.oid || ':' || n.nspname, ',' ORDER BY n.oid) \
-FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), '') \
+FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), ''), \
+coalesce((WITH RECURSIVE dom(type_oid) AS (\
+SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
+UNION SELECT t.oid FROM dom JOIN pg_catalog.pg_type t \
+ON (t.typtype = 'd' AND t.typbasetype = dom.type_oid) \
+OR (t.typcategory = 'A' AND t.typelem = dom.type_oid)) \
+SELECT pg_catalog.string_agg(a.attrelid || ':' || a.attnum || ':' || a.atttypid, ',' \
+ORDER BY a.attrelid, a.attnum) FROM pg_catalog.pg_attribute a \
+JOIN dom ON dom.type_oid = a.atttypid \
+WHERE a.attrelid >= 16384 AND a.attnum > 0 AND NOT a.attisdropped), '') \
 )) AS fingerprint";
 
 /// Each query with the row type it fills, for loaders and tests.
