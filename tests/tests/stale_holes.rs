@@ -581,6 +581,29 @@ async fn sequence_values_set_by_setval_are_read_fresh() {
     .await;
 }
 
+/// `setval` of a sequence named at run time (`pg_get_serial_sequence`, as ORMs reset
+/// sequences): pgfresh cannot tell which sequence it writes, so the whole database counts
+/// as written and a read of the sequence sees the new value.
+#[tokio::test]
+async fn sequence_values_set_through_a_computed_name_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let t = unique("serial");
+    setup(&format!(
+        "CREATE TABLE {t}(id serial PRIMARY KEY);
+         ALTER SEQUENCE {t}_id_seq MINVALUE 0 RESTART WITH 0"
+    ))
+    .await;
+    check_hole(
+        Hole::plain(
+            "sequence named at run time",
+            format!("SELECT setval(pg_get_serial_sequence('{t}', 'id'), $1::int)"),
+            &format!("SELECT last_value FROM {t}_id_seq"),
+        ),
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn do_block_writes_are_read_fresh() {
     let _g = SERIAL.lock().await;

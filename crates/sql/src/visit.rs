@@ -21,7 +21,8 @@ pub(crate) struct Walker {
     pub touches_catalog: bool,
     /// A data-modifying statement (INSERT/UPDATE/DELETE/MERGE/SELECT INTO) was seen.
     pub writes_data: bool,
-    /// The statement may write relations it does not name (`TRUNCATE … CASCADE`).
+    /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, `nextval`
+    /// of a computed name).
     pub writes_unnamed: bool,
     /// Schema change that may change what other statements touch behind their text.
     pub changes_effects: bool,
@@ -377,9 +378,12 @@ impl Walker {
                 Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
                 None => {}
             }
-            if let Some(seq) = advanced_sequence(&name, &f.args) {
+            match advanced_sequence(&name, &f.args) {
                 // A read of the sequence relation (`SELECT last_value FROM s`) sees it.
-                self.writes.push(seq);
+                Some(Some(seq)) => self.writes.push(seq),
+                // Some sequence, which pgfresh cannot name: any relation may be it.
+                Some(None) => self.writes_unnamed = true,
+                None => {}
             }
             self.functions.push(name);
         }
@@ -572,14 +576,19 @@ impl Walker {
     }
 }
 
-/// The sequence `nextval('s')` or `setval('s', ...)` advances, when named by a constant
-/// (`'s'`, `'app.s'::regclass`, `'"S"'`); None for other calls, or a name computed at run
-/// time.
-fn advanced_sequence(f: &FuncName, args: &[Node]) -> Option<RelName> {
+/// The sequence `nextval(...)` or `setval(...)` advances: `Some(Some(s))` when named by a
+/// constant (`'s'`, `'app.s'::regclass`, `'"S"'`), `Some(None)` when the name is computed
+/// at run time (`nextval(pg_get_serial_sequence('t', 'id'))`, a parameter) or does not
+/// parse, None for other calls.
+fn advanced_sequence(f: &FuncName, args: &[Node]) -> Option<Option<RelName>> {
     if !matches!(f.schema.as_deref(), None | Some("pg_catalog"))
         || !matches!(&*f.name, "nextval" | "setval")
     {
         return None;
     }
-    RelName::parse(&const_text(args.first()?)?).ok()
+    Some(
+        args.first()
+            .and_then(const_text)
+            .and_then(|t| RelName::parse(&t).ok()),
+    )
 }

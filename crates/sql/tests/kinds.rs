@@ -267,3 +267,24 @@ fn a_do_block_and_commit_prepared_may_write_anything() {
     let truncate = pgfresh_sql::analyze_uncached("TRUNCATE t");
     assert!(!truncate.statements[0].writes_unnamed);
 }
+
+#[test]
+fn a_sequence_named_at_run_time_may_be_any_relation() {
+    for sql in [
+        "SELECT nextval(pg_get_serial_sequence('t', 'id'))",
+        "SELECT setval(pg_get_serial_sequence('t', 'id'), 10)",
+        "SELECT nextval($1)",
+        "INSERT INTO t(id) VALUES (nextval('seq_' || 'a'))",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(a.statements[0].writes_unnamed, "{sql}");
+    }
+    for sql in [
+        "SELECT nextval('s')",
+        "SELECT currval('s')",
+        "SELECT lastval()",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(!a.statements[0].writes_unnamed, "{sql}");
+    }
+}
