@@ -1325,6 +1325,65 @@ async fn beside_ddl_round(
     stale
 }
 
+/// A column default or a check that calls a user function, added in the same string or
+/// transaction as a write that runs it: the graph in hand has no edge to what the function
+/// writes, so the change counts like a new trigger (the write marks the whole database) and
+/// what the function wrote is read fresh. (Without that, every round here read stale.)
+#[tokio::test]
+async fn writes_beside_a_new_default_or_check_calling_a_function_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(""));
+    p.shared
+        .deps
+        .load_now(&p.shared, "app")
+        .await
+        .expect("the first dependency load");
+    let truth = primary_direct().await;
+    let mut stale = 0;
+    for (round, change) in [
+        "ADD COLUMN no bigint DEFAULT {f}()",
+        "ADD CHECK ({f}() > 0)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for same_string in [true, false] {
+            let (t, counter, f) = (unique("bd_t"), unique("bd_counter"), unique("bd_next"));
+            setup(&format!(
+                "CREATE TABLE {counter}(id int PRIMARY KEY, n bigint NOT NULL);
+                 INSERT INTO {counter} VALUES (1, 0);
+                 CREATE FUNCTION {f}() RETURNS bigint LANGUAGE plpgsql AS $$
+                 DECLARE v bigint;
+                 BEGIN UPDATE {counter} SET n = n + 1 WHERE id = 1 RETURNING n INTO v; RETURN v; END $$;
+                 CREATE TABLE {t}(amount int)"
+            ))
+            .await;
+            let _delay = ApplyDelay::set(DELAY_MS);
+            let writer = p.connect().await;
+            let other = p.connect().await;
+            let alter = format!("ALTER TABLE {t} {}", change.replace("{f}", &f));
+            let insert = format!("INSERT INTO {t}(amount) VALUES (1)");
+            if same_string {
+                exec(&writer, Proto::Simple, &format!("{alter}; {insert}"), 0).await;
+            } else {
+                for sql in ["BEGIN", alter.as_str(), insert.as_str(), "COMMIT"] {
+                    exec(&writer, Proto::Extended, sql, 0).await;
+                }
+            }
+            let read = format!("SELECT n FROM {counter} WHERE id = 1");
+            assert_eq!(
+                read_i64(&truth, Proto::Extended, &read, 0).await,
+                1,
+                "round {round}: the function did not run once"
+            );
+            for (c, proto) in [(&writer, Proto::Extended), (&other, Proto::Simple)] {
+                stale += usize::from(read_i64(c, proto, &read, 0).await != 1);
+            }
+        }
+    }
+    assert_eq!(stale, 0, "stale reads of what a new default or check wrote");
+}
+
 /// A write that runs under a trigger pgfresh has not learned yet: created in the same
 /// string or transaction, or by another session while the write waits for the trigger's
 /// lock or was analysed before it. The commit of the change, and every write analysed

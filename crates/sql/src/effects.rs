@@ -20,10 +20,12 @@ pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
         NodeEnum::CreateStmt(c) => {
             c.partbound.is_some()
                 || !c.inh_relations.is_empty()
-                || c.constraints.iter().any(is_foreign_key)
+                || c.constraints
+                    .iter()
+                    .any(|n| is_foreign_key(n) || calls_user_function(n))
                 || c.table_elts.iter().any(|e| match &e.node {
-                    Some(NodeEnum::ColumnDef(d)) => d.constraints.iter().any(is_foreign_key),
-                    Some(NodeEnum::Constraint(_)) => is_foreign_key(e),
+                    Some(NodeEnum::ColumnDef(d)) => column_moves_effects(d),
+                    Some(NodeEnum::Constraint(_)) => is_foreign_key(e) || calls_user_function(e),
                     _ => false,
                 })
         }
@@ -58,6 +60,38 @@ pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
     }
 }
 
+/// Whether `node` (an expression, or a constraint with one: a default, a check, a generated
+/// column) calls a function that is not a known built-in. A write then runs it, and what it
+/// writes is learned only at the reload after the change (see `WRITE_CALLS_SQL` in
+/// pgfresh-deps), so the change opens the window like a new trigger. `nextval`, `now()`,
+/// `gen_random_uuid()` and the like do not count.
+fn calls_user_function(node: &Node) -> bool {
+    let mut w = crate::visit::Walker::default();
+    match &node.node {
+        Some(NodeEnum::Constraint(c)) => {
+            if let Some(e) = &c.raw_expr {
+                w.expr(e);
+            }
+        }
+        _ => w.expr(node),
+    }
+    w.functions.iter().any(|f| {
+        matches!(
+            crate::functions::classify_builtin(f),
+            crate::functions::Builtin::Unknown
+        )
+    })
+}
+
+/// A column definition with a cascading foreign key, or a default, check or generated
+/// expression that calls a user function.
+fn column_moves_effects(d: &protobuf::ColumnDef) -> bool {
+    d.constraints
+        .iter()
+        .any(|c| is_foreign_key(c) || calls_user_function(c))
+        || d.raw_default.as_deref().is_some_and(calls_user_function)
+}
+
 /// A foreign key whose ON DELETE or ON UPDATE action writes the referencing table
 /// (CASCADE, SET NULL, SET DEFAULT); NO ACTION and RESTRICT write nothing.
 fn is_foreign_key(n: &Node) -> bool {
@@ -71,17 +105,16 @@ fn is_foreign_key(n: &Node) -> bool {
 /// key or row security.
 fn neutral_alter(cmd: &protobuf::AlterTableCmd) -> bool {
     use AlterTableType as T;
-    let def_is_foreign_key = || {
+    let def_moves_effects = || {
         cmd.def.as_deref().is_some_and(|d| match &d.node {
-            Some(NodeEnum::ColumnDef(c)) => c.constraints.iter().any(is_foreign_key),
-            _ => is_foreign_key(d),
+            Some(NodeEnum::ColumnDef(c)) => column_moves_effects(c),
+            _ => is_foreign_key(d) || calls_user_function(d),
         })
     };
     match AlterTableType::try_from(cmd.subtype) {
-        Ok(T::AtAddColumn | T::AtAddConstraint) => !def_is_foreign_key(),
+        Ok(T::AtAddColumn | T::AtAddConstraint | T::AtColumnDefault) => !def_moves_effects(),
         Ok(
-            T::AtColumnDefault
-            | T::AtDropNotNull
+            T::AtDropNotNull
             | T::AtSetNotNull
             | T::AtSetStatistics
             | T::AtSetOptions
@@ -146,6 +179,14 @@ mod tests {
             "CREATE SCHEMA s CREATE VIEW v AS SELECT 1",
             "CREATE POLICY p ON a FOR SELECT USING (g IN (SELECT g FROM m))",
             "ALTER TABLE a ENABLE ROW LEVEL SECURITY",
+            // A write runs the user functions of defaults, checks and generated columns.
+            "CREATE TABLE i (no bigint DEFAULT next_invoice_no(), amount int)",
+            "CREATE TABLE i (amount int CHECK (audit_amount(amount)))",
+            "CREATE TABLE i (amount int, CONSTRAINT c CHECK (app.audit(amount)))",
+            "CREATE TABLE i (a int, b int GENERATED ALWAYS AS (score(a)) STORED)",
+            "ALTER TABLE i ADD COLUMN no bigint DEFAULT next_invoice_no()",
+            "ALTER TABLE i ALTER COLUMN no SET DEFAULT next_invoice_no()",
+            "ALTER TABLE i ADD CONSTRAINT c CHECK (audit_amount(amount))",
         ] {
             assert!(changes(sql), "{sql}");
         }
@@ -195,6 +236,9 @@ mod tests {
             "ALTER TABLE a ADD CONSTRAINT u UNIQUE (n)",
             "CREATE TABLE c (id int REFERENCES a, b int, FOREIGN KEY (b) REFERENCES a ON DELETE RESTRICT)",
             "ALTER TABLE c ADD COLUMN a_id int REFERENCES a",
+            "CREATE TABLE i (id bigint DEFAULT nextval('s'), at timestamptz DEFAULT now(), u uuid DEFAULT gen_random_uuid())",
+            "ALTER TABLE i ALTER COLUMN at SET DEFAULT clock_timestamp()",
+            "ALTER TABLE i ADD CONSTRAINT c CHECK (length(name) > 0 AND amount > 0)",
             "GRANT SELECT ON a TO PUBLIC",
             "COMMENT ON TABLE a IS 'x'",
             "SELECT 1",
