@@ -18,6 +18,7 @@ pub mod error;
 pub mod io;
 pub mod listener;
 pub mod monitor_conn;
+pub mod name_map;
 pub mod pool;
 pub mod router;
 pub mod schema_watch;

@@ -48,7 +48,7 @@ pub struct ServerConn {
     /// Session mode: named prepared statements that exist on this connection, by the
     /// client's name, with the hash of their text so a redefinition is noticed. In both
     /// modes, the client's SQL-level PREPAREs as `sql:name`.
-    pub prepared: foldhash::HashMap<String, u64>,
+    pub prepared: crate::name_map::NameMap<u64>,
     /// Transaction mode: protocol-level statements on this connection, by content,
     /// under pgfresh's own names.
     pub statements: crate::statements::StatementCache,

@@ -87,7 +87,7 @@ pub struct SessionState {
     /// `SET` statements to replay on a connection, in order, one per parameter.
     settings: SettingsList,
     /// Protocol-level named statements by name ("" is the unnamed one).
-    pub prepared: foldhash::HashMap<String, Prepared>,
+    pub prepared: crate::name_map::NameMap<Prepared>,
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
     pub sql_prepared: foldhash::HashMap<String, (String, Arc<Analysis>)>,
     pub pins: BTreeSet<PinReason>,
