@@ -336,14 +336,33 @@ pub fn start_proxy(text: &str) -> ProxyHandle {
     let deadline = Instant::now() + Duration::from_secs(60);
     // Ready when the monitor has seen a primary and every standby in the read pool.
     let standbys = p.shared.config.snapshot().nodes.len().saturating_sub(1);
-    while Instant::now() < deadline {
+    loop {
         let view = p.shared.balancer.view();
         if view.primary.is_some() && view.nodes.iter().filter(|n| n.eligible).count() == standbys {
-            break;
+            return p;
+        }
+        if Instant::now() >= deadline {
+            // Some tests start a proxy whose standbys stay out on purpose; the others fail
+            // later, and this line says why.
+            let nodes: Vec<String> = view
+                .nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "{} {:?} eligible={} {:?}",
+                        n.spec.name, n.role, n.eligible, n.ineligible_reason
+                    )
+                })
+                .collect();
+            eprintln!(
+                "start_proxy: after 60 s, primary {:?} and not every standby in the read pool: {}",
+                view.primary,
+                nodes.join("; ")
+            );
+            return p;
         }
         std::thread::sleep(POLL_EVERY);
     }
-    p
 }
 
 /// Start a proxy without waiting for its monitor (for tests of a proxy that cannot
