@@ -406,11 +406,14 @@ impl Session {
         self.settle(&mut events, deadline).await.is_ok()
     }
 
-    /// The first login to a database waits (up to [`crate::deps::FIRST_LOAD_WAIT`],
-    /// within the login's deadline) for its dependencies to be learned, so its first
-    /// statements are analysed with the catalog (see `Dependencies::first_load`).
+    /// The first login to a database waits (up to [`crate::deps::FIRST_LOAD_WAIT`], and
+    /// half of what is left of the login's time, so the rest of the login still fits) for
+    /// its dependencies to be learned, so its first statements are analysed with the
+    /// catalog (see `Dependencies::first_load`).
     async fn learn_database(&mut self, deadline: std::time::Instant) {
-        let until = deadline.min(std::time::Instant::now() + crate::deps::FIRST_LOAD_WAIT);
+        let now = std::time::Instant::now();
+        let half_left = deadline.saturating_duration_since(now) / 2;
+        let until = now + half_left.min(crate::deps::FIRST_LOAD_WAIT);
         self.shared
             .deps
             .first_load(
