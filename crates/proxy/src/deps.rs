@@ -571,8 +571,6 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
                     );
                 }
             }
-        }
-        if load {
             entry.loaded.notify_waiters();
         }
         for w in waiters {
