@@ -135,6 +135,8 @@ pub(crate) struct Entry {
     pub(crate) watch: crate::schema_watch::Watch,
     /// Woken after each load, whatever its outcome (see [`Dependencies::first_load`]).
     loaded: tokio::sync::Notify,
+    /// A login gave up waiting for the first load: later ones do not wait.
+    waited_out: AtomicBool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -248,6 +250,7 @@ impl Dependencies {
             window: Arc::new(SchemaWindow::unlearned()),
             watch: Default::default(),
             loaded: tokio::sync::Notify::new(),
+            waited_out: AtomicBool::new(false),
         });
         let mut next = HashMap::clone(&dbs);
         next.insert(db.to_string(), entry.clone());
@@ -306,8 +309,10 @@ impl Dependencies {
     /// statement that calls any function, `count(*)` included, may write anything as far
     /// as pgfresh knows, so it goes to the primary and marks the whole database; a login
     /// that waits these few milliseconds once per database spares its first statements
-    /// that. Returns at once when the graph is in hand, when nothing is learned, and after
-    /// a failed load (the statements are then treated as before: conservatively).
+    /// that. Returns at once when the graph is in hand, when nothing is learned, after a
+    /// failed load (the statements are then treated as before: conservatively), and once
+    /// a login has waited until its deadline (a load that hangs delays one round of logins,
+    /// not every login until it ends).
     pub async fn first_load(
         &self,
         shared: &Arc<Shared>,
@@ -322,6 +327,9 @@ impl Dependencies {
             return;
         };
         let e = e.clone();
+        if e.waited_out.load(Ordering::Relaxed) {
+            return;
+        }
         let ended = e.loaded.notified();
         tokio::pin!(ended);
         ended.as_mut().enable();
@@ -329,7 +337,10 @@ impl Dependencies {
         if e.graph.load().is_some() || e.failures.load(Ordering::Relaxed) > 0 {
             return;
         }
-        let _ = tokio::time::timeout_at(deadline, ended).await;
+        if tokio::time::timeout_at(deadline, ended).await.is_err() {
+            e.waited_out.store(true, Ordering::Relaxed);
+            tracing::warn!(database = %e.db, "the first dependency load did not end within the login's wait; logins go on without waiting for it");
+        }
     }
 
     /// The schema window of the database of `entry`, once [`Self::graph_of`] found its
