@@ -23,7 +23,7 @@ fn free_port() -> u16 {
 fn config(c: &LocalCluster, port: u16) -> String {
     let (su, su_pw) = c.superuser();
     let mut text = format!(
-        "[proxy]\nlisten = \"127.0.0.1:{port}\"\nshutdown_timeout_ms = {SHUTDOWN_TIMEOUT_MS}\n\n\
+        "[proxy]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_timeout_ms = {SHUTDOWN_TIMEOUT_MS}\n\n\
          [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 50\n\n\
          [[users]]\nname = \"app\"\npassword = \"app-secret\"\n\n"
     );
