@@ -690,16 +690,17 @@ async fn functions_in_column_defaults_are_read_fresh() {
     .await;
 }
 
-/// A column whose type is a domain with a check that calls a function with side effects
-/// (here through a domain over that domain): an INSERT that names only `orders` runs the
-/// check, which writes the audit table.
+/// Columns whose types are domains with a check and a default that call functions with
+/// side effects (the check through a domain over that domain): an INSERT that names only
+/// `orders` runs both, and each writes the audit table.
 #[tokio::test]
-async fn functions_in_domain_checks_are_read_fresh() {
+async fn functions_in_domain_checks_and_defaults_are_read_fresh() {
     let _g = SERIAL.lock().await;
-    let (orders, audit, check, dom) = (
+    let (orders, audit, check, next, dom) = (
         unique("dom_orders"),
         unique("dom_audit"),
         unique("dom_check"),
+        unique("dom_next"),
         unique("dom_amount"),
     );
     setup(&format!(
@@ -707,19 +708,23 @@ async fn functions_in_domain_checks_are_read_fresh() {
          INSERT INTO {audit} VALUES (1, 0);
          CREATE FUNCTION {check}(v int) RETURNS boolean LANGUAGE plpgsql AS $$
          BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN v > 0; END $$;
+         CREATE FUNCTION {next}() RETURNS bigint LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
          CREATE DOMAIN {dom} AS int CHECK ({check}(VALUE));
          CREATE DOMAIN {dom}_outer AS {dom};
-         CREATE TABLE {orders}(id serial PRIMARY KEY, amount {dom}_outer NOT NULL);"
+         CREATE DOMAIN {dom}_no AS bigint DEFAULT {next}();
+         CREATE TABLE {orders}(id serial PRIMARY KEY, amount {dom}_outer NOT NULL, no {dom}_no);"
     ))
     .await;
     check_hole(
         Hole {
-            name: "function in a domain check",
+            name: "functions in a domain check and default",
             write: format!("INSERT INTO {orders}(amount) VALUES ($1::int)"),
-            delta: 1,
+            delta: 2,
             reads: plain(&format!("SELECT n FROM {audit} WHERE id = $1::int"), 1),
             edges: vec![
                 edge("expression", &orders, &format!("{check}()")),
+                edge("expression", &orders, &format!("{next}()")),
                 edge("function", &format!("{check}()"), &audit),
             ],
             unanalysable: vec![],

@@ -56,6 +56,13 @@ impl BodyEffects {
         if a.must_primary.contains(&MustPrimary::DoBlock) {
             self.fail("DO block");
         }
+        if a.statements.iter().any(|s| s.writes_unnamed) {
+            // `TRUNCATE … CASCADE`, `nextval` of a sequence named at run time ...
+            self.fail(format!(
+                "writes relations it does not name: {:?}",
+                shorten(sql)
+            ));
+        }
         self.reads.extend(a.reads.iter().cloned());
         self.writes.extend(a.writes.iter().cloned());
         self.calls.extend(a.functions.iter().cloned());

@@ -250,33 +250,57 @@ WHERE c.relrowsecurity AND p.polcmd IN ('r', '*') AND d.deptype = 'n' \
 AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass) \
 AND d.refobjid <> p.polrelid";
 
-/// The functions writes evaluate behind a table: those the expressions of its column defaults
-/// and generated columns (`pg_attrdef`), check constraints, the check constraints of the
-/// domains its columns are of (a domain over a domain, or an array of one, included) and
-/// index expressions or predicates call (normal dependencies of those objects on
-/// `pg_proc`). (A domain inside a composite column type is not followed.)
-pub const WRITE_CALLS_SQL: &str = "\
-WITH RECURSIVE dom(type_oid, domain_oid) AS (\
+/// The domains each type is or contains, and the permanent table columns of those types:
+/// the first part of [`WRITE_CALLS_SQL`] and of a term of [`SCHEMA_FINGERPRINT_SQL`]. A
+/// domain contains itself and whatever its base type contains; an array contains what its
+/// element type does (`typarray`). The recursion follows only those edges (equality joins
+/// over the domains, however large `pg_type` is); columns are found through their
+/// dependency on their type (`pg_depend`, indexed), not by a scan of `pg_attribute`.
+macro_rules! domain_columns_cte {
+    () => {
+        "WITH RECURSIVE edge(child, parent) AS (\
+SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
+UNION ALL SELECT t.typarray, t.oid FROM pg_catalog.pg_type t \
+WHERE t.typtype = 'd' AND t.typarray <> 0), \
+dom(type_oid, domain_oid) AS (\
 SELECT t.oid, t.oid FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
-UNION SELECT t.oid, dom.domain_oid FROM dom JOIN pg_catalog.pg_type t \
-ON (t.typtype = 'd' AND t.typbasetype = dom.type_oid) \
-OR (t.typcategory = 'A' AND t.typelem = dom.type_oid)) \
-SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
+UNION SELECT e.child, dom.domain_oid FROM dom JOIN edge e ON e.parent = dom.type_oid), \
+domain_column(table_oid, attnum, type_oid, domain_oid) AS (\
+SELECT d.objid, d.objsubid, dom.type_oid, dom.domain_oid FROM dom \
+JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_type'::regclass \
+AND d.refobjid = dom.type_oid AND d.classid = 'pg_catalog.pg_class'::regclass \
+AND d.objsubid > 0 \
+JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.relkind IN ('r', 'p', 'f') \
+AND c.relpersistence <> 't') "
+    };
+}
+
+/// The functions writes evaluate behind a table: those the expressions of its column defaults
+/// and generated columns (`pg_attrdef`), check constraints, index expressions or predicates,
+/// and the checks and defaults of the domains its columns are of (a domain over a domain,
+/// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
+/// those objects on `pg_proc`). (A domain inside a composite or range column type is not
+/// followed.)
+pub const WRITE_CALLS_SQL: &str = concat!(
+    domain_columns_cte!(),
+    "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
 x.via::text AS via \
 FROM (\
 SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid AS table_oid, \
 'default' AS via FROM pg_catalog.pg_attrdef a \
 UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check' \
 FROM pg_catalog.pg_constraint c WHERE c.contype = 'c' AND c.conrelid <> 0 \
-UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, a.attrelid, 'domain' \
-FROM pg_catalog.pg_attribute a JOIN dom ON dom.type_oid = a.atttypid \
-JOIN pg_catalog.pg_constraint c ON c.contypid = dom.domain_oid AND c.contype = 'c' \
-WHERE a.attnum > 0 AND NOT a.attisdropped \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, dc.table_oid, 'domain' \
+FROM domain_column dc \
+JOIN pg_catalog.pg_constraint c ON c.contypid = dc.domain_oid AND c.contype = 'c' \
+UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain' \
+FROM domain_column dc \
 UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
 FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL\
 ) x \
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
-WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'";
+WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'"
+);
 
 /// Event triggers that can fire (`evtenabled <> 'D'`; `O`, `R` and `A` all fire in some
 /// session replication role).
@@ -333,7 +357,9 @@ AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 /// `xmin`, which changes on every update; freezing changes it too, which costs one needless
 /// reload. Run by the proxy's schema check (about a millisecond on a small schema), and in
 /// each load's snapshot so the first check has what the loaded graph saw.
-pub const SCHEMA_FINGERPRINT_SQL: &str = "\
+pub const SCHEMA_FINGERPRINT_SQL: &str = concat!(
+    domain_columns_cte!(),
+    "\
 SELECT pg_catalog.md5(pg_catalog.concat_ws('|', \
 coalesce((SELECT pg_catalog.string_agg(t.oid || ':' || t.tgrelid || ':' || t.tgfoid || ':' \
 || t.tgenabled::text || ':' || t.tgtype, ',' ORDER BY t.oid) \
@@ -364,16 +390,10 @@ AND (c.relkind::text IN ('v', 'm', 'p') OR c.relhastriggers OR c.relhasrules OR 
 OR c.relispartition OR c.relrowsecurity)), ''), \
 coalesce((SELECT pg_catalog.string_agg(n.oid || ':' || n.nspname, ',' ORDER BY n.oid) \
 FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), ''), \
-coalesce((WITH RECURSIVE dom(type_oid) AS (\
-SELECT t.oid FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
-UNION SELECT t.oid FROM dom JOIN pg_catalog.pg_type t \
-ON (t.typtype = 'd' AND t.typbasetype = dom.type_oid) \
-OR (t.typcategory = 'A' AND t.typelem = dom.type_oid)) \
-SELECT pg_catalog.string_agg(a.attrelid || ':' || a.attnum || ':' || a.atttypid, ',' \
-ORDER BY a.attrelid, a.attnum) FROM pg_catalog.pg_attribute a \
-JOIN dom ON dom.type_oid = a.atttypid \
-WHERE a.attrelid >= 16384 AND a.attnum > 0 AND NOT a.attisdropped), '') \
-)) AS fingerprint";
+coalesce((SELECT pg_catalog.string_agg(dc.table_oid || ':' || dc.attnum || ':' \
+|| dc.type_oid, ',' ORDER BY dc.table_oid, dc.attnum, dc.type_oid) FROM domain_column dc), '') \
+)) AS fingerprint"
+);
 
 /// Each query with the row type it fills, for loaders and tests.
 pub const QUERIES: [(&str, &str); 11] = [

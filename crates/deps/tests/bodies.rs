@@ -99,6 +99,31 @@ fn do_block_and_parse_failures_are_unanalysable() {
 }
 
 #[test]
+fn writes_the_body_cannot_name_are_unanalysable() {
+    for stmt in [
+        "TRUNCATE parent CASCADE;",
+        "PERFORM nextval(seq_name);",
+        "PERFORM setval(pg_get_serial_sequence('t', 'id'), 1);",
+    ] {
+        let def = format!(
+            "CREATE OR REPLACE FUNCTION public.f(seq_name text)\n RETURNS void\n LANGUAGE plpgsql\nAS $function$\nBEGIN\n  {stmt}\nEND\n$function$\n"
+        );
+        let fx = analyze_body("plpgsql", Some(&def));
+        assert!(
+            fx.unanalysable
+                .as_deref()
+                .is_some_and(|u| u.contains("does not name")),
+            "{stmt}: {:?}",
+            fx.unanalysable
+        );
+    }
+    let named = "CREATE OR REPLACE FUNCTION public.f()\n RETURNS bigint\n LANGUAGE sql\nAS $function$ SELECT nextval('order_seq') $function$\n";
+    let fx = analyze_body("sql", Some(named));
+    assert_eq!(fx.unanalysable, None);
+    assert_eq!(names(&fx.writes), ["order_seq"]);
+}
+
+#[test]
 fn sql_function_with_string_body() {
     let def = "CREATE OR REPLACE FUNCTION app.place_order(customer integer, amount numeric)\n RETURNS bigint\n LANGUAGE sql\nAS $function$\n  INSERT INTO app.orders(customer, amount) VALUES ($1, $2);\n  UPDATE ledger SET balance = balance - amount WHERE customer_id = customer;\n  SELECT currval('app.orders_id_seq') FROM app.customers LIMIT 1;\n$function$\n";
     let fx = analyze_body("sql", Some(def));

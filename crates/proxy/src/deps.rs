@@ -304,21 +304,21 @@ impl Dependencies {
         graph.load().clone()
     }
 
-    /// Waits, until `deadline` at most, for the first load of `db` to end (it starts the
-    /// load if none has). Called at a session's login: until a database is learned, a
-    /// statement that calls any function, `count(*)` included, may write anything as far
-    /// as pgfresh knows, so it goes to the primary and marks the whole database; a login
-    /// that waits these few milliseconds once per database spares its first statements
-    /// that. Returns at once when the graph is in hand, when nothing is learned, after a
-    /// failed load (the statements are then treated as before: conservatively), and once
-    /// a login has waited until its deadline (a load that hangs delays one round of logins,
-    /// not every login until it ends).
+    /// Waits, [`FIRST_LOAD_WAIT`] and `budget` at most, for the first load of `db` to end
+    /// (it starts the load if none has). Called at a session's login: until a database is
+    /// learned, a statement that calls any function, `count(*)` included, may write
+    /// anything as far as pgfresh knows, so it goes to the primary and marks the whole
+    /// database; a login that waits these few milliseconds once per database spares its
+    /// first statements that. Returns at once when the graph is in hand, when nothing is
+    /// learned, after a failed load (the statements are then treated as before:
+    /// conservatively), and once a login has waited the whole [`FIRST_LOAD_WAIT`] (a load
+    /// that hangs delays one round of logins, not every login until it ends).
     pub async fn first_load(
         &self,
         shared: &Arc<Shared>,
         db: &str,
         entry: &mut DbEntry,
-        deadline: tokio::time::Instant,
+        budget: Duration,
     ) {
         if !self.learning() || self.graph_of(shared, db, entry).is_some() {
             return;
@@ -337,9 +337,14 @@ impl Dependencies {
         if e.graph.load().is_some() || e.failures.load(Ordering::Relaxed) > 0 {
             return;
         }
-        if tokio::time::timeout_at(deadline, ended).await.is_err() {
-            e.waited_out.store(true, Ordering::Relaxed);
-            tracing::warn!(database = %e.db, "the first dependency load did not end within the login's wait; logins go on without waiting for it");
+        let full = budget >= FIRST_LOAD_WAIT;
+        let timed_out = tokio::time::timeout(budget.min(FIRST_LOAD_WAIT), ended)
+            .await
+            .is_err();
+        // (A login short of time gives up early without ending the others' waits.)
+        if timed_out && full && !e.waited_out.swap(true, Ordering::Relaxed) {
+            tracing::warn!(database = %e.db, wait = ?FIRST_LOAD_WAIT,
+                "the first dependency load did not end within a login's wait; logins go on without waiting for it");
         }
     }
 

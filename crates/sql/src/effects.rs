@@ -26,9 +26,14 @@ pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
                 || c.table_elts.iter().any(|e| match &e.node {
                     Some(NodeEnum::ColumnDef(d)) => column_moves_effects(d),
                     Some(NodeEnum::Constraint(_)) => is_foreign_key(e) || calls_user_function(e),
+                    // `LIKE src INCLUDING ...` copies defaults, checks and generated columns
+                    // pgfresh does not see here.
+                    Some(NodeEnum::TableLikeClause(l)) => l.options != 0,
                     _ => false,
                 })
         }
+        // A domain's checks and default run on writes of columns of its type.
+        NodeEnum::CreateDomainStmt(d) => d.constraints.iter().any(calls_user_function),
         NodeEnum::AlterTableStmt(a) => a.cmds.iter().any(|c| match &c.node {
             Some(NodeEnum::AlterTableCmd(cmd)) => !neutral_alter(cmd),
             _ => true,
@@ -52,7 +57,6 @@ pub(crate) fn changes_effects(node: &NodeEnum) -> bool {
         | NodeEnum::DropdbStmt(_)
         | NodeEnum::CreateEnumStmt(_)
         | NodeEnum::AlterEnumStmt(_)
-        | NodeEnum::CreateDomainStmt(_)
         | NodeEnum::CompositeTypeStmt(_)
         | NodeEnum::CreateStatsStmt(_)
         | NodeEnum::AlterStatsStmt(_) => false,
@@ -112,7 +116,11 @@ fn neutral_alter(cmd: &protobuf::AlterTableCmd) -> bool {
         })
     };
     match AlterTableType::try_from(cmd.subtype) {
-        Ok(T::AtAddColumn | T::AtAddConstraint | T::AtColumnDefault) => !def_moves_effects(),
+        // (`ALTER COLUMN ... TYPE ... USING expr`: the expression is the definition's
+        // `raw_default`, run on every row.)
+        Ok(T::AtAddColumn | T::AtAddConstraint | T::AtColumnDefault | T::AtAlterColumnType) => {
+            !def_moves_effects()
+        }
         Ok(
             T::AtDropNotNull
             | T::AtSetNotNull
@@ -126,7 +134,6 @@ fn neutral_alter(cmd: &protobuf::AlterTableCmd) -> bool {
             | T::AtValidateConstraint
             | T::AtAddIndexConstraint
             | T::AtDropConstraint
-            | T::AtAlterColumnType
             | T::AtChangeOwner
             | T::AtClusterOn
             | T::AtDropCluster
@@ -187,6 +194,11 @@ mod tests {
             "ALTER TABLE i ADD COLUMN no bigint DEFAULT next_invoice_no()",
             "ALTER TABLE i ALTER COLUMN no SET DEFAULT next_invoice_no()",
             "ALTER TABLE i ADD CONSTRAINT c CHECK (audit_amount(amount))",
+            "ALTER TABLE i ALTER COLUMN amount TYPE bigint USING convert_amount(amount)",
+            "CREATE DOMAIN d AS int CHECK (audit_amount(VALUE))",
+            "CREATE DOMAIN d AS bigint DEFAULT next_invoice_no()",
+            "CREATE TABLE c (LIKE i INCLUDING ALL)",
+            "CREATE TABLE c (LIKE i INCLUDING DEFAULTS)",
         ] {
             assert!(changes(sql), "{sql}");
         }
@@ -239,6 +251,10 @@ mod tests {
             "CREATE TABLE i (id bigint DEFAULT nextval('s'), at timestamptz DEFAULT now(), u uuid DEFAULT gen_random_uuid())",
             "ALTER TABLE i ALTER COLUMN at SET DEFAULT clock_timestamp()",
             "ALTER TABLE i ADD CONSTRAINT c CHECK (length(name) > 0 AND amount > 0)",
+            "ALTER TABLE i ALTER COLUMN amount TYPE bigint",
+            "ALTER TABLE i ALTER COLUMN amount TYPE bigint USING amount::bigint",
+            "CREATE DOMAIN d AS int CHECK (VALUE > 0) DEFAULT 1",
+            "CREATE TABLE c (LIKE i)",
             "GRANT SELECT ON a TO PUBLIC",
             "COMMENT ON TABLE a IS 'x'",
             "SELECT 1",

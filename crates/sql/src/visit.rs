@@ -578,8 +578,8 @@ impl Walker {
 
 /// The sequence `nextval(...)` or `setval(...)` advances: `Some(Some(s))` when named by a
 /// constant (`'s'`, `'app.s'::regclass`, `'"S"'`), `Some(None)` when the name is computed
-/// at run time (`nextval(pg_get_serial_sequence('t', 'id'))`, a parameter) or does not
-/// parse, None for other calls.
+/// at run time (`nextval(pg_get_serial_sequence('t', 'id'))`, a parameter), given as an
+/// oid, or does not parse, None for other calls.
 fn advanced_sequence(f: &FuncName, args: &[Node]) -> Option<Option<RelName>> {
     if !matches!(f.schema.as_deref(), None | Some("pg_catalog"))
         || !matches!(&*f.name, "nextval" | "setval")
@@ -589,6 +589,8 @@ fn advanced_sequence(f: &FuncName, args: &[Node]) -> Option<Option<RelName>> {
     Some(
         args.first()
             .and_then(const_text)
+            // An oid (`nextval(16400)`) names no relation pgfresh can match.
+            .filter(|t| t.parse::<u64>().is_err())
             .and_then(|t| RelName::parse(&t).ok()),
     )
 }

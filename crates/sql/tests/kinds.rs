@@ -275,6 +275,7 @@ fn a_sequence_named_at_run_time_may_be_any_relation() {
         "SELECT setval(pg_get_serial_sequence('t', 'id'), 10)",
         "SELECT nextval($1)",
         "INSERT INTO t(id) VALUES (nextval('seq_' || 'a'))",
+        "SELECT nextval(16400)",
     ] {
         let a = pgfresh_sql::analyze_uncached(sql);
         assert!(a.statements[0].writes_unnamed, "{sql}");

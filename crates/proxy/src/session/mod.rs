@@ -276,7 +276,6 @@ impl Session {
         let deadline =
             std::time::Instant::now() + login_timeout.saturating_sub(Duration::from_millis(250));
         let primary = self.primary_for_login(deadline).await?;
-        self.learn_database(deadline).await;
         // Transaction mode: a login with settings the pool has seen logged in needs no
         // server connection; the client gets what that login reported.
         let config = self.config.clone();
@@ -293,10 +292,14 @@ impl Session {
                 .pools
                 .login_params(t, size, self.state.settings())
             {
+                // A login with these settings succeeded: the database exists.
+                self.learn_database(deadline).await;
                 return self.send_login_reply(key, &params).await;
             }
         }
         let primary = self.attach_primary_for_login(primary, deadline).await?;
+        // After the server took the login: a database that does not exist gets no entry.
+        self.learn_database(deadline).await;
         let Some(leased) = self.backends[primary].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
@@ -411,16 +414,14 @@ impl Session {
     /// its dependencies to be learned, so its first statements are analysed with the
     /// catalog (see `Dependencies::first_load`).
     async fn learn_database(&mut self, deadline: std::time::Instant) {
-        let now = std::time::Instant::now();
-        let half_left = deadline.saturating_duration_since(now) / 2;
-        let until = now + half_left.min(crate::deps::FIRST_LOAD_WAIT);
+        let half_left = deadline.saturating_duration_since(std::time::Instant::now()) / 2;
         self.shared
             .deps
             .first_load(
                 &self.shared,
                 &self.login.database,
                 &mut self.deps_entry,
-                until.into(),
+                half_left,
             )
             .await;
     }
