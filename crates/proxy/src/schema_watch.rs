@@ -58,10 +58,9 @@ pub struct Watch {
     used: AtomicBool,
     /// The watcher task was started.
     started: AtomicBool,
-    /// The check's connection, kept while the database is in use, with the channel it
-    /// listens on ("" for none); the lock also keeps two checks of one database (the
-    /// watcher's and `check_now`'s) from running at once.
-    conn: tokio::sync::Mutex<Option<(MonitorConn, String)>>,
+    /// The check's connection, kept while the database is in use; the lock also keeps two
+    /// checks of one database (the watcher's and `check_now`'s) from running at once.
+    conn: tokio::sync::Mutex<Option<CheckConn>>,
     /// Woken by a notification on the listened channel.
     heard: Arc<tokio::sync::Notify>,
 }
@@ -88,12 +87,25 @@ impl Watch {
 
 /// The fingerprint of the catalog, as `client` (a connection or a transaction) sees it.
 pub async fn fingerprint(client: &impl tokio_postgres::GenericClient) -> Result<String, String> {
-    let row = client
-        .query_one(SCHEMA_FINGERPRINT_SQL, &[])
-        .await
-        .map_err(|e| format!("schema fingerprint query: {}", pg_error(&e)))?;
-    row.try_get("fingerprint")
+    fingerprint_of(client.query_one(SCHEMA_FINGERPRINT_SQL, &[]).await)
+}
+
+/// The fingerprint in the answer to [`SCHEMA_FINGERPRINT_SQL`].
+fn fingerprint_of(
+    answer: Result<tokio_postgres::Row, tokio_postgres::Error>,
+) -> Result<String, String> {
+    answer
+        .map_err(|e| format!("schema fingerprint query: {}", pg_error(&e)))?
+        .try_get("fingerprint")
         .map_err(|e| format!("schema fingerprint query: {e}"))
+}
+
+/// The check's connection: the channel it listens on ("" for none), and the fingerprint
+/// query prepared on it.
+pub(crate) struct CheckConn {
+    conn: MonitorConn,
+    channel: String,
+    fingerprint: tokio_postgres::Statement,
 }
 
 /// Starts the watcher of `entry` once (after its first successful load).
@@ -159,8 +171,8 @@ async fn run(shared: Weak<Shared>, entry: Arc<Entry>) {
         if !turn.on || !(used || heard) {
             // Nothing to check; no connection kept unless it listens.
             if !turn.listen {
-                if let Some((conn, _)) = entry.watch.conn.lock().await.take() {
-                    conn.close().await;
+                if let Some(c) = entry.watch.conn.lock().await.take() {
+                    c.conn.close().await;
                 }
             }
             continue;
@@ -190,14 +202,14 @@ fn report(entry: &Entry, failing: &mut Option<String>, e: String) {
 pub(crate) async fn check(shared: &Arc<Shared>, entry: &Arc<Entry>) -> Result<bool, String> {
     let mut conn = entry.watch.conn.lock().await;
     connected(shared, entry, &mut conn).await?;
-    let client = &conn.as_ref().expect("connected").0.client;
-    let outcome = tokio::time::timeout(CHECK_TIMEOUT, detect(shared, entry, client))
+    let c = conn.as_ref().expect("connected");
+    let outcome = tokio::time::timeout(CHECK_TIMEOUT, detect(shared, entry, c))
         .await
         .unwrap_or_else(|_| Err(format!("timed out after {CHECK_TIMEOUT:?}")));
     if outcome.is_err() {
         // A new connection next time (the primary may have changed, or the socket died).
-        if let Some((c, _)) = conn.take() {
-            c.close().await;
+        if let Some(c) = conn.take() {
+            c.conn.close().await;
         }
     }
     outcome
@@ -208,7 +220,7 @@ pub(crate) async fn check(shared: &Arc<Shared>, entry: &Arc<Entry>) -> Result<bo
 async fn connected(
     shared: &Arc<Shared>,
     entry: &Arc<Entry>,
-    conn: &mut Option<(MonitorConn, String)>,
+    conn: &mut Option<CheckConn>,
 ) -> Result<(), String> {
     let channel = shared
         .config
@@ -216,16 +228,28 @@ async fn connected(
         .routing
         .dependency_notify_channel
         .clone();
-    if conn
-        .as_ref()
-        .is_some_and(|(_, listened)| *listened != channel)
-    {
-        if let Some((c, _)) = conn.take() {
-            c.close().await;
+    if conn.as_ref().is_some_and(|c| c.channel != channel) {
+        if let Some(c) = conn.take() {
+            c.conn.close().await;
         }
     }
     if conn.is_none() {
-        *conn = Some((open(shared, entry, &channel).await?, channel));
+        let opened = open(shared, entry, &channel).await?;
+        // Prepared once: each check then runs its cached plan (planning the text costs
+        // the primary a few milliseconds, more than running it).
+        match opened.client.prepare(SCHEMA_FINGERPRINT_SQL).await {
+            Ok(fingerprint) => {
+                *conn = Some(CheckConn {
+                    conn: opened,
+                    channel,
+                    fingerprint,
+                })
+            }
+            Err(e) => {
+                opened.close().await;
+                return Err(format!("schema fingerprint query: {}", pg_error(&e)));
+            }
+        }
     }
     Ok(())
 }
@@ -250,12 +274,9 @@ async fn open(
     Ok(conn)
 }
 
-async fn detect(
-    shared: &Arc<Shared>,
-    entry: &Arc<Entry>,
-    client: &tokio_postgres::Client,
-) -> Result<bool, String> {
-    let now = fingerprint(client).await?;
+async fn detect(shared: &Arc<Shared>, entry: &Arc<Entry>, c: &CheckConn) -> Result<bool, String> {
+    let client = &c.conn.client;
+    let now = fingerprint_of(client.query_one(&c.fingerprint, &[]).await)?;
     {
         let mut baseline = lock(&entry.watch.baseline);
         match baseline.as_deref() {
