@@ -234,44 +234,47 @@ async fn connected(
         }
     }
     if conn.is_none() {
-        let opened = open(shared, entry, &channel).await?;
-        // Prepared once: each check then runs its cached plan (planning the text costs
-        // the primary a few milliseconds, more than running it).
-        match opened.client.prepare(SCHEMA_FINGERPRINT_SQL).await {
-            Ok(fingerprint) => {
-                *conn = Some(CheckConn {
-                    conn: opened,
-                    channel,
-                    fingerprint,
-                })
-            }
-            Err(e) => {
-                opened.close().await;
-                return Err(format!("schema fingerprint query: {}", pg_error(&e)));
-            }
-        }
+        *conn = Some(open(shared, entry, &channel).await?);
     }
     Ok(())
 }
 
-/// The check's connection to the primary, listening on `channel` unless it is empty.
+/// The check's connection to the primary, with the fingerprint query prepared, listening on
+/// `channel` unless it is empty.
 async fn open(
     shared: &Arc<Shared>,
     entry: &Arc<Entry>,
     channel: &str,
-) -> Result<MonitorConn, String> {
+) -> Result<CheckConn, String> {
     const APPLICATION: &str = "pgfresh schema check";
-    if channel.is_empty() {
-        return MonitorConn::open(shared, None, Some(&entry.db), APPLICATION).await;
+    let conn = if channel.is_empty() {
+        MonitorConn::open(shared, None, Some(&entry.db), APPLICATION).await?
+    } else {
+        let heard = entry.watch.heard.clone();
+        MonitorConn::open_listening(shared, &entry.db, APPLICATION, heard).await?
+    };
+    // Prepared once: each check then runs its cached plan (planning the text costs the
+    // primary more than running it). Before the LISTEN, which is then the connection's
+    // last statement in `pg_stat_activity`.
+    let fingerprint = match conn.client.prepare(SCHEMA_FINGERPRINT_SQL).await {
+        Ok(f) => f,
+        Err(e) => {
+            conn.close().await;
+            return Err(format!("schema fingerprint query: {}", pg_error(&e)));
+        }
+    };
+    if !channel.is_empty() {
+        let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
+        if let Err(e) = conn.client.batch_execute(&listen).await {
+            conn.close().await;
+            return Err(format!("{listen}: {}", pg_error(&e)));
+        }
     }
-    let heard = entry.watch.heard.clone();
-    let conn = MonitorConn::open_listening(shared, &entry.db, APPLICATION, heard).await?;
-    let listen = format!("LISTEN \"{}\"", channel.replace('"', "\"\""));
-    if let Err(e) = conn.client.batch_execute(&listen).await {
-        conn.close().await;
-        return Err(format!("{listen}: {}", pg_error(&e)));
-    }
-    Ok(conn)
+    Ok(CheckConn {
+        conn,
+        channel: channel.to_string(),
+        fingerprint,
+    })
 }
 
 async fn detect(shared: &Arc<Shared>, entry: &Arc<Entry>, c: &CheckConn) -> Result<bool, String> {
