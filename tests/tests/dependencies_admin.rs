@@ -408,17 +408,47 @@ async fn the_schema_window_is_shown_while_a_change_is_in_flight() {
     assert_eq!(window(&d)["changes_in_flight"], 0);
 }
 
-/// A pgfresh that has not learned a database yet must treat a statement calling any
-/// function (`count(*)` included) as one that may write anything: primary, and the whole
-/// database marked. The first login to the database waits for the first load, so the
-/// first reads of a new pgfresh are analysed with the catalog and stay on the replicas.
-/// (Without the wait, the first of these reads went to the primary and marked the whole
-/// database, and the reads after it followed until the replicas were known to have
-/// replayed that mark.)
+/// A pgfresh that has not learned a database yet must treat a statement calling a user
+/// function as one that may write anything: the whole database is marked. The first login
+/// to the database waits for the first load, so the first statements of a new pgfresh are
+/// analysed with the catalog: a STABLE function that only reads marks nothing. (Without the
+/// wait, the first of these reads marked the whole database.)
 #[tokio::test]
 async fn a_new_pgfresh_learns_the_database_before_its_first_statements() {
     let setup = proxy().connect().await;
-    let t = unique("first_load");
+    let (t, f) = (unique("first_load"), unique("first_load_count"));
+    setup
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1);
+             CREATE FUNCTION {f}() RETURNS bigint LANGUAGE sql STABLE AS 'SELECT count(*) FROM {t}'"
+        ))
+        .await
+        .unwrap();
+    wait_replicated_on(cluster(), &setup).await;
+    let fresh = start_proxy(&config_text(""));
+    let c = fresh.connect().await;
+    for _ in 0..20 {
+        c.query_one(&format!("SELECT {f}()"), &[]).await.unwrap();
+        assert!(
+            matches!(
+                fresh.shared.recency.lookup_database("app"),
+                pgfresh_recency::Hotness::Cold
+            ),
+            "the database was marked: {:?}",
+            fresh.shared.recency.lookup_database("app")
+        );
+    }
+}
+
+/// Before a database is learned, a read that calls only built-ins (`count(*)`,
+/// `inet_server_port()`) is still a plain read: built-ins fire nothing and write only what
+/// the analysis names. Here learning is switched on after the login (so nothing waited for
+/// the load) and the reads start the load themselves: they stay on the replicas and mark
+/// nothing.
+#[tokio::test]
+async fn reads_calling_only_built_ins_need_no_learned_graph() {
+    let setup = proxy().connect().await;
+    let t = unique("builtin_reads");
     setup
         .batch_execute(&format!(
             "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1)"
@@ -426,8 +456,10 @@ async fn a_new_pgfresh_learns_the_database_before_its_first_statements() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &setup).await;
-    let fresh = start_proxy(&config_text(""));
+    let fresh = start_proxy(&config_text("learn_dependencies = false"));
     let c = fresh.connect().await;
+    std::fs::write(&fresh.config_path, config_text("")).unwrap();
+    pgfresh_proxy::reload_config(&fresh.shared, "test").expect("learning switched on");
     let mut on_primary = 0;
     for _ in 0..20 {
         let row = c
@@ -441,7 +473,7 @@ async fn a_new_pgfresh_learns_the_database_before_its_first_statements() {
     }
     assert_eq!(
         on_primary, 0,
-        "reads that call functions went to the primary"
+        "reads that call built-ins went to the primary"
     );
     assert!(
         matches!(

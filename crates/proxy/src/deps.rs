@@ -306,7 +306,7 @@ impl Dependencies {
 
     /// Waits, [`FIRST_LOAD_WAIT`] and `budget` at most, for the first load of `db` to end
     /// (it starts the load if none has). Called at a session's login: until a database is
-    /// learned, a statement that calls any function, `count(*)` included, may write
+    /// learned, a statement that calls a user function (not a built-in) may write
     /// anything as far as pgfresh knows, so it goes to the primary and marks the whole
     /// database; a login that waits these few milliseconds once per database spares its
     /// first statements that. Returns at once when the graph is in hand, when nothing is

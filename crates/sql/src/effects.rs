@@ -79,12 +79,9 @@ fn calls_user_function(node: &Node) -> bool {
         }
         _ => w.expr(node),
     }
-    w.functions.iter().any(|f| {
-        matches!(
-            crate::functions::classify_builtin(f),
-            crate::functions::Builtin::Unknown
-        )
-    })
+    w.functions
+        .iter()
+        .any(|f| !crate::functions::is_known_builtin(f))
 }
 
 /// A column definition with a cascading foreign key, or a default, check or generated

@@ -79,6 +79,13 @@ pub(crate) fn classify_builtin(f: &FuncName) -> Builtin {
     Builtin::Unknown
 }
 
+/// Whether `f` is a built-in pgfresh knows: one that writes nothing, or whose writes the
+/// analysis names itself (`nextval`, the large-object functions ...). Anything else may be a
+/// user function, whose body only the catalog tells.
+pub fn is_known_builtin(f: &FuncName) -> bool {
+    !matches!(classify_builtin(f), Builtin::Unknown)
+}
+
 /// A built-in whose answer comes from the system catalogs (`to_regclass`, `pg_get_viewdef`,
 /// `has_table_privilege`, `pg_table_size` ...): the call counts as a catalog read.
 pub(crate) fn reads_catalog(f: &FuncName) -> bool {

@@ -38,7 +38,7 @@ mod visit;
 
 pub use analyze::{analyze_bytes, analyze_uncached};
 pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats, Keyed};
-pub use functions::{reasons_for, FunctionPolicy, Volatility, VolatilityOracle};
+pub use functions::{is_known_builtin, reasons_for, FunctionPolicy, Volatility, VolatilityOracle};
 pub use hints::parse_hint_lsn as parse_position;
 pub use model::{
     Analysis, DiscardKind, HintLsn, Isolation, Kind, MustPrimary, RouteHint, SessionEffect,

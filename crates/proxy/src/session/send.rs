@@ -563,7 +563,13 @@ impl Session {
     /// [`crate::schema_window`]).
     fn unit_writes(&mut self, unit: &ClientUnit) -> UnitWrites {
         let writes = unit.writes();
-        let calls = unit.parts.iter().any(|a| !a.functions.is_empty());
+        // Built-ins fire nothing and write only what the analysis names: a read that calls
+        // only those (`count(*)`, `now()`) needs no graph, learned or not.
+        let calls = unit.parts.iter().any(|a| {
+            a.functions
+                .iter()
+                .any(|f| !pgfresh_sql::is_known_builtin(f))
+        });
         let flags = unit.flags();
         let (ddl, effect_ddl) = (flags.ddl, flags.effect_ddl);
         let mut out = UnitWrites {
