@@ -408,6 +408,15 @@ async fn the_schema_window_is_shown_while_a_change_is_in_flight() {
     assert_eq!(window(&d)["changes_in_flight"], 0);
 }
 
+/// `p` has marked nothing of database `app` as written.
+fn assert_not_marked(p: &ProxyHandle) {
+    let now = p.shared.recency.lookup_database("app");
+    assert!(
+        matches!(now, pgfresh_recency::Hotness::Cold),
+        "the database was marked: {now:?}"
+    );
+}
+
 /// A pgfresh that has not learned a database yet must treat a statement calling a user
 /// function as one that may write anything: the whole database is marked. The first login
 /// to the database waits for the first load, so the first statements of a new pgfresh are
@@ -429,14 +438,7 @@ async fn a_new_pgfresh_learns_the_database_before_its_first_statements() {
     let c = fresh.connect().await;
     for _ in 0..20 {
         c.query_one(&format!("SELECT {f}()"), &[]).await.unwrap();
-        assert!(
-            matches!(
-                fresh.shared.recency.lookup_database("app"),
-                pgfresh_recency::Hotness::Cold
-            ),
-            "the database was marked: {:?}",
-            fresh.shared.recency.lookup_database("app")
-        );
+        assert_not_marked(&fresh);
     }
 }
 
@@ -475,12 +477,5 @@ async fn reads_calling_only_built_ins_need_no_learned_graph() {
         on_primary, 0,
         "reads that call built-ins went to the primary"
     );
-    assert!(
-        matches!(
-            fresh.shared.recency.lookup_database("app"),
-            pgfresh_recency::Hotness::Cold
-        ),
-        "the database was marked: {:?}",
-        fresh.shared.recency.lookup_database("app")
-    );
+    assert_not_marked(&fresh);
 }
