@@ -185,6 +185,22 @@ impl Hole {
         }
     }
 
+    /// A write moving every read by `delta`, once `edges` are learned.
+    fn learned(
+        name: &'static str,
+        write: String,
+        delta: i64,
+        reads: Vec<Read>,
+        edges: Vec<Edge>,
+    ) -> Hole {
+        Hole {
+            edges,
+            delta,
+            reads,
+            ..Hole::plain(name, write, "")
+        }
+    }
+
     fn plain(name: &'static str, write: String, read: &str) -> Hole {
         Hole {
             name,
@@ -755,6 +771,52 @@ async fn functions_in_domain_checks_and_defaults_are_read_fresh() {
             warmup: None,
             out_of_band: None,
         },
+        CONTROL,
+    )
+    .await;
+}
+
+/// A domain whose check calls a function with side effects, used inside a composite type,
+/// a range type and an array of the composite rather than as a column's own type: each
+/// value made of them is checked (`ROW(v, 'x')::pair` once, the range's two bounds once
+/// each), and each check writes the audit table behind an INSERT that names only `orders`.
+#[tokio::test]
+async fn functions_in_domain_checks_inside_composite_and_range_columns_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (orders, audit, check, dom) = (
+        unique("cdom_orders"),
+        unique("cdom_audit"),
+        unique("cdom_check"),
+        unique("cdom_amount"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {check}(v int) RETURNS boolean LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN v > 0; END $$;
+         CREATE DOMAIN {dom} AS int CHECK ({check}(VALUE));
+         CREATE TYPE {dom}_pair AS (amount {dom}, note text);
+         CREATE TYPE {dom}_span AS RANGE (subtype = {dom});
+         CREATE TABLE {orders}(id serial PRIMARY KEY, pair {dom}_pair,
+           span {dom}_span, pairs {dom}_pair[]);"
+    ))
+    .await;
+    check_hole(
+        Hole::learned(
+            "a domain check inside composite, range and array columns",
+            format!(
+                "INSERT INTO {orders}(pair, span, pairs) VALUES (\
+                 ROW($1::int, 'x')::{dom}_pair, \
+                 ('[' || $1::int || ',' || ($1::int + 1) || ')')::{dom}_span, \
+                 ARRAY[ROW($1::int, 'y')::{dom}_pair])"
+            ),
+            4,
+            plain(&format!("SELECT n FROM {audit} WHERE id = $1::int"), 1),
+            vec![
+                edge("expression", &orders, &format!("{check}()")),
+                edge("function", &format!("{check}()"), &audit),
+            ],
+        ),
         CONTROL,
     )
     .await;

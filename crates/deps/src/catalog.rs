@@ -253,18 +253,30 @@ AND d.refobjid <> p.polrelid";
 /// The domains each type is or contains, and the permanent table columns of those types:
 /// the first part of [`WRITE_CALLS_SQL`] and of a term of [`SCHEMA_FINGERPRINT_SQL`]. A
 /// domain contains itself and whatever its base type contains; an array contains what its
-/// element type does (`typarray`). The recursion follows only those edges (equality joins
-/// over the domains, however large `pg_type` is); columns are found through their
+/// element type does (`typarray`); a composite type what its attributes' types do (a
+/// table's row type used as a column type included); a range what its subtype does, and a
+/// multirange what its range does (`pg_range`): a value of any of them is checked against
+/// the domains inside when it is made (`ROW(3, 'x')::pair`, `'[1,5)'::span`). The recursion
+/// follows only those edges (equality joins; the composite edges only toward attributes of
+/// such container types, not every column of every table) from the domains outside the
+/// system schemas (those of `information_schema` check with built-ins only, and are inside
+/// the row types of its many views); columns are found through their
 /// dependency on their type (`pg_depend`, indexed), not by a scan of `pg_attribute`.
 macro_rules! domain_columns_cte {
     () => {
-        "WITH RECURSIVE edge(child, parent) AS (\
-SELECT t.oid, t.typbasetype FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
-UNION ALL SELECT t.typarray, t.oid FROM pg_catalog.pg_type t \
-WHERE t.typtype = 'd' AND t.typarray <> 0), \
-dom(type_oid, domain_oid) AS (\
+        "WITH RECURSIVE dom(type_oid, domain_oid) AS (\
 SELECT t.oid, t.oid FROM pg_catalog.pg_type t WHERE t.typtype = 'd' \
-UNION SELECT e.child, dom.domain_oid FROM dom JOIN edge e ON e.parent = dom.type_oid), \
+AND t.typnamespace <> 'pg_catalog'::regnamespace \
+AND t.typnamespace <> 'information_schema'::regnamespace \
+UNION SELECT e.child, dom.domain_oid FROM dom CROSS JOIN LATERAL (\
+SELECT d.objid AS child FROM pg_catalog.pg_depend d \
+WHERE d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = dom.type_oid \
+AND d.classid = 'pg_catalog.pg_type'::regclass \
+UNION ALL SELECT c.reltype FROM pg_catalog.pg_depend d \
+JOIN pg_catalog.pg_class c ON c.oid = d.objid AND c.reltype <> 0 \
+WHERE d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = dom.type_oid \
+AND d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid > 0\
+) e), \
 domain_column(table_oid, attnum, type_oid, domain_oid) AS (\
 SELECT d.objid, d.objsubid, dom.type_oid, dom.domain_oid FROM dom \
 JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_type'::regclass \
@@ -279,8 +291,8 @@ AND c.relpersistence <> 't') "
 /// and generated columns (`pg_attrdef`), check constraints, index expressions or predicates,
 /// and the checks and defaults of the domains its columns are of (a domain over a domain,
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
-/// those objects on `pg_proc`). (A domain inside a composite or range column type is not
-/// followed.)
+/// those objects on `pg_proc`). Domains inside composite, range and multirange column
+/// types are followed too.
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
     "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
