@@ -252,16 +252,16 @@ AND d.refobjid <> p.polrelid";
 
 /// The domains each type is or contains, and the permanent table columns of those types:
 /// the first part of [`WRITE_CALLS_SQL`] and of a term of [`SCHEMA_FINGERPRINT_SQL`]. A
-/// domain contains itself and whatever its base type contains; an array contains what its
-/// element type does (`typarray`); a composite type what its attributes' types do (a
-/// table's row type used as a column type included); a range what its subtype does, and a
-/// multirange what its range does (`pg_range`): a value of any of them is checked against
-/// the domains inside when it is made (`ROW(3, 'x')::pair`, `'[1,5)'::span`). The recursion
-/// follows only those edges (equality joins; the composite edges only toward attributes of
-/// such container types, not every column of every table) from the domains outside the
-/// system schemas (those of `information_schema` check with built-ins only, and are inside
-/// the row types of its many views); columns are found through their
-/// dependency on their type (`pg_depend`, indexed), not by a scan of `pg_attribute`.
+/// domain contains itself; a type contains what the types it is made of contain: a domain
+/// its base type's, an array its element type's, a range its subtype's, a multirange its
+/// range's, a composite type (a table's row type used as a column type included) its
+/// attributes' types'. A value of any of them is checked against the domains inside when it
+/// is made (`ROW(3, 'x')::pair`, `'[1,5)'::span`). The recursion starts from the domains
+/// outside the system schemas (those of `information_schema` check with built-ins only, and
+/// sit in the row types of its many views) and goes from a type to what is made of it
+/// through `pg_depend` (indexed by the referenced object): the types that depend on it
+/// (domains, arrays, ranges, multiranges) and the relations with an attribute of it (their
+/// row types). Columns are found the same way, never by a scan of `pg_attribute`.
 macro_rules! domain_columns_cte {
     () => {
         "WITH RECURSIVE dom(type_oid, domain_oid) AS (\
