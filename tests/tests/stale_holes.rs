@@ -1418,8 +1418,9 @@ async fn beside_ddl_round(
 
 /// A schema change that makes writes run a user function, in the same string or
 /// transaction as a write that runs it (or running it itself): a column default, a check,
-/// a domain's check, `ALTER COLUMN ... TYPE ... USING`, `CREATE TABLE (LIKE ... INCLUDING
-/// DEFAULTS)`. The graph in hand has no edge to what the function writes, so the change
+/// a domain's check, a column of a domain made before (in a new table, too, or as a new
+/// attribute of a composite column's type), `ALTER COLUMN ... TYPE ... USING`, `CREATE
+/// TABLE (LIKE ... INCLUDING DEFAULTS)`. The graph in hand has no edge to what the function writes, so the change
 /// counts like a new trigger (the unit marks the whole database) and what the function
 /// wrote is read fresh. (Without that, every round here read stale.)
 #[tokio::test]
@@ -1458,6 +1459,27 @@ async fn writes_beside_a_new_default_or_check_calling_a_function_are_read_fresh(
             ][..],
         ),
         (
+            "column of a domain made before",
+            &[
+                "ALTER TABLE {t} ADD COLUMN d {t}_dd",
+                "INSERT INTO {t}(amount, d) VALUES (1, 1)",
+            ][..],
+        ),
+        (
+            "new table with a column of a domain made before",
+            &[
+                "CREATE TABLE {t}_new(d {t}_dd)",
+                "INSERT INTO {t}_new VALUES (1)",
+            ][..],
+        ),
+        (
+            "new attribute of a composite column's type",
+            &[
+                "ALTER TYPE {t}_pair ADD ATTRIBUTE b {t}_dd",
+                "INSERT INTO {t}(amount, p) VALUES (1, ROW(1, 1))",
+            ][..],
+        ),
+        (
             "type change using",
             &["ALTER TABLE {t} ALTER COLUMN amount TYPE bigint USING amount + {f}()"][..],
         ),
@@ -1477,7 +1499,9 @@ async fn writes_beside_a_new_default_or_check_calling_a_function_are_read_fresh(
                  CREATE FUNCTION {f}() RETURNS bigint LANGUAGE plpgsql AS $$
                  DECLARE v bigint;
                  BEGIN UPDATE {counter} SET n = n + 1 WHERE id = 1 RETURNING n INTO v; RETURN v; END $$;
-                 CREATE TABLE {t}(amount int); INSERT INTO {t} VALUES (0);
+                 CREATE DOMAIN {t}_dd AS int CHECK ({f}() > 0);
+                 CREATE TYPE {t}_pair AS (a int);
+                 CREATE TABLE {t}(amount int, p {t}_pair); INSERT INTO {t}(amount) VALUES (0);
                  CREATE TABLE {t}_src(no bigint DEFAULT {f}())"
             ))
             .await;

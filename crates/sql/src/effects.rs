@@ -84,13 +84,27 @@ fn calls_user_function(node: &Node) -> bool {
         .any(|f| !crate::functions::is_known_builtin(f))
 }
 
-/// A column definition with a cascading foreign key, or a default, check or generated
-/// expression that calls a user function.
+/// A column definition (or a composite type's attribute: `ALTER TYPE ... ADD ATTRIBUTE`
+/// parses as one) with a cascading foreign key, a default, check or generated expression
+/// that calls a user function, or a type that is not a plain built-in: a user type may be a
+/// domain, or contain one, whose check or default calls a function (learned from the
+/// catalog only at the reload after the change).
 fn column_moves_effects(d: &protobuf::ColumnDef) -> bool {
     d.constraints
         .iter()
         .any(|c| is_foreign_key(c) || calls_user_function(c))
         || d.raw_default.as_deref().is_some_and(calls_user_function)
+        || d.type_name.as_ref().is_some_and(|t| !is_builtin_type(t))
+}
+
+/// A type named `pg_catalog.x`, or by one of the plain names of the common built-ins (an
+/// array of one too).
+fn is_builtin_type(t: &protobuf::TypeName) -> bool {
+    match crate::visit::string_parts(&t.names)[..] {
+        ["pg_catalog", _] => true,
+        [name] => crate::builtins::PLAIN_BUILTIN_TYPES.contains(&name),
+        _ => false,
+    }
 }
 
 /// A foreign key whose ON DELETE or ON UPDATE action writes the referencing table
@@ -196,6 +210,12 @@ mod tests {
             "CREATE DOMAIN d AS bigint DEFAULT next_invoice_no()",
             "CREATE TABLE c (LIKE i INCLUDING ALL)",
             "CREATE TABLE c (LIKE i INCLUDING DEFAULTS)",
+            // A column or attribute of a user type: a domain, or a type containing one.
+            "CREATE TABLE c (amount checked_amount)",
+            "CREATE TABLE c (pairs app.pair[])",
+            "ALTER TABLE i ADD COLUMN d checked_amount",
+            "ALTER TABLE i ALTER COLUMN amount TYPE checked_amount",
+            "ALTER TYPE pair ADD ATTRIBUTE b checked_amount",
         ] {
             assert!(changes(sql), "{sql}");
         }
@@ -235,6 +255,10 @@ mod tests {
     fn plain_schema_changes_do_not_count() {
         for sql in [
             "CREATE TABLE a (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)",
+            "CREATE TABLE t (a varchar(10), b text[], c numeric(10, 2), d double precision, \
+             e timestamptz, f jsonb, g bigserial, h timestamp with time zone, \
+             i character varying(5), j bit varying(3), k boolean, l uuid, m pg_catalog.int8)",
+            "ALTER TABLE a ALTER COLUMN n TYPE bigint",
             "CREATE TABLE p (id int) PARTITION BY RANGE (id)",
             "CREATE INDEX ON a (n)",
             "CREATE SEQUENCE s",
