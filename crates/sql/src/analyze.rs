@@ -102,6 +102,10 @@ pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
     if a.kind == Kind::Unclassified {
         a.error = Some("statement could not be classified".to_owned());
     }
+    a.calls_user_functions = a
+        .functions
+        .iter()
+        .any(|f| !crate::functions::is_known_builtin(f));
     a.statements = statements;
     a
 }

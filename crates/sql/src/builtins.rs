@@ -172,8 +172,8 @@ pub(crate) const CATALOG_TYPES: &[&str] = &[
 
 /// Built-in types a column is commonly declared with by their plain names (the parser
 /// qualifies the SQL-standard spellings itself: `int` is `pg_catalog.int4`, `boolean`
-/// `pg_catalog.bool`, `timestamp with time zone` `pg_catalog.timestamptz`). No domain
-/// check or default runs behind a column of one of them.
+/// `pg_catalog.bool`, `timestamp with time zone` `pg_catalog.timestamptz`); the
+/// [`CATALOG_TYPES`] count too. No domain check or default runs behind a column of one.
 pub(crate) const PLAIN_BUILTIN_TYPES: &[&str] = &[
     "bool",
     "int2",
@@ -236,10 +236,4 @@ pub(crate) const PLAIN_BUILTIN_TYPES: &[&str] = &[
     "tsmultirange",
     "tstzmultirange",
     "datemultirange",
-    "regclass",
-    "regtype",
-    "regproc",
-    "regprocedure",
-    "regnamespace",
-    "regrole",
 ];

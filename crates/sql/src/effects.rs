@@ -102,7 +102,10 @@ fn column_moves_effects(d: &protobuf::ColumnDef) -> bool {
 fn is_builtin_type(t: &protobuf::TypeName) -> bool {
     match crate::visit::string_parts(&t.names)[..] {
         ["pg_catalog", _] => true,
-        [name] => crate::builtins::PLAIN_BUILTIN_TYPES.contains(&name),
+        [name] => {
+            crate::builtins::PLAIN_BUILTIN_TYPES.contains(&name)
+                || crate::builtins::CATALOG_TYPES.contains(&name)
+        }
         _ => false,
     }
 }
@@ -257,7 +260,8 @@ mod tests {
             "CREATE TABLE a (id int PRIMARY KEY, n int NOT NULL DEFAULT 0)",
             "CREATE TABLE t (a varchar(10), b text[], c numeric(10, 2), d double precision, \
              e timestamptz, f jsonb, g bigserial, h timestamp with time zone, \
-             i character varying(5), j bit varying(3), k boolean, l uuid, m pg_catalog.int8)",
+             i character varying(5), j bit varying(3), k boolean, l uuid, m pg_catalog.int8, \
+             n regclass)",
             "ALTER TABLE a ALTER COLUMN n TYPE bigint",
             "CREATE TABLE p (id int) PARTITION BY RANGE (id)",
             "CREATE INDEX ON a (n)",

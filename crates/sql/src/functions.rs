@@ -290,6 +290,15 @@ mod tests {
     }
 
     #[test]
+    fn an_analysis_knows_whether_it_calls_user_functions() {
+        let calls = |sql: &str| crate::analyze_uncached(sql).calls_user_functions;
+        assert!(!calls("SELECT count(*), now() FROM t"));
+        assert!(!calls("SELECT nextval('s'); SELECT lower(name) FROM t"));
+        assert!(calls("SELECT app.total(id) FROM t"));
+        assert!(calls("SELECT 1; SELECT place_order(1)"));
+    }
+
+    #[test]
     fn builtin_classes() {
         let f = |s: &str| classify_builtin(&FuncName::parse(s).unwrap());
         assert_eq!(f("now"), Builtin::StandbySafe);

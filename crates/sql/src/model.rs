@@ -353,6 +353,9 @@ pub struct Analysis {
     pub must_primary: Vec<MustPrimary>,
     /// Union of the functions called (sorted, deduplicated).
     pub functions: Vec<FuncName>,
+    /// Some function called is not a known built-in ([`crate::is_known_builtin`]): what it
+    /// may write or fire only the dependency graph tells (decided once, with the analysis).
+    pub calls_user_functions: bool,
     /// Any statement reads a system catalog.
     pub touches_catalog: bool,
     /// Routing hint from any comment of the text (primary wins over replica).
@@ -384,6 +387,7 @@ impl Analysis {
             writes: Vec::new(),
             must_primary: Vec::new(),
             functions: Vec::new(),
+            calls_user_functions: false,
             touches_catalog: false,
             hint: None,
             min_lsn_hint: None,

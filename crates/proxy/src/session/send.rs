@@ -25,6 +25,10 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         writes: stmt.writes.clone(),
         must_primary: stmt.must_primary.clone(),
         functions: stmt.functions.clone(),
+        calls_user_functions: stmt
+            .functions
+            .iter()
+            .any(|f| !pgfresh_sql::is_known_builtin(f)),
         touches_catalog: stmt.touches_catalog,
         hint: None,
         min_lsn_hint: None,
@@ -565,11 +569,7 @@ impl Session {
         let writes = unit.writes();
         // Built-ins fire nothing and write only what the analysis names: a read that calls
         // only those (`count(*)`, `now()`) needs no graph, learned or not.
-        let calls = unit.parts.iter().any(|a| {
-            a.functions
-                .iter()
-                .any(|f| !pgfresh_sql::is_known_builtin(f))
-        });
+        let calls = unit.parts.iter().any(|a| a.calls_user_functions);
         let flags = unit.flags();
         let (ddl, effect_ddl) = (flags.ddl, flags.effect_ddl);
         let mut out = UnitWrites {
