@@ -36,6 +36,9 @@
 #                      byte relay, one server connection per client, no parsing, on the
 #                      current_thread runtime pgfresh uses), in front of the primary; built
 #                      with the release binary unless -B (then skipped if not built)
+#   uring-relay        the same byte relay on one io_uring instead of epoll and a runtime (the
+#                      example uring_relay: one io_uring_enter a turn submits every receive and
+#                      send and waits): what the proxy's system calls cost; built like relay
 #   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
 #                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
 #                      in lib.sh); run as the postgres user
@@ -86,15 +89,35 @@ skipped() {
     case " ${SKIP:-} " in *" $t "* | *" ${t%%-*} "*) return 0 ;; esac
     return 1
 }
+# One of the byte relays (examples of pgfresh-proxy) as target NAME, in front of the
+# primary: run_relay NAME BINARY EXAMPLE
+run_relay() {
+    local name=$1 bin=$2 example=$3
+    if skipped "$name"; then echo "== $name: skipped (SKIP)"; return; fi
+    if [ ! -x "$bin" ]; then
+        echo "== $name: no $bin (cargo build --release -p pgfresh-proxy --example $example): skipped"
+        return
+    fi
+    port=$(free_port); ADMIN="" KIND=other
+    "$bin" "127.0.0.1:$port" "127.0.0.1:$PRIMARY_PORT" >"$OUTDIR/$name$ROUND_TAG.server.log" 2>&1 &
+    PROXY_PID=$!
+    wait_accepting "$port"
+    run_suite "$name" "$port"
+    stop_pid "$PROXY_PID"; PROXY_PID=""
+}
 PGBOUNCER_OK=0 PGPOOL_OK=0
 if command -v pgbouncer >/dev/null; then PGBOUNCER_OK=1; fi
 if [ "${PGPOOL:-1}" != 0 ] && command -v pgpool >/dev/null; then PGPOOL_OK=1; fi
 
 bench_start pgbench
 RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
+URING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/uring_relay"
 PGFRESH_BOLT_BIN="${PGFRESH_BOLT_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.bolt}"
 if [ "$BUILD" = 1 ] && ! skipped relay; then
     cargo build --release -p pgfresh-proxy --example bare_relay
+fi
+if [ "$BUILD" = 1 ] && ! skipped uring-relay; then
+    cargo build --release -p pgfresh-proxy --example uring_relay
 fi
 if { ! skipped pgfresh-session || ! skipped pgfresh-tx; } && [ ! -x "$PGFRESH_BIN" ]; then
     echo "no pgfresh binary at $PGFRESH_BIN: build it (cargo build --release -p pgfresh), or set PGFRESH_BIN" >&2
@@ -250,19 +273,9 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         cp "$bdir/pgbouncer.log" "$OUTDIR/$target$ROUND_TAG.log" 2>/dev/null || true
     done
 
-    # 4. The bare tokio relay in front of the primary.
-    if skipped relay; then
-        echo "== relay: skipped (SKIP)"
-    elif [ ! -x "$RELAY_BIN" ]; then
-        echo "== relay: no $RELAY_BIN (cargo build --release -p pgfresh-proxy --example bare_relay): skipped"
-    else
-        port=$(free_port); ADMIN="" KIND=other
-        "$RELAY_BIN" "127.0.0.1:$port" "127.0.0.1:$PRIMARY_PORT" >"$OUTDIR/relay$ROUND_TAG.server.log" 2>&1 &
-        PROXY_PID=$!
-        wait_accepting "$port"
-        run_suite relay "$port"
-        stop_pid "$PROXY_PID"; PROXY_PID=""
-    fi
+    # 4. The byte relays in front of the primary: tokio, then io_uring.
+    run_relay relay "$RELAY_BIN" bare_relay
+    run_relay uring-relay "$URING_RELAY_BIN" uring_relay
 
     # 5. pgpool-II, streaming-replication mode, load balancing over the three nodes.
     if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
@@ -290,7 +303,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
