@@ -244,8 +244,7 @@ impl Session {
     fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
         if !self.batch.frames.is_empty()
             || !self.ready.is_empty()
-            || self.open_unit_node.is_some()
-            || self.copy_in
+            || self.wire != super::WirePhase::Units
         {
             return None;
         }
@@ -358,12 +357,12 @@ impl Session {
                     .iter()
                     .any(|f| matches!(f.first(), Some(b'c' | b'f')))
                 {
-                    self.copy_in = false;
+                    self.wire.copy_ended();
                 }
                 self.send_frames(node, &unit.frames).await?;
                 continue;
             }
-            if let Some(node) = self.open_unit_node {
+            if let Some(node) = self.wire.batch_node() {
                 self.send_unit(node, unit, None, Reason::InTransaction)
                     .await?;
                 continue;

@@ -7,6 +7,7 @@
 
 mod client_side;
 pub mod lost_commit;
+mod phase;
 mod pooling;
 mod relay;
 mod rewrite;
@@ -36,6 +37,8 @@ use crate::context::{FallbackSlot, Shared};
 use crate::error::{Disposition, ProxyError};
 use crate::pool::Leased;
 use pgfresh_config::PoolMode;
+pub use phase::DeferredBegin;
+use phase::{TxPhase, WirePhase};
 use state::SessionState;
 use unit::{ClientUnit, InFlight};
 
@@ -76,13 +79,6 @@ fn oldest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-/// A transaction BEGIN that pgfresh answered itself and will send to the node the
-/// transaction's first real statement is routed to.
-pub struct DeferredBegin {
-    pub sql: String,
-    pub analysis: Arc<pgfresh_sql::Analysis>,
 }
 
 /// The most client output held back while a commit's position is learned.
@@ -128,9 +124,8 @@ pub struct Session {
     startup_error: Option<ProxyError>,
     /// What each portal's Execute will mean for the settings (extended protocol).
     portal_events: foldhash::HashMap<String, settings::StmtEvent>,
-    /// Transaction status as the client last saw it.
-    tx: TxStatus,
-    deferred_begin: Option<DeferredBegin>,
+    /// The client's transaction, as the client last saw it.
+    tx: TxPhase,
     /// What the open explicit transaction wrote, marked when it commits.
     tx_writes: TxWrites,
     /// The extended-protocol batch being collected (up to Sync or Flush). Units are
@@ -142,9 +137,9 @@ pub struct Session {
     /// Units read from the client, in order, not yet sent. The front one may be
     /// waiting for the active backend to drain before the session can move nodes.
     ready: VecDeque<Box<ClientUnit>>,
-    /// An extended batch was sent up to a Flush: the rest of it, up to Sync, goes to
-    /// the same node.
-    open_unit_node: Option<usize>,
+    /// Where the client's messages stand between units: an extended batch left open
+    /// (the rest of it goes to the same node), a COPY FROM STDIN running.
+    wire: WirePhase,
     /// Replica selection guard (least-outstanding accounting) and fallback slot held
     /// while a unit runs.
     replica_guard: Option<pgfresh_balancer::Selection>,
@@ -155,8 +150,6 @@ pub struct Session {
     /// chunks of `out` from this index on are held back, in order, until it arrives.
     hold_from: Option<usize>,
     terminating: bool,
-    /// The active backend is in COPY IN mode: Syncs sent now are ignored by the server.
-    copy_in: bool,
     /// `enable_query_parser`, read once per batch of client frames.
     parser_enabled: bool,
     /// The COMMIT in flight pgfresh can resolve if its connection is lost.
@@ -243,19 +236,17 @@ impl Session {
             tokens,
             startup_error,
             portal_events: Default::default(),
-            tx: TxStatus::Idle,
-            deferred_begin: None,
+            tx: TxPhase::Idle,
             tx_writes: TxWrites::default(),
             batch: Box::new(ClientUnit::new()),
             spare: None,
             ready: VecDeque::new(),
-            open_unit_node: None,
+            wire: WirePhase::Units,
             replica_guard: None,
             fallback_slot: None,
             out: Vec::new(),
             hold_from: None,
             terminating: false,
-            copy_in: false,
             parser_enabled: true,
             lost: Default::default(),
             mode: config.pool.pool_mode,
@@ -395,7 +386,7 @@ impl Session {
     /// `query_wait_timeout_ms` in all for this unit) for the monitor to name a primary,
     /// and say whether the unit should be routed again.
     async fn wait_out_failover(&mut self, unit: &mut ClientUnit, err: &ProxyError) -> bool {
-        if !in_failover(err) || self.client_busy() || self.tx != TxStatus::Idle {
+        if !in_failover(err) || self.client_busy() || !self.tx.is_idle() {
             return false;
         }
         let now = std::time::Instant::now();
@@ -656,7 +647,7 @@ impl Session {
     /// the matching error (08007 when a COMMIT's outcome is unknown).
     fn on_backend_lost(&mut self, node: usize, reason: &str) -> Result<(), ProxyError> {
         let was_primary = self.shared.balancer.primary() == Some(node);
-        let in_tx = self.tx != TxStatus::Idle && self.deferred_begin.is_none();
+        let in_tx = self.tx.on_server();
         let mut client_units = self.inflight.iter().filter(|u| !u.is_injected());
         let first = client_units.next();
         let only_one = client_units.next().is_none();
@@ -687,7 +678,7 @@ impl Session {
         }
         if let Some(unit) = retry.filter(|u| u.retries < budget) {
             self.inflight.clear();
-            self.open_unit_node = None;
+            self.wire.set_batch(None);
             self.replica_guard = None;
             self.retry_read(unit, node, reason);
             return Ok(());
@@ -707,14 +698,13 @@ impl Session {
             .map(|u| u.owed.max(1))
             .sum();
         self.inflight.clear();
-        self.open_unit_node = None;
+        self.wire = WirePhase::Units;
         self.replica_guard = None;
-        self.copy_in = false;
         self.out.push(err.to_client_as_error());
         for _ in 0..owed {
             self.out.push(build::ready_for_query(TxStatus::Idle));
         }
-        self.tx = TxStatus::Idle;
+        self.tx = TxPhase::Idle;
         Ok(())
     }
 
@@ -728,7 +718,7 @@ impl Session {
     ) -> bool {
         matches!(target, crate::router::Target::Replica { .. })
             && unit.synced
-            && self.tx == TxStatus::Idle
+            && self.tx.is_idle()
             && Some(node) != self.shared.balancer.primary()
     }
 
@@ -749,7 +739,7 @@ impl Session {
     /// Nothing of the client's is running or waiting: no transaction, no unit sent or
     /// queued (pgfresh's own injected work, such as a position probe, may still run).
     fn client_idle(&self) -> bool {
-        self.tx == TxStatus::Idle
+        self.tx.is_idle()
             && self.ready.is_empty()
             && self.inflight.iter().all(InFlight::is_injected)
             // A commit's ReadyForQuery waiting for its position is still the client's.
@@ -875,9 +865,9 @@ impl Session {
             if self.active == Some(node) {
                 self.active = None;
             }
-            if self.tx != TxStatus::Idle && self.deferred_begin.is_none() {
+            if self.tx.on_server() {
                 // The transaction was on a node that changed role: fail it, never replay it.
-                self.tx = TxStatus::Idle;
+                self.tx = TxPhase::Idle;
                 self.tx_writes = TxWrites::default();
                 return Err(ProxyError::RoleChanged);
             }
@@ -1007,7 +997,7 @@ impl Session {
     fn send_error(&mut self, e: &ProxyError, ready: bool) {
         self.out.push(e.to_client());
         if ready {
-            self.out.push(build::ready_for_query(self.tx));
+            self.out.push(build::ready_for_query(self.tx.status()));
         }
     }
 }

@@ -49,10 +49,9 @@ impl Session {
     /// Nothing of the client's is on the connections it holds, and nothing it left there
     /// binds it to them.
     fn may_check_in(&self) -> bool {
-        self.tx == TxStatus::Idle
+        self.tx.is_idle()
             && self.inflight.is_empty()
-            && self.open_unit_node.is_none()
-            && !self.copy_in
+            && self.wire == super::WirePhase::Units
             && self.tokens.held_ready.is_none()
             && !self.state.pins.iter().any(PinReason::holds_connection)
             && self
@@ -106,12 +105,12 @@ impl Session {
             return None;
         }
         // Waiting for the client only: a batch left open by a Flush has had every reply.
-        let open_batch_answered = self.open_unit_node.is_some()
+        let open_batch_answered = self.wire.batch_node().is_some()
             && self
                 .inflight
                 .iter()
                 .all(|u| !u.closed && u.owed == 0 && u.expect.is_empty());
-        let idle_in_transaction = self.tx != TxStatus::Idle && self.inflight.is_empty();
+        let idle_in_transaction = !self.tx.is_idle() && self.inflight.is_empty();
         if !self.ready.is_empty()
             || !(open_batch_answered || idle_in_transaction)
             || !self.backends.iter().any(Option::is_some)

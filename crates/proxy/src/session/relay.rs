@@ -142,179 +142,13 @@ impl Session {
             return Action::Swallow;
         }
         match tag {
-            b'Z' => {
-                let status = self.backends[node]
-                    .as_ref()
-                    .and_then(|l| l.conn.rbuf.get(start).copied())
-                    .and_then(TxStatus::from_byte)
-                    .unwrap_or(TxStatus::Failed);
-                if let Some(l) = self.backends[node].as_mut() {
-                    l.conn.tx = status;
-                }
-                let done = self.inflight.front_mut().is_none_or(|u| {
-                    u.owed = u.owed.saturating_sub(1);
-                    u.owed == 0 && u.closed
-                });
-                let unit = if done {
-                    self.inflight.pop_front()
-                } else {
-                    None
-                };
-                if self.inflight.is_empty() {
-                    self.replica_guard = None;
-                    self.fallback_slot = None;
-                } else if done {
-                    // The next unit's replies made here may be due after this one.
-                    self.collect_due();
-                }
-                match unit {
-                    Some(InFlight {
-                        injected: Some(what),
-                        error,
-                        ..
-                    }) => {
-                        self.injected_done(node, what, error);
-                        Action::Swallow
-                    }
-                    Some(mut u) => {
-                        self.recycle_finished(&mut u);
-                        let settled = self.pending_settings.on_ready(status, u.error);
-                        self.apply_settings(node, settled);
-                        if status == TxStatus::Idle {
-                            // Effect-changing DDL ends with its guards, whose drop (the
-                            // reset below, or `u`'s) schedules the reload that closes the
-                            // window; other DDL asks for it here. One request only: a
-                            // request made after the load started (worker threads) costs
-                            // one more load.
-                            let guarded = !u.schema_changes.is_empty()
-                                || !self.tx_writes.schema_changes.is_empty();
-                            if (u.ddl || self.tx_writes.ddl) && !guarded {
-                                self.ddl_done();
-                            }
-                            self.tx_writes = super::TxWrites::default();
-                        } else {
-                            let wrote = !u.autocommit && !u.error;
-                            self.tx_writes.absorb(&mut u, wrote);
-                        }
-                        self.tx = status;
-                        let hold = self
-                            .inflight
-                            .front()
-                            .and_then(InFlight::probe)
-                            .is_some_and(|p| p.report || !p.marks.is_empty());
-                        if hold {
-                            // The commit's position comes first: its marks are resolved
-                            // (a replica that replayed it may serve the next read, from
-                            // any session) and a tracking session has its token, by the
-                            // time the client sees its COMMIT return.
-                            self.tokens.held_ready = Some(status);
-                            return Action::Swallow;
-                        }
-                        Action::Forward
-                    }
-                    None => {
-                        self.tx = status;
-                        Action::Forward
-                    }
-                }
-            }
-            b'C' => {
-                if injected {
-                    return Action::Swallow;
-                }
-                let is_commit = self.body(node, start, end).starts_with(b"COMMIT");
-                let Some(u) = self.inflight.front_mut() else {
-                    return Action::Forward;
-                };
-                u.replied = true;
-                if let Some(event) = u.events.pop_front() {
-                    if event != StmtEvent::Other {
-                        let tag = self.body(node, start, end).to_vec();
-                        let committed = self.pending_settings.on_complete(event, &tag);
-                        self.apply_settings(node, committed);
-                    }
-                }
-                let Some(u) = self.inflight.front_mut() else {
-                    return Action::Forward;
-                };
-                if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
-                    self.mark_autocommit_write();
-                } else if is_commit {
-                    u.committed = true;
-                    let stamp = super::oldest(u.schema_stamp, self.tx_writes.schema_stamp);
-                    let whole = u.whole_db || self.tx_writes.whole_db;
-                    let mut w = std::mem::take(&mut self.tx_writes.writes);
-                    w.extend(u.writes.iter().cloned());
-                    let whole = whole || self.schema_changed_since(stamp);
-                    self.mark(w, whole);
-                }
-                Action::Forward
-            }
+            b'Z' => self.on_ready_for_query(node, start),
+            b'C' => self.on_command_complete(node, start, end, injected),
             b'D' if injected => {
                 self.injected_row(node, start, end);
                 Action::Swallow
             }
-            b'E' => {
-                let fatal = is_fatal(self.body(node, start, end));
-                if fatal && self.inflight.is_empty() {
-                    // A server closing an idle connection (shutdown, failover,
-                    // pg_terminate_backend): the client has nothing running there and
-                    // its session goes on elsewhere.
-                    tracing::info!(node, "server closed an idle connection");
-                    return Action::Swallow;
-                }
-                if fatal && !injected {
-                    if let Some(u) = self
-                        .inflight
-                        .front()
-                        .filter(|u| u.retry.is_some() && !u.replied)
-                    {
-                        // The replica is closing this connection before answering: the
-                        // read will be sent elsewhere, so the client must not see this.
-                        tracing::debug!(
-                            node,
-                            closed = u.retry.is_some(),
-                            "replica closed the connection; retrying the read"
-                        );
-                        return Action::Swallow;
-                    }
-                }
-                if fatal && !injected && self.inflight.iter().any(|u| u.commit_sent && !u.committed)
-                {
-                    // The server is closing the connection while a COMMIT's outcome is
-                    // unknown (terminated during a synchronous-replication wait, when it
-                    // has committed locally; a shutdown): the client must be told 08007,
-                    // or the outcome `resolve_lost_commits` finds, when the connection
-                    // ends, not this FATAL, which most clients would report instead.
-                    tracing::info!(node, "server closed the connection with a COMMIT in flight");
-                    return Action::Swallow;
-                }
-                if !injected {
-                    // Errors by SQLSTATE class, for the metrics.
-                    let body = self.body(node, start, end);
-                    let class = body
-                        .split(|b| *b == 0)
-                        .find_map(|f| f.strip_prefix(b"C"))
-                        .and_then(|c| std::str::from_utf8(c.get(..2)?).ok())
-                        .unwrap_or("??")
-                        .to_string();
-                    metrics::counter!("pgfresh_errors_total", "class" => class).increment(1);
-                }
-                if let Some(u) = self.inflight.front_mut() {
-                    u.error = true;
-                }
-                if injected {
-                    if let Ok(f) = ErrorFields::parse(tag, self.body(node, start, end)) {
-                        tracing::warn!(
-                            code = f.code.unwrap_or(""),
-                            message = f.message.unwrap_or(""),
-                            "a statement pgfresh replayed on a backend failed"
-                        );
-                    }
-                    return Action::Swallow;
-                }
-                Action::Forward
-            }
+            b'E' => self.on_error(node, tag, start, end, injected),
             b'1' => match self.swallow_counted(|u| &mut u.swallow_parse) {
                 Action::Swallow => Action::Swallow,
                 Action::Forward => self.ack(),
@@ -340,15 +174,16 @@ impl Session {
             b'G' => {
                 // COPY FROM STDIN started. In extended mode the server ignores Syncs
                 // until CopyDone/CopyFail, and the client sends a fresh Sync after them.
-                self.copy_in = true;
+                let mut extended_on = None;
                 if let Some(u) = self.inflight.front_mut() {
                     u.replied = true;
                     if !u.simple {
                         u.owed = 0;
                         u.closed = false;
-                        self.open_unit_node = Some(node);
+                        extended_on = Some(node);
                     }
                 }
+                self.wire.copy_started(extended_on);
                 Action::Forward
             }
             b's' | b'I' if !injected => {
@@ -374,6 +209,196 @@ impl Session {
                 Action::Forward
             }
         }
+    }
+
+    /// ReadyForQuery: the front unit's end (or one of its Syncs), the transaction's
+    /// status, and what the finished unit leaves to do.
+    fn on_ready_for_query(&mut self, node: usize, start: usize) -> Action {
+        let status = self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.rbuf.get(start).copied())
+            .and_then(TxStatus::from_byte)
+            .unwrap_or(TxStatus::Failed);
+        if let Some(l) = self.backends[node].as_mut() {
+            l.conn.tx = status;
+        }
+        let done = self.inflight.front_mut().is_none_or(|u| {
+            u.owed = u.owed.saturating_sub(1);
+            u.owed == 0 && u.closed
+        });
+        let unit = if done {
+            self.inflight.pop_front()
+        } else {
+            None
+        };
+        if self.inflight.is_empty() {
+            self.replica_guard = None;
+            self.fallback_slot = None;
+        } else if done {
+            // The next unit's replies made here may be due after this one.
+            self.collect_due();
+        }
+        match unit {
+            Some(InFlight {
+                injected: Some(what),
+                error,
+                ..
+            }) => {
+                self.injected_done(node, what, error);
+                Action::Swallow
+            }
+            Some(mut u) => {
+                self.recycle_finished(&mut u);
+                let settled = self.pending_settings.on_ready(status, u.error);
+                self.apply_settings(node, settled);
+                if status == TxStatus::Idle {
+                    // Effect-changing DDL ends with its guards, whose drop (the
+                    // reset below, or `u`'s) schedules the reload that closes the
+                    // window; other DDL asks for it here. One request only: a
+                    // request made after the load started (worker threads) costs
+                    // one more load.
+                    let guarded =
+                        !u.schema_changes.is_empty() || !self.tx_writes.schema_changes.is_empty();
+                    if (u.ddl || self.tx_writes.ddl) && !guarded {
+                        self.ddl_done();
+                    }
+                    self.tx_writes = super::TxWrites::default();
+                } else {
+                    let wrote = !u.autocommit && !u.error;
+                    self.tx_writes.absorb(&mut u, wrote);
+                }
+                self.tx = super::TxPhase::from_server(status);
+                let hold = self
+                    .inflight
+                    .front()
+                    .and_then(InFlight::probe)
+                    .is_some_and(|p| p.report || !p.marks.is_empty());
+                if hold {
+                    // The commit's position comes first: its marks are resolved
+                    // (a replica that replayed it may serve the next read, from
+                    // any session) and a tracking session has its token, by the
+                    // time the client sees its COMMIT return.
+                    self.tokens.held_ready = Some(status);
+                    return Action::Swallow;
+                }
+                Action::Forward
+            }
+            None => {
+                self.tx = super::TxPhase::from_server(status);
+                Action::Forward
+            }
+        }
+    }
+
+    /// CommandComplete: a client statement finished; a write or a COMMIT marks what it
+    /// wrote before the client hears of it.
+    fn on_command_complete(
+        &mut self,
+        node: usize,
+        start: usize,
+        end: usize,
+        injected: bool,
+    ) -> Action {
+        if injected {
+            return Action::Swallow;
+        }
+        let is_commit = self.body(node, start, end).starts_with(b"COMMIT");
+        let Some(u) = self.inflight.front_mut() else {
+            return Action::Forward;
+        };
+        u.replied = true;
+        if let Some(event) = u.events.pop_front() {
+            if event != StmtEvent::Other {
+                let tag = self.body(node, start, end).to_vec();
+                let committed = self.pending_settings.on_complete(event, &tag);
+                self.apply_settings(node, committed);
+            }
+        }
+        let Some(u) = self.inflight.front_mut() else {
+            return Action::Forward;
+        };
+        if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
+            self.mark_autocommit_write();
+        } else if is_commit {
+            u.committed = true;
+            let stamp = super::oldest(u.schema_stamp, self.tx_writes.schema_stamp);
+            let whole = u.whole_db || self.tx_writes.whole_db;
+            let mut w = std::mem::take(&mut self.tx_writes.writes);
+            w.extend(u.writes.iter().cloned());
+            let whole = whole || self.schema_changed_since(stamp);
+            self.mark(w, whole);
+        }
+        Action::Forward
+    }
+
+    /// ErrorResponse: the front unit failed; a FATAL may end the connection under a read
+    /// pgfresh retries elsewhere or a COMMIT whose outcome is unknown.
+    fn on_error(
+        &mut self,
+        node: usize,
+        tag: u8,
+        start: usize,
+        end: usize,
+        injected: bool,
+    ) -> Action {
+        let fatal = is_fatal(self.body(node, start, end));
+        if fatal && self.inflight.is_empty() {
+            // A server closing an idle connection (shutdown, failover,
+            // pg_terminate_backend): the client has nothing running there and
+            // its session goes on elsewhere.
+            tracing::info!(node, "server closed an idle connection");
+            return Action::Swallow;
+        }
+        if fatal && !injected {
+            if let Some(u) = self
+                .inflight
+                .front()
+                .filter(|u| u.retry.is_some() && !u.replied)
+            {
+                // The replica is closing this connection before answering: the
+                // read will be sent elsewhere, so the client must not see this.
+                tracing::debug!(
+                    node,
+                    closed = u.retry.is_some(),
+                    "replica closed the connection; retrying the read"
+                );
+                return Action::Swallow;
+            }
+        }
+        if fatal && !injected && self.inflight.iter().any(|u| u.commit_sent && !u.committed) {
+            // The server is closing the connection while a COMMIT's outcome is
+            // unknown (terminated during a synchronous-replication wait, when it
+            // has committed locally; a shutdown): the client must be told 08007,
+            // or the outcome `resolve_lost_commits` finds, when the connection
+            // ends, not this FATAL, which most clients would report instead.
+            tracing::info!(node, "server closed the connection with a COMMIT in flight");
+            return Action::Swallow;
+        }
+        if !injected {
+            // Errors by SQLSTATE class, for the metrics.
+            let body = self.body(node, start, end);
+            let class = body
+                .split(|b| *b == 0)
+                .find_map(|f| f.strip_prefix(b"C"))
+                .and_then(|c| std::str::from_utf8(c.get(..2)?).ok())
+                .unwrap_or("??")
+                .to_string();
+            metrics::counter!("pgfresh_errors_total", "class" => class).increment(1);
+        }
+        if let Some(u) = self.inflight.front_mut() {
+            u.error = true;
+        }
+        if injected {
+            if let Ok(f) = ErrorFields::parse(tag, self.body(node, start, end)) {
+                tracing::warn!(
+                    code = f.code.unwrap_or(""),
+                    message = f.message.unwrap_or(""),
+                    "a statement pgfresh replayed on a backend failed"
+                );
+            }
+            return Action::Swallow;
+        }
+        Action::Forward
     }
 
     /// Settings the server confirmed become the session's. The connection that ran

@@ -9,7 +9,7 @@ use pgfresh_wire::{build, TxStatus};
 
 use super::state::PinReason;
 use super::unit::ClientUnit;
-use super::{DeferredBegin, Session};
+use super::{DeferredBegin, Session, TxPhase};
 use crate::context::FallbackSlot;
 use crate::error::ProxyError;
 use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target, TokenNeed};
@@ -73,7 +73,7 @@ impl Session {
                     self.state.pins.remove(&PinReason::RouteSetting);
                 }
                 self.out.push(build::command_complete("SET"));
-                self.out.push(build::ready_for_query(self.tx));
+                self.out.push(build::ready_for_query(self.tx.status()));
                 return Local::Answered;
             }
         }
@@ -86,7 +86,7 @@ impl Session {
                 // pgfresh's name, shared by content; the client's name is simply gone.
                 self.state.prepared.remove(name);
                 self.out.push(build::command_complete("DEALLOCATE"));
-                self.out.push(build::ready_for_query(self.tx));
+                self.out.push(build::ready_for_query(self.tx.status()));
                 return Local::Answered;
             }
         }
@@ -95,29 +95,27 @@ impl Session {
             Some(TxEffect::Begin(_))
                 // pgfresh's own work (a position probe after the last commit) may still
                 // run: the transaction's node is chosen with its first statement anyway.
-                if enabled && self.tx == TxStatus::Idle && !busy =>
+                if enabled && self.tx.is_idle() && !busy =>
             {
-                self.deferred_begin = Some(DeferredBegin {
+                self.tx = TxPhase::Deferred(DeferredBegin {
                     // Read back from the frame only here: most units need no text.
                     sql: unit.simple_sql().unwrap_or_default().to_string(),
                     analysis: analysis.clone(),
                 });
-                self.tx = TxStatus::InTransaction;
                 self.out.push(build::command_complete("BEGIN"));
                 self.out
                     .push(build::ready_for_query(TxStatus::InTransaction));
                 Local::Answered
             }
             Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
-                if self.deferred_begin.is_some() && busy =>
+                if self.tx.deferred().is_some() && busy =>
             {
                 Local::Wait
             }
             Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
-                if self.deferred_begin.is_some() =>
+                if self.tx.deferred().is_some() =>
             {
-                self.deferred_begin = None;
-                self.tx = TxStatus::Idle;
+                self.tx = TxPhase::Idle;
                 let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) {
                     "COMMIT"
                 } else {
@@ -177,7 +175,7 @@ impl Session {
                 Some(b'B') => self.out.push(build::bind_complete()),
                 Some(b'D') => self.out.push(build::no_data()),
                 Some(b'E') => self.out.push(build::command_complete("DEALLOCATE")),
-                Some(b'S') => self.out.push(build::ready_for_query(self.tx)),
+                Some(b'S') => self.out.push(build::ready_for_query(self.tx.status())),
                 _ => {}
             }
         }
@@ -188,7 +186,7 @@ impl Session {
     /// mode, outside a failed transaction (where the server would refuse it).
     fn deallocates_protocol_statement(&self, name: &str) -> bool {
         self.mode == pgfresh_config::PoolMode::Transaction
-            && self.tx != TxStatus::Failed
+            && !matches!(self.tx, TxPhase::Failed)
             && self.state.prepared.contains_key(name)
             && !self.state.sql_prepared.contains_key(name)
     }
@@ -227,12 +225,12 @@ impl Session {
             deps: deps.as_deref(),
         };
         let mut parts: smallvec::SmallVec<[&Analysis; 8]> = smallvec::SmallVec::new();
-        if let Some(d) = &self.deferred_begin {
+        if let Some(d) = self.tx.deferred() {
             parts.push(&d.analysis);
         }
         parts.extend(unit.parts.iter().map(|a| &**a));
         let view = SessionView {
-            in_transaction: self.tx != TxStatus::Idle && self.deferred_begin.is_none(),
+            in_transaction: self.tx.on_server(),
             read_only_txn: self.state.default_read_only,
             pinned: self.state.pinned().map(PinReason::as_str),
             route_primary: self.state.route_primary,

@@ -8,7 +8,7 @@ use std::sync::{Arc, LazyLock};
 use bytes::Bytes;
 use pgfresh_config::PoolMode;
 use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
-use pgfresh_wire::{build, TxStatus};
+use pgfresh_wire::build;
 
 use super::state::{text_hash, PinReason};
 use super::unit::{ClientUnit, InFlight, Injected};
@@ -216,7 +216,7 @@ impl Session {
                 // fails before answering, the read goes to another node. What pgfresh
                 // had of its own in flight there is gone with the connection.
                 self.inflight.clear();
-                self.open_unit_node = None;
+                self.wire.set_batch(None);
                 self.replica_guard = None;
                 self.retry_read(unit, node, &e.to_string());
                 Ok(())
@@ -235,39 +235,9 @@ impl Session {
         retryable: bool,
     ) -> Result<Written, ProxyError> {
         if !continuing {
-            let stale = self.backends[node].as_ref().is_none_or(|l| {
-                super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
-            });
-            if stale {
-                self.replay_settings(node).await?;
-            }
-            if let Some(begin) = self.deferred_begin.take() {
-                self.inject_query(node, &begin.sql).await?;
-            }
-            for name in &unit.sql_executes {
-                let key = format!("sql:{name}");
-                let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
-                    continue;
-                };
-                let hash = text_hash(text.as_bytes());
-                let has = self.backends[node]
-                    .as_ref()
-                    .and_then(|l| l.conn.prepared.get(&key).copied());
-                if has != Some(hash) {
-                    let mut sql = String::new();
-                    if has.is_some() {
-                        sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
-                    }
-                    sql.push_str(&text);
-                    self.inject_query(node, &sql).await?;
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.prepared.insert(key, hash);
-                    }
-                }
-            }
+            self.bring_up_to_date(node, unit).await?;
         }
-        // Protocol-level statements this unit uses that the node does not have (or has
-        // in another version), and client Parses of names the node still holds stale.
+        // What must precede the unit on the wire.
         let mut pre: Vec<Bytes> = Vec::new();
         let commit_sent = unit
             .parts
@@ -278,84 +248,17 @@ impl Session {
             // resolve_lost_commits: the transaction-id probe goes first.
             self.watch_commit(node, unit, continuing, &mut pre);
         }
-        let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
         let session_mode = self.mode == PoolMode::Session;
-        if let Some(l) = self.backends[node].as_mut().filter(|_| session_mode) {
-            if destroys_unnamed(&pre) {
-                // The probe, a simple Query, destroys the unnamed statement ahead of the
-                // unit: a unit that binds it prepares it again after the probe.
-                l.conn.prepared.remove("");
-            }
-            for name in &unit.uses_statements {
-                let Some(p) = self.state.prepared.get(name) else {
-                    continue;
-                };
-                match l.conn.prepared.get(name) {
-                    Some(h) if *h == p.hash => {}
-                    other => {
-                        if other.is_some() && !name.is_empty() {
-                            pre.push(build::close(b'S', name));
-                            swallow_close += 1;
-                        }
-                        pre.push(p.parse.clone());
-                        swallow_parse += 1;
-                        l.conn.prepared.insert(name.clone(), p.hash);
-                    }
-                }
-            }
-            for name in &unit.parses {
-                if !name.is_empty() && l.conn.prepared.contains_key(name) {
-                    pre.push(build::close(b'S', name));
-                    swallow_close += 1;
-                }
-                if let Some(p) = self.state.prepared.get(name) {
-                    // Most often the same statement again: one lookup, no new key.
-                    match l.conn.prepared.get_mut(name) {
-                        Some(h) => *h = p.hash,
-                        None => {
-                            l.conn.prepared.insert(name.clone(), p.hash);
-                        }
-                    }
-                }
-            }
-        }
+        let (swallow_parse, swallow_close) = if session_mode {
+            self.prepare_statements(node, unit, &mut pre)
+        } else {
+            (0, 0)
+        };
         // Session effects of this unit, applied optimistically; the node that runs the
         // unit is then up to date with the session's settings.
         self.apply_session_effects(unit);
-        for s in unit.parts.iter().flat_map(|a| &a.statements) {
-            let key_hash = match &s.session {
-                Some(SessionEffect::Prepare { name, .. }) => self
-                    .state
-                    .sql_prepared
-                    .get(name)
-                    .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
-                Some(SessionEffect::Deallocate(Some(name))) => {
-                    // A protocol-level statement of that name goes too (session mode).
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.prepared.remove(name.as_str());
-                    }
-                    Some((format!("sql:{name}"), None))
-                }
-                Some(SessionEffect::Discard(DiscardKind::All))
-                | Some(SessionEffect::Deallocate(None)) => {
-                    // Every prepared statement on the connection goes, other clients'
-                    // (transaction mode) included.
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.statements.clear();
-                        l.conn.prepared.clear();
-                    }
-                    None
-                }
-                _ => None,
-            };
-            if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
-                match hash {
-                    Some(h) => l.conn.prepared.insert(key, h),
-                    None => l.conn.prepared.remove(&key),
-                };
-            }
-        }
-        let autocommit = self.tx == TxStatus::Idle
+        self.track_sql_statements(node, unit);
+        let autocommit = self.tx.is_idle()
             && !unit
                 .parts
                 .iter()
@@ -419,6 +322,135 @@ impl Session {
         })
     }
 
+    /// Before a unit's first message on `node`: the session's settings replayed where
+    /// the connection lacks them, the deferred BEGIN, and the SQL-level prepared
+    /// statements the unit executes (as PREPARE, after a DEALLOCATE of an older version).
+    async fn bring_up_to_date(&mut self, node: usize, unit: &ClientUnit) -> Result<(), ProxyError> {
+        let stale = self.backends[node].as_ref().is_none_or(|l| {
+            super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
+        });
+        if stale {
+            self.replay_settings(node).await?;
+        }
+        if let Some(begin) = self.tx.take_deferred() {
+            self.inject_query(node, &begin.sql).await?;
+        }
+        for name in &unit.sql_executes {
+            let key = format!("sql:{name}");
+            let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
+                continue;
+            };
+            let hash = text_hash(text.as_bytes());
+            let has = self.backends[node]
+                .as_ref()
+                .and_then(|l| l.conn.prepared.get(&key).copied());
+            if has != Some(hash) {
+                let mut sql = String::new();
+                if has.is_some() {
+                    sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
+                }
+                sql.push_str(&text);
+                self.inject_query(node, &sql).await?;
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.prepared.insert(key, hash);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What `node`'s connection will hold once the unit's SQL-level PREPARE, DEALLOCATE
+    /// and DISCARD ALL have run there.
+    fn track_sql_statements(&mut self, node: usize, unit: &ClientUnit) {
+        for s in unit.parts.iter().flat_map(|a| &a.statements) {
+            let key_hash = match &s.session {
+                Some(SessionEffect::Prepare { name, .. }) => self
+                    .state
+                    .sql_prepared
+                    .get(name)
+                    .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
+                Some(SessionEffect::Deallocate(Some(name))) => {
+                    // A protocol-level statement of that name goes too (session mode).
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.prepared.remove(name.as_str());
+                    }
+                    Some((format!("sql:{name}"), None))
+                }
+                Some(SessionEffect::Discard(DiscardKind::All))
+                | Some(SessionEffect::Deallocate(None)) => {
+                    // Every prepared statement on the connection goes, other clients'
+                    // (transaction mode) included.
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.statements.clear();
+                        l.conn.prepared.clear();
+                    }
+                    None
+                }
+                _ => None,
+            };
+            if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
+                match hash {
+                    Some(h) => l.conn.prepared.insert(key, h),
+                    None => l.conn.prepared.remove(&key),
+                };
+            }
+        }
+    }
+
+    /// Session mode: the protocol-level statements `unit` uses that `node`'s connection
+    /// lacks (or holds in another version) are parsed there first, into `pre`, and the
+    /// connection's record follows the unit's own Parses. Returns how many
+    /// ParseComplete and CloseComplete replies that adds, to be swallowed.
+    fn prepare_statements(
+        &mut self,
+        node: usize,
+        unit: &ClientUnit,
+        pre: &mut Vec<Bytes>,
+    ) -> (u32, u32) {
+        let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
+        let Some(l) = self.backends[node].as_mut() else {
+            return (0, 0);
+        };
+        if destroys_unnamed(pre) {
+            // The probe, a simple Query, destroys the unnamed statement ahead of the
+            // unit: a unit that binds it prepares it again after the probe.
+            l.conn.prepared.remove("");
+        }
+        for name in &unit.uses_statements {
+            let Some(p) = self.state.prepared.get(name) else {
+                continue;
+            };
+            match l.conn.prepared.get(name) {
+                Some(h) if *h == p.hash => {}
+                other => {
+                    if other.is_some() && !name.is_empty() {
+                        pre.push(build::close(b'S', name));
+                        swallow_close += 1;
+                    }
+                    pre.push(p.parse.clone());
+                    swallow_parse += 1;
+                    l.conn.prepared.insert(name.clone(), p.hash);
+                }
+            }
+        }
+        for name in &unit.parses {
+            if !name.is_empty() && l.conn.prepared.contains_key(name) {
+                pre.push(build::close(b'S', name));
+                swallow_close += 1;
+            }
+            if let Some(p) = self.state.prepared.get(name) {
+                // Most often the same statement again: one lookup, no new key.
+                match l.conn.prepared.get_mut(name) {
+                    Some(h) => *h = p.hash,
+                    None => {
+                        l.conn.prepared.insert(name.clone(), p.hash);
+                    }
+                }
+            }
+        }
+        (swallow_parse, swallow_close)
+    }
+
     /// Record what the replies to `unit`, just written to `node`, are for.
     fn track_unit(
         &mut self,
@@ -444,7 +476,7 @@ impl Session {
             expect,
         } = written;
         let synced = unit.synced;
-        let owed = if self.copy_in {
+        let owed = if self.wire.copy_in() {
             0
         } else {
             super::unit::ready_replies(&unit.frames)
@@ -521,7 +553,7 @@ impl Session {
             self.inflight
                 .push_back(InFlight::injected(Injected::ReplaySample(None)));
         }
-        self.open_unit_node = if synced { None } else { Some(node) };
+        self.wire.set_batch((!synced).then_some(node));
         if let Some(unit) = leftover {
             self.recycle_unit(unit);
         }

@@ -218,7 +218,7 @@ impl Session {
         crate::console::row_description(&mut out, &[COMMIT_LSN]);
         crate::console::data_row(&mut out, &[value]);
         out.extend_from_slice(&build::command_complete("SHOW"));
-        out.extend_from_slice(&build::ready_for_query(self.tx));
+        out.extend_from_slice(&build::ready_for_query(self.tx.status()));
         self.out.push(out.freeze());
     }
 }

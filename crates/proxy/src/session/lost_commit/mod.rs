@@ -220,8 +220,8 @@ impl Session {
         if continuing
             || !unit.synced
             || !self.config.routing.resolve_lost_commits
-            || self.tx != TxStatus::InTransaction
-            || self.copy_in
+            || self.tx.status() != TxStatus::InTransaction
+            || self.wire.copy_in()
             || Some(node) != self.shared.balancer.primary()
         {
             return;
@@ -320,10 +320,9 @@ impl Session {
             ddl: ddl || self.tx_writes.ddl,
         });
         self.inflight.clear();
-        self.open_unit_node = None;
+        self.wire = super::WirePhase::Units;
         self.replica_guard = None;
         self.fallback_slot = None;
-        self.copy_in = false;
         true
     }
 
@@ -387,7 +386,7 @@ impl Session {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "connection to the primary lost after COMMIT was sent"
         );
-        self.tx = TxStatus::Idle;
+        self.tx = super::TxPhase::Idle;
         self.tx_writes = super::TxWrites::default();
         match outcome {
             Outcome::Committed => {

@@ -1,0 +1,174 @@
+//! Where a session stands: its transaction ([`TxPhase`]) and the messages it is between
+//! ([`WirePhase`]), each one enum.
+
+use std::sync::Arc;
+
+use pgfresh_wire::TxStatus;
+
+/// A transaction BEGIN that pgfresh answered itself and will send to the node the
+/// transaction's first real statement is routed to.
+pub struct DeferredBegin {
+    pub sql: String,
+    pub analysis: Arc<pgfresh_sql::Analysis>,
+}
+
+/// The client's transaction, as the client last saw it.
+pub enum TxPhase {
+    /// No transaction is open.
+    Idle,
+    /// pgfresh answered `BEGIN` itself: the client is in a transaction that no server
+    /// has seen yet. The BEGIN goes, just ahead of the transaction's first real
+    /// statement, to the node that statement is routed to.
+    Deferred(DeferredBegin),
+    /// A transaction is open on a server.
+    Open,
+    /// The open transaction failed: the server ignores everything up to its end.
+    Failed,
+}
+
+impl TxPhase {
+    /// The phase a server's ReadyForQuery reports.
+    pub fn from_server(status: TxStatus) -> TxPhase {
+        match status {
+            TxStatus::Idle => TxPhase::Idle,
+            TxStatus::InTransaction => TxPhase::Open,
+            TxStatus::Failed => TxPhase::Failed,
+        }
+    }
+
+    /// The status a ReadyForQuery to the client carries.
+    pub fn status(&self) -> TxStatus {
+        match self {
+            TxPhase::Idle => TxStatus::Idle,
+            TxPhase::Deferred(_) | TxPhase::Open => TxStatus::InTransaction,
+            TxPhase::Failed => TxStatus::Failed,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        matches!(self, TxPhase::Idle)
+    }
+
+    /// A transaction runs on a server (not only the BEGIN pgfresh answered itself).
+    pub fn on_server(&self) -> bool {
+        matches!(self, TxPhase::Open | TxPhase::Failed)
+    }
+
+    /// The BEGIN pgfresh answered, now to be sent: the transaction is then open on the
+    /// server it goes to.
+    pub fn take_deferred(&mut self) -> Option<DeferredBegin> {
+        if !matches!(self, TxPhase::Deferred(_)) {
+            return None;
+        }
+        match std::mem::replace(self, TxPhase::Open) {
+            TxPhase::Deferred(begin) => Some(begin),
+            _ => None,
+        }
+    }
+
+    pub fn deferred(&self) -> Option<&DeferredBegin> {
+        match self {
+            TxPhase::Deferred(begin) => Some(begin),
+            _ => None,
+        }
+    }
+}
+
+/// Where the client's messages stand between units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WirePhase {
+    /// A unit starts with the client's next message and ends at its Sync or Query.
+    Units,
+    /// An extended batch went out up to a Flush (or early, past the batch limit): the
+    /// rest of it, up to its Sync, goes to the same node.
+    OpenBatch(usize),
+    /// COPY FROM STDIN runs on the active backend, which ignores Syncs until CopyDone or
+    /// CopyFail. Started by an extended batch (`Some` node), that batch goes on to its
+    /// Sync on the same node afterwards.
+    CopyIn(Option<usize>),
+}
+
+impl WirePhase {
+    /// The node the open batch continues on.
+    pub fn batch_node(&self) -> Option<usize> {
+        match *self {
+            WirePhase::OpenBatch(n) | WirePhase::CopyIn(Some(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    pub fn copy_in(&self) -> bool {
+        matches!(self, WirePhase::CopyIn(_))
+    }
+
+    /// A unit went out to `node` leaving its batch open (or, `None`, closed it).
+    pub fn set_batch(&mut self, node: Option<usize>) {
+        *self = match *self {
+            WirePhase::CopyIn(_) => WirePhase::CopyIn(node),
+            _ => node.map_or(WirePhase::Units, WirePhase::OpenBatch),
+        };
+    }
+
+    /// The server started COPY FROM STDIN: for an extended batch's unit, on `node`,
+    /// whose batch now stays open until the client's Sync after the copy.
+    pub fn copy_started(&mut self, extended_on: Option<usize>) {
+        *self = WirePhase::CopyIn(extended_on.or(self.batch_node()));
+    }
+
+    /// CopyDone or CopyFail went to the server.
+    pub fn copy_ended(&mut self) {
+        if let WirePhase::CopyIn(batch) = *self {
+            *self = batch.map_or(WirePhase::Units, WirePhase::OpenBatch);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn begin() -> DeferredBegin {
+        DeferredBegin {
+            sql: "BEGIN".into(),
+            analysis: Arc::new(pgfresh_sql::analyze_uncached("BEGIN")),
+        }
+    }
+
+    #[test]
+    fn a_deferred_begin_is_a_transaction_to_the_client_and_none_on_a_server() {
+        let mut phase = TxPhase::Deferred(begin());
+        assert_eq!(phase.status(), TxStatus::InTransaction);
+        assert!(!phase.is_idle() && !phase.on_server());
+        assert_eq!(phase.deferred().map(|b| b.sql.as_str()), Some("BEGIN"));
+        assert!(phase.take_deferred().is_some());
+        assert!(phase.on_server() && phase.take_deferred().is_none());
+        assert_eq!(phase.status(), TxStatus::InTransaction);
+    }
+
+    #[test]
+    fn the_server_status_maps_to_its_phase() {
+        for s in [TxStatus::Idle, TxStatus::InTransaction, TxStatus::Failed] {
+            assert_eq!(TxPhase::from_server(s).status(), s);
+        }
+        assert!(TxPhase::Idle.take_deferred().is_none());
+    }
+
+    #[test]
+    fn a_copy_started_by_an_extended_batch_leaves_the_batch_open_after_it() {
+        let mut w = WirePhase::Units;
+        w.copy_started(Some(2));
+        assert!(w.copy_in() && w.batch_node() == Some(2));
+        w.copy_ended();
+        assert_eq!(w, WirePhase::OpenBatch(2));
+        w.set_batch(None);
+        assert_eq!(w, WirePhase::Units);
+        // A simple COPY keeps what was open; closing a batch keeps the copy.
+        let mut w = WirePhase::OpenBatch(1);
+        w.copy_started(None);
+        assert_eq!(w, WirePhase::CopyIn(Some(1)));
+        w.set_batch(None);
+        assert_eq!(w, WirePhase::CopyIn(None));
+        w.copy_ended();
+        assert_eq!(w, WirePhase::Units);
+    }
+}
