@@ -234,7 +234,7 @@ impl Session {
         continuing: bool,
         retryable: bool,
     ) -> Result<Written, ProxyError> {
-        if !continuing {
+        if !continuing && self.behind(node, unit) {
             self.bring_up_to_date(node, unit).await?;
         }
         // What must precede the unit on the wire.
@@ -322,14 +322,24 @@ impl Session {
         })
     }
 
+    /// `bring_up_to_date` has something to send before `unit` on `node` (asked first, so
+    /// the usual unit makes no future for it).
+    fn behind(&self, node: usize, unit: &ClientUnit) -> bool {
+        self.settings_stale(node) || self.tx.deferred().is_some() || !unit.sql_executes.is_empty()
+    }
+
+    /// `node`'s connection lacks the session's settings (or there is none yet).
+    fn settings_stale(&self, node: usize) -> bool {
+        self.backends[node].as_ref().is_none_or(|l| {
+            super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
+        })
+    }
+
     /// Before a unit's first message on `node`: the session's settings replayed where
     /// the connection lacks them, the deferred BEGIN, and the SQL-level prepared
     /// statements the unit executes (as PREPARE, after a DEALLOCATE of an older version).
     async fn bring_up_to_date(&mut self, node: usize, unit: &ClientUnit) -> Result<(), ProxyError> {
-        let stale = self.backends[node].as_ref().is_none_or(|l| {
-            super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
-        });
-        if stale {
+        if self.settings_stale(node) {
             self.replay_settings(node).await?;
         }
         if let Some(begin) = self.tx.take_deferred() {
