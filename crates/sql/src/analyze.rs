@@ -102,10 +102,7 @@ pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
     if a.kind == Kind::Unclassified {
         a.error = Some("statement could not be classified".to_owned());
     }
-    a.calls_user_functions = a
-        .functions
-        .iter()
-        .any(|f| !crate::functions::is_known_builtin(f));
+    a.calls_user_functions = crate::functions::calls_user_functions(&a.functions);
     a.statements = statements;
     a
 }

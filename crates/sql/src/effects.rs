@@ -79,9 +79,7 @@ fn calls_user_function(node: &Node) -> bool {
         }
         _ => w.expr(node),
     }
-    w.functions
-        .iter()
-        .any(|f| !crate::functions::is_known_builtin(f))
+    crate::functions::calls_user_functions(&w.functions)
 }
 
 /// A column definition (or a composite type's attribute: `ALTER TYPE ... ADD ATTRIBUTE`

@@ -86,6 +86,12 @@ pub fn is_known_builtin(f: &FuncName) -> bool {
     !matches!(classify_builtin(f), Builtin::Unknown)
 }
 
+/// Some of `functions` is not a known built-in: what it may write or fire only the
+/// catalog tells.
+pub fn calls_user_functions(functions: &[FuncName]) -> bool {
+    functions.iter().any(|f| !is_known_builtin(f))
+}
+
 /// A built-in whose answer comes from the system catalogs (`to_regclass`, `pg_get_viewdef`,
 /// `has_table_privilege`, `pg_table_size` ...): the call counts as a catalog read.
 pub(crate) fn reads_catalog(f: &FuncName) -> bool {

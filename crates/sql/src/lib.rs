@@ -38,7 +38,10 @@ mod visit;
 
 pub use analyze::{analyze_bytes, analyze_uncached};
 pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats, Keyed};
-pub use functions::{is_known_builtin, reasons_for, FunctionPolicy, Volatility, VolatilityOracle};
+pub use functions::{
+    calls_user_functions, is_known_builtin, reasons_for, FunctionPolicy, Volatility,
+    VolatilityOracle,
+};
 pub use hints::parse_hint_lsn as parse_position;
 pub use model::{
     Analysis, DiscardKind, HintLsn, Isolation, Kind, MustPrimary, RouteHint, SessionEffect,

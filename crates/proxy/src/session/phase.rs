@@ -57,12 +57,12 @@ impl TxPhase {
     /// The BEGIN pgfresh answered, now to be sent: the transaction is then open on the
     /// server it goes to.
     pub fn take_deferred(&mut self) -> Option<DeferredBegin> {
-        if !matches!(self, TxPhase::Deferred(_)) {
-            return None;
-        }
         match std::mem::replace(self, TxPhase::Open) {
             TxPhase::Deferred(begin) => Some(begin),
-            _ => None,
+            other => {
+                *self = other;
+                None
+            }
         }
     }
 

@@ -148,7 +148,7 @@ impl Session {
                 self.injected_row(node, start, end);
                 Action::Swallow
             }
-            b'E' => self.on_error(node, tag, start, end, injected),
+            b'E' => self.on_error(node, start, end, injected),
             b'1' => match self.swallow_counted(|u| &mut u.swallow_parse) {
                 Action::Swallow => Action::Swallow,
                 Action::Forward => self.ack(),
@@ -333,14 +333,7 @@ impl Session {
 
     /// ErrorResponse: the front unit failed; a FATAL may end the connection under a read
     /// pgfresh retries elsewhere or a COMMIT whose outcome is unknown.
-    fn on_error(
-        &mut self,
-        node: usize,
-        tag: u8,
-        start: usize,
-        end: usize,
-        injected: bool,
-    ) -> Action {
+    fn on_error(&mut self, node: usize, start: usize, end: usize, injected: bool) -> Action {
         let fatal = is_fatal(self.body(node, start, end));
         if fatal && self.inflight.is_empty() {
             // A server closing an idle connection (shutdown, failover,
@@ -389,7 +382,7 @@ impl Session {
             u.error = true;
         }
         if injected {
-            if let Ok(f) = ErrorFields::parse(tag, self.body(node, start, end)) {
+            if let Ok(f) = ErrorFields::parse(b'E', self.body(node, start, end)) {
                 tracing::warn!(
                     code = f.code.unwrap_or(""),
                     message = f.message.unwrap_or(""),

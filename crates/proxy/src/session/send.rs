@@ -25,10 +25,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         writes: stmt.writes.clone(),
         must_primary: stmt.must_primary.clone(),
         functions: stmt.functions.clone(),
-        calls_user_functions: stmt
-            .functions
-            .iter()
-            .any(|f| !pgfresh_sql::is_known_builtin(f)),
+        calls_user_functions: pgfresh_sql::calls_user_functions(&stmt.functions),
         touches_catalog: stmt.touches_catalog,
         hint: None,
         min_lsn_hint: None,
