@@ -105,24 +105,6 @@ async fn cancel_after_ssl_request_on_the_same_socket() {
     assert!(text.contains("57014"), "{text}");
 }
 
-/// Bind and Execute of the unnamed statement with text parameters: `PQexecPrepared(conn,
-/// "", …)`.
-fn exec_unnamed(value: &str) -> Vec<u8> {
-    let mut bind = cstr("");
-    bind.extend_from_slice(&cstr(""));
-    bind.extend_from_slice(&0u16.to_be_bytes()); // parameter formats: all text
-    bind.extend_from_slice(&1u16.to_be_bytes());
-    bind.extend_from_slice(&(value.len() as i32).to_be_bytes());
-    bind.extend_from_slice(value.as_bytes());
-    bind.extend_from_slice(&0u16.to_be_bytes()); // result formats: all text
-    let mut execute = cstr("");
-    execute.extend_from_slice(&0i32.to_be_bytes());
-    let mut out = msg(b'B', &bind);
-    out.extend(msg(b'E', &execute));
-    out.extend(msg(b'S', &[]));
-    out
-}
-
 /// libpq's `PQprepare(conn, "", sql, …)` once, then `PQexecPrepared(conn, "", …)` again
 /// and again: the unnamed statement lives on the server until the next Parse of it or the
 /// next simple Query. pgfresh's own queries in the same write (the position probe after
@@ -147,15 +129,10 @@ async fn the_unnamed_statement_survives_pgfresh_own_queries() {
     // Every execution is an autocommit write, so pgfresh follows each one with its
     // position probe.
     for i in 1..=3 {
-        s.write_all(&exec_unnamed(&i.to_string())).await.unwrap();
-        let messages = raw::read_until(&mut s, b'Z').await;
-        let error = messages
-            .iter()
-            .find(|(t, _)| *t == b'E')
-            .map(|(_, body)| String::from_utf8_lossy(body).replace('\0', " "));
+        s.write_all(&exec_named("", &i.to_string())).await.unwrap();
+        let (tags, error, _) = replies(&mut s).await;
         assert_eq!(
-            raw::tags(&messages),
-            b"2CZ",
+            tags, b"2CZ",
             "execution {i} of the unnamed statement: {error:?}"
         );
     }
@@ -277,7 +254,7 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
         .await
         .unwrap();
     assert_eq!(first_value(&raw::read_until(&mut s, b'Z').await), "2");
-    s.write_all(&exec_unnamed("2")).await.unwrap();
+    s.write_all(&exec_named("", "2")).await.unwrap();
     let messages = raw::read_until(&mut s, b'Z').await;
     assert_eq!(raw::tags(&messages), b"2DCZ");
     assert_eq!(first_value(&messages), "3");
@@ -285,7 +262,7 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
     // run.
     s.write_all(&exec_params(&insert, &["3"])).await.unwrap();
     assert_eq!(read_until(&mut s, b'Z').await.0, b"12nCZ");
-    s.write_all(&exec_unnamed("4")).await.unwrap();
+    s.write_all(&exec_named("", "4")).await.unwrap();
     assert_eq!(read_until(&mut s, b'Z').await.0, b"2CZ");
     s.write_all(&exec_params(&count, &["0"])).await.unwrap();
     assert_eq!(first_value(&raw::read_until(&mut s, b'Z').await), "4");
@@ -319,4 +296,155 @@ async fn the_usual_unnamed_batch_is_answered_alike_whole_or_in_pieces() {
         .await
         .unwrap();
     read_until(&mut s, b'Z').await;
+}
+
+/// A proxy in front of the primary and one standby only, so that every read goes to the
+/// same standby and a statement prepared on the primary is missing there; `pool` is TOML
+/// for its `[pool]` table.
+fn one_standby_proxy(pool: &str) -> ProxyHandle {
+    let c = cluster();
+    let third = format!(
+        "[[nodes]]\nname = \"pg2\"\nhost = \"127.0.0.1\"\nport = {}\n\n",
+        c.nodes()[2].port
+    );
+    let text = config_text("");
+    assert!(text.contains(&third), "the config names the third node");
+    start_proxy(&format!("{}\n[pool]\n{pool}\n", text.replace(&third, "")))
+}
+
+/// Both pool modes; transaction mode with one connection a node, so each unit of the
+/// session lands on the connection the one before it used on that node.
+const MODES: [&str; 2] = [
+    "pool_mode = \"session\"",
+    "pool_mode = \"transaction\"\npool_size = 1",
+];
+
+fn parse_named(name: &str, sql: &str) -> Vec<u8> {
+    let mut body = cstr(name);
+    body.extend_from_slice(&cstr(sql));
+    body.extend_from_slice(&0u16.to_be_bytes());
+    msg(b'P', &body)
+}
+
+/// Bind of statement `name` to the unnamed portal with one text parameter, Execute, Sync
+/// (for the unnamed statement: `PQexecPrepared(conn, "", …)`).
+fn exec_named(name: &str, value: &str) -> Vec<u8> {
+    let mut bind = cstr("");
+    bind.extend_from_slice(&cstr(name));
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    bind.extend_from_slice(&1u16.to_be_bytes());
+    bind.extend_from_slice(&(value.len() as i32).to_be_bytes());
+    bind.extend_from_slice(value.as_bytes());
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    let mut execute = cstr("");
+    execute.extend_from_slice(&0i32.to_be_bytes());
+    let mut out = msg(b'B', &bind);
+    out.extend(msg(b'E', &execute));
+    out.extend(msg(b'S', &[]));
+    out
+}
+
+/// A session on `p` with its own table, and statement `name` (a read of no table, its
+/// text named after it: transaction mode shares a text between names) prepared on the
+/// primary by a batch that also writes the table, so that pgfresh must
+/// prepare it again before the standby can run it. Returns the session and the table.
+async fn prepared_on_primary(p: &ProxyHandle, name: &str) -> (TcpStream, String) {
+    let mut s = raw::connect(p.addr).await;
+    let table = unique("pipeline");
+    s.write_all(&msg(b'Q', &cstr(&format!("CREATE TABLE {table} (v int)"))))
+        .await
+        .unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"CZ");
+    let mut out = parse_named(name, &format!("SELECT $1::int + 1 AS {name}"));
+    out.extend(raw::exec_params(
+        &format!("INSERT INTO {table} VALUES ($1::int)"),
+        &["1"],
+    ));
+    s.write_all(&out).await.unwrap();
+    assert_eq!(
+        read_until(&mut s, b'Z').await.0,
+        b"112nCZ",
+        "prepared with a write"
+    );
+    (s, table)
+}
+
+async fn drop_table(s: &mut TcpStream, table: &str) {
+    s.write_all(&msg(b'Q', &cstr(&format!("DROP TABLE {table}"))))
+        .await
+        .unwrap();
+    assert_eq!(read_until(s, b'Z').await.0, b"CZ");
+}
+
+/// The tags of the replies up to ReadyForQuery, with the first error's text.
+async fn replies(s: &mut TcpStream) -> (Vec<u8>, Option<String>, Vec<(u8, Vec<u8>)>) {
+    let messages = raw::read_until(s, b'Z').await;
+    let error = messages
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .map(|(_, body)| String::from_utf8_lossy(body).replace('\0', " "));
+    (raw::tags(&messages), error, messages)
+}
+
+/// A pipeline left open by a Flush and continued in the same write: the replies of the
+/// first part reach the client first, in order, even when the second part needs a
+/// statement pgfresh prepares again (its ParseComplete is the one to swallow, not the
+/// client's).
+#[tokio::test]
+async fn a_statement_prepared_again_inside_a_pipeline_keeps_the_replies_in_order() {
+    for mode in MODES {
+        let p = one_standby_proxy(mode);
+        let (mut s, table) = prepared_on_primary(&p, "pipe_a").await;
+        // A read on the standby: Parse and Describe of a new statement, Flush, then the
+        // statement prepared on the primary, all sent before any reply.
+        let mut out = parse_named("pipe_b", "SELECT 2");
+        let mut describe = vec![b'S'];
+        describe.extend_from_slice(&cstr("pipe_b"));
+        out.extend(msg(b'D', &describe));
+        out.extend(msg(b'H', &[]));
+        out.extend(exec_named("pipe_a", "41"));
+        s.write_all(&out).await.unwrap();
+        let (tags, error, messages) = replies(&mut s).await;
+        assert_eq!(
+            tags, b"1tT2DCZ",
+            "{mode}: ParseComplete, descriptions, then the execution ({error:?})"
+        );
+        assert_eq!(first_value(&messages), "42");
+        drop_table(&mut s, &table).await;
+    }
+}
+
+/// The same pipeline whose first part fails: the server skips everything up to the Sync,
+/// the statement pgfresh put in front of the second part too, so the connection does not
+/// have it, and the next execution must prepare it again rather than fail with 26000.
+/// The second part is sent with the first, or once the error has arrived.
+#[tokio::test]
+async fn a_statement_prepared_again_behind_a_failed_message_is_prepared_again_next_time() {
+    for mode in MODES {
+        let p = one_standby_proxy(mode);
+        for after_the_error in [false, true] {
+            let name = format!("skip_{after_the_error}");
+            let (mut s, table) = prepared_on_primary(&p, &name).await;
+            let mut out = parse_named("", "SELECT * FROM no_such_table_for_pipelines");
+            out.extend(msg(b'H', &[]));
+            if after_the_error {
+                s.write_all(&out).await.unwrap();
+                assert_eq!(read_until(&mut s, b'E').await.0, b"E", "{mode}");
+                s.write_all(&exec_named(&name, "1")).await.unwrap();
+                assert_eq!(read_until(&mut s, b'Z').await.0, b"Z", "{mode}");
+            } else {
+                out.extend(exec_named(&name, "1"));
+                s.write_all(&out).await.unwrap();
+                assert_eq!(read_until(&mut s, b'Z').await.0, b"EZ", "{mode}");
+            }
+            s.write_all(&exec_named(&name, "41")).await.unwrap();
+            let (tags, error, messages) = replies(&mut s).await;
+            assert_eq!(
+                tags, b"2DCZ",
+                "{mode}, sent after the error: {after_the_error} ({error:?})"
+            );
+            assert_eq!(first_value(&messages), "42");
+            drop_table(&mut s, &table).await;
+        }
+    }
 }

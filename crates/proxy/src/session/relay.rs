@@ -22,7 +22,8 @@ enum Action {
 
 /// The replies the relay only counts for the front unit, without inspecting them: its
 /// rows and its acknowledgements (ParseComplete, BindComplete, descriptions, NoData),
-/// when that unit is the client's, has no reply to swallow or synthesize in between,
+/// when that unit is the client's, has no reply to swallow or make here in between (no
+/// expected replies queued, see `unit::Expect`),
 /// and skips no acknowledgement (a retried read). Every other frame goes through
 /// `on_server_message`, after what was counted is applied.
 #[derive(Default)]
@@ -34,9 +35,8 @@ struct PlainReplies {
 
 impl PlainReplies {
     fn of(front: Option<&InFlight>) -> Self {
-        let enabled = front.is_some_and(|u| {
-            !u.is_injected() && u.expect.is_empty() && u.skip_acks == 0 && u.swallow_parse == 0
-        });
+        let enabled =
+            front.is_some_and(|u| !u.is_injected() && u.expect.is_empty() && u.skip_acks == 0);
         Self {
             enabled,
             ..Self::default()
@@ -149,12 +149,8 @@ impl Session {
                 Action::Swallow
             }
             b'E' => self.on_error(node, start, end, injected),
-            b'1' => match self.swallow_counted(|u| &mut u.swallow_parse) {
-                Action::Swallow => Action::Swallow,
-                Action::Forward => self.ack(),
-            },
-            b'3' => self.swallow_counted(|u| &mut u.swallow_close),
-            b'2' | b't' | b'T' | b'n' if !injected => self.ack(),
+            b'1' | b'2' | b't' | b'T' | b'n' if !injected => self.ack(),
+            b'3' if !injected => Action::Forward,
             b'S' => {
                 let body = self.body(node, start, end).to_vec();
                 let mut parts = body.split(|b| *b == 0);
@@ -422,25 +418,6 @@ impl Session {
             Some(u) => {
                 u.acks += 1;
                 Action::Forward
-            }
-            None => Action::Forward,
-        }
-    }
-
-    fn swallow_counted(
-        &mut self,
-        field: impl Fn(&mut super::unit::InFlight) -> &mut u32,
-    ) -> Action {
-        match self.inflight.front_mut() {
-            Some(u) if u.is_injected() => Action::Swallow,
-            Some(u) => {
-                let n = field(u);
-                if *n > 0 {
-                    *n -= 1;
-                    Action::Swallow
-                } else {
-                    Action::Forward
-                }
             }
             None => Action::Forward,
         }

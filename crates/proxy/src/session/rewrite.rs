@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
 
-use super::unit::{ClientUnit, Expect};
+use super::unit::{ClientUnit, Expect, Reprepared, Undo};
 use super::Session;
 use crate::statements::{self, server_name, StatementCache, PREFIX};
 
@@ -58,7 +58,7 @@ fn server_statement(
             out.frames
                 .push(statements::parse(&server_name(id), &content));
             out.expect.push_back(Expect::Hidden {
-                parse: Some(content),
+                parse: Some(Reprepared::Shared(content)),
             });
             id
         }
@@ -243,10 +243,12 @@ impl Session {
         }
     }
 
-    /// Transaction mode: the reply `tag` from `node` completes the front unit's next
-    /// expected message. Returns true when the reply answers a message pgfresh added
-    /// and is swallowed. After an error the server skips to Sync: the messages it skips
-    /// get no reply, and statements they would have prepared are not on the connection.
+    /// The reply `tag` from `node` completes the front unit's next expected message.
+    /// Returns true when the reply answers a message pgfresh added and is swallowed.
+    /// After an error the server skips to Sync: the messages it skips get no reply, so
+    /// the entries in front of the Sync's are taken at the ErrorResponse, and at the
+    /// ReadyForQuery those added after it (a continuation sent once the error was in);
+    /// what the skipped messages would have done did not happen (see `skipped`).
     pub(super) fn expect_reply(&mut self, node: usize, tag: u8) -> bool {
         if !matches!(
             tag,
@@ -257,46 +259,63 @@ impl Session {
         let Some(u) = self.inflight.front_mut().filter(|u| !u.expect.is_empty()) else {
             return false;
         };
-        let mut dropped = Vec::new();
-        let mut undone = Vec::new();
+        let mut skipped = Vec::new();
         let hidden = match tag {
-            b'E' => {
+            b'E' | b'Z' => {
                 while u.expect.front().is_some_and(|e| !e.is_sync()) {
-                    match u.expect.pop_front() {
-                        Some(Expect::Client { parse, undo, .. }) => {
-                            dropped.extend(parse);
-                            undone.extend(undo);
-                        }
-                        Some(Expect::Hidden { parse }) => dropped.extend(parse),
-                        Some(Expect::Synth { undo, .. }) => undone.extend(undo),
-                        None => {}
-                    }
+                    skipped.extend(u.expect.pop_front());
                 }
-                false
-            }
-            b'Z' => {
-                if u.expect.front().is_some_and(Expect::is_sync) {
+                if tag == b'Z' {
                     u.expect.pop_front();
                 }
                 false
             }
             _ => matches!(u.expect.pop_front(), Some(Expect::Hidden { .. })),
         };
-        if let Some(l) = self.backends[node].as_mut() {
-            for c in &dropped {
-                l.conn.statements.remove(c);
+        if !skipped.is_empty() {
+            self.skipped(node, skipped);
+        }
+        if tag != b'Z' {
+            self.collect_due();
+        }
+        hidden
+    }
+
+    /// Messages the server skipped or refused never happened: the statements their
+    /// Parses would have prepared are not on the connection, and the client's Parses and
+    /// Closes are taken back from its statements.
+    fn skipped(&mut self, node: usize, entries: Vec<Expect>) {
+        let mut undone: Vec<Undo> = Vec::new();
+        for e in entries {
+            let (parse, undo) = match e {
+                Expect::Client { parse, undo, .. } => (parse.map(Reprepared::Shared), undo),
+                Expect::Hidden { parse } => (parse, None),
+                Expect::Synth { undo, .. } => (None, undo),
+            };
+            undone.extend(undo);
+            let Some(l) = self.backends[node].as_mut() else {
+                continue;
+            };
+            match parse {
+                Some(Reprepared::Shared(content)) => {
+                    l.conn.statements.remove(&content);
+                }
+                Some(Reprepared::Named { name, previous }) => match previous {
+                    Some(hash) => {
+                        l.conn.prepared.insert(name, hash);
+                    }
+                    None => {
+                        l.conn.prepared.remove(&name);
+                    }
+                },
+                None => {}
             }
         }
-        // The failed and skipped Parses and Closes never happened for the client.
         for u in undone.into_iter().rev() {
             match u.previous {
                 Some(p) => self.state.prepared.insert(u.name, p),
                 None => self.state.prepared.remove(&u.name),
             };
         }
-        if tag != b'Z' {
-            self.collect_due();
-        }
-        hidden
     }
 }

@@ -3,6 +3,7 @@
 //! write, the position probe after a commit, and what the unit means for the session's
 //! state (writes to mark, pins, prepared statements).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, 
 use pgfresh_wire::build;
 
 use super::state::{text_hash, PinReason};
-use super::unit::{ClientUnit, InFlight, Injected};
+use super::unit::{ClientUnit, Expect, InFlight, Injected, Reprepared};
 use super::Session;
 use crate::error::ProxyError;
 use crate::router::{Decision, Reason};
@@ -77,10 +78,6 @@ fn expand(
 
 /// What [`Session::write_unit`] wrote, for [`Session::track_unit`].
 struct Written {
-    /// Replies to swallow: ParseComplete and CloseComplete of statements pgfresh
-    /// prepared again or closed ahead of the unit.
-    swallow_parse: u32,
-    swallow_close: u32,
     /// The unit runs outside a transaction.
     autocommit: bool,
     /// The unit ends a transaction with COMMIT.
@@ -95,8 +92,9 @@ struct Written {
     probe: bool,
     /// A replay sample follows the unit.
     sample: bool,
-    /// Transaction mode: the replies the unit's messages get, in order.
-    expect: std::collections::VecDeque<super::unit::Expect>,
+    /// The replies the unit's messages, and what pgfresh put in front of them, get, in
+    /// order (see [`Expect`]).
+    expect: VecDeque<Expect>,
 }
 
 /// Whether the server has no unnamed statement once it has run `frames`: a simple Query
@@ -246,11 +244,15 @@ impl Session {
             self.watch_commit(node, unit, continuing, &mut pre);
         }
         let session_mode = self.mode == PoolMode::Session;
-        let (swallow_parse, swallow_close) = if session_mode {
-            self.prepare_statements(node, unit, &mut pre)
-        } else {
-            (0, 0)
-        };
+        let mut expect = VecDeque::new();
+        if session_mode {
+            self.prepare_statements(node, unit, &mut pre, &mut expect);
+            if continuing || !unit.synced {
+                // A batch left open by a Flush: the replies still owed for its first part
+                // come before those of what is put in front of this one.
+                expect.extend(super::unit::client_replies(&unit.frames));
+            }
+        }
         // Session effects of this unit, applied optimistically; the node that runs the
         // unit is then up to date with the session's settings.
         self.apply_session_effects(unit);
@@ -266,7 +268,7 @@ impl Session {
         }
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
-        let rewritten = (!session_mode
+        let mut rewritten = (!session_mode
             && !unit.simple
             && !unit.force_primary
             && (continuing || !super::rewrite::plain_unit(unit)))
@@ -303,9 +305,10 @@ impl Session {
             }
             self.send_frames(node, &pre).await?;
         }
+        if let Some(r) = &mut rewritten {
+            expect.append(&mut r.expect);
+        }
         Ok(Written {
-            swallow_parse,
-            swallow_close,
             autocommit,
             commit_sent,
             writes,
@@ -315,7 +318,7 @@ impl Session {
             schema_change,
             probe,
             sample,
-            expect: rewritten.map(|r| r.expect).unwrap_or_default(),
+            expect,
         })
     }
 
@@ -406,17 +409,17 @@ impl Session {
 
     /// Session mode: the protocol-level statements `unit` uses that `node`'s connection
     /// lacks (or holds in another version) are parsed there first, into `pre`, and the
-    /// connection's record follows the unit's own Parses. Returns how many
-    /// ParseComplete and CloseComplete replies that adds, to be swallowed.
+    /// connection's record follows the unit's own Parses. Each message added has its
+    /// reply swallowed (`expect`).
     fn prepare_statements(
         &mut self,
         node: usize,
         unit: &ClientUnit,
         pre: &mut Vec<Bytes>,
-    ) -> (u32, u32) {
-        let (mut swallow_parse, mut swallow_close) = (0u32, 0u32);
+        expect: &mut VecDeque<Expect>,
+    ) {
         let Some(l) = self.backends[node].as_mut() else {
-            return (0, 0);
+            return;
         };
         if destroys_unnamed(pre) {
             // The probe, a simple Query, destroys the unnamed statement ahead of the
@@ -427,15 +430,20 @@ impl Session {
             let Some(p) = self.state.prepared.get(name) else {
                 continue;
             };
-            match l.conn.prepared.get(name) {
-                Some(h) if *h == p.hash => {}
-                other => {
-                    if other.is_some() && !name.is_empty() {
+            match l.conn.prepared.get(name).copied() {
+                Some(h) if h == p.hash => {}
+                previous => {
+                    if previous.is_some() && !name.is_empty() {
                         pre.push(build::close(b'S', name));
-                        swallow_close += 1;
+                        expect.push_back(Expect::Hidden { parse: None });
                     }
                     pre.push(p.parse.clone());
-                    swallow_parse += 1;
+                    expect.push_back(Expect::Hidden {
+                        parse: Some(Reprepared::Named {
+                            name: name.clone(),
+                            previous,
+                        }),
+                    });
                     l.conn.prepared.insert(name.clone(), p.hash);
                 }
             }
@@ -443,7 +451,7 @@ impl Session {
         for name in &unit.parses {
             if !name.is_empty() && l.conn.prepared.contains_key(name) {
                 pre.push(build::close(b'S', name));
-                swallow_close += 1;
+                expect.push_back(Expect::Hidden { parse: None });
             }
             if let Some(p) = self.state.prepared.get(name) {
                 // Most often the same statement again: one lookup, no new key.
@@ -455,7 +463,6 @@ impl Session {
                 }
             }
         }
-        (swallow_parse, swallow_close)
     }
 
     /// Record what the replies to `unit`, just written to `node`, are for.
@@ -469,8 +476,6 @@ impl Session {
         retryable: bool,
     ) {
         let Written {
-            swallow_parse,
-            swallow_close,
             autocommit,
             commit_sent,
             writes,
@@ -505,8 +510,6 @@ impl Session {
                 last.commit_sent |= commit_sent;
                 last.owed += owed;
                 last.expect.extend(expect);
-                last.swallow_parse += swallow_parse;
-                last.swallow_close += swallow_close;
             }
             Some(unit)
         } else {
@@ -522,8 +525,6 @@ impl Session {
             // dropped what it replaced).
             self.inflight.push_back(InFlight {
                 injected: None,
-                swallow_parse,
-                swallow_close,
                 writes,
                 autocommit,
                 error: false,

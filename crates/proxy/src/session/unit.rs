@@ -204,16 +204,26 @@ pub fn ready_replies(frames: &[Bytes]) -> u32 {
         .count() as u32
 }
 
+/// The replies the client's own messages in `frames` get, one entry each, in order
+/// (none for a Flush).
+pub fn client_replies(frames: &[Bytes]) -> impl Iterator<Item = Expect> + '_ {
+    messages(frames).filter_map(|m| match m.first() {
+        Some(b'H') => None,
+        Some(b'S') => Some(Expect::Client {
+            parse: None,
+            sync: true,
+            undo: None,
+        }),
+        _ => Some(Expect::client()),
+    })
+}
+
 /// A unit on its way through a backend: what to do with its replies.
 #[derive(Debug)]
 pub struct InFlight {
     /// Injected by pgfresh (its replies are not the client's and are swallowed), and
     /// what for; `None` for the client's own unit.
     pub injected: Option<Injected>,
-    /// ParseComplete/CloseComplete replies to swallow (re-prepares sent ahead of the
-    /// client's own messages).
-    pub swallow_parse: u32,
-    pub swallow_close: u32,
     /// Relations the unit writes.
     pub writes: Vec<RelName>,
     /// Ran outside an explicit transaction: its writes are committed when its
@@ -255,13 +265,19 @@ pub struct InFlight {
     pub schema_stamp: Option<crate::schema_window::Stamp>,
     /// Effect-changing schema changes the unit sent, ended when its transaction ends.
     pub schema_changes: crate::schema_window::SchemaChanges,
-    /// Transaction mode: the replies expected for an extended unit, in order (empty
-    /// when nothing needs to be swallowed or synthesized).
+    /// The replies expected for an extended unit, in order, from the first one that is
+    /// not simply forwarded (empty when every reply is: see [`Expect`]).
     pub expect: std::collections::VecDeque<Expect>,
 }
 
-/// Transaction mode: what one expected server reply of an extended unit is for, in the
-/// order the replies come (one per Parse, Bind, Describe, Execute, Close and Sync).
+/// What one expected server reply of an extended unit is for, in the order the replies
+/// come (one per Parse, Bind, Describe, Execute, Close and Sync): forwarded, swallowed or
+/// made here. A unit's queue describes its replies from the first one that needs more
+/// than forwarding: a complete batch with nothing to add has none (its replies are only
+/// counted, `relay::PlainReplies`); one with statements prepared again in front of it has
+/// those; a batch left open by a Flush, and its continuations, describe every message, so
+/// that what pgfresh adds to a continuation is matched after the replies still owed for
+/// the part before it; transaction mode describes every unit it rewrites.
 #[derive(Debug)]
 pub enum Expect {
     /// A reply to the client's message: forwarded. `parse` is the content of a Parse
@@ -273,11 +289,25 @@ pub enum Expect {
         undo: Option<Undo>,
     },
     /// A reply to a message pgfresh added (a statement prepared again on this
-    /// connection, a least recently used one closed): swallowed.
-    Hidden { parse: Option<Bytes> },
+    /// connection, a least recently used one closed, a statement closed before the
+    /// client parses its name again): swallowed. `parse` is the statement a Parse
+    /// prepares, taken back from the connection's record if the server skips or
+    /// refuses it.
+    Hidden { parse: Option<Reprepared> },
     /// A client message pgfresh answered itself (Parse of a statement the connection
     /// already has, Close of a statement): this reply reaches the client in its turn.
     Synth { reply: Bytes, undo: Option<Undo> },
+}
+
+/// A statement pgfresh prepares on a connection ahead of the client's messages, as the
+/// connection's record of its statements knows it.
+#[derive(Debug)]
+pub enum Reprepared {
+    /// Transaction mode: the content, shared under pgfresh's name.
+    Shared(Bytes),
+    /// Session mode: under the client's name, with the version the connection held
+    /// before (`None`: it had none), which it still holds if the Parse is skipped.
+    Named { name: String, previous: Option<u64> },
 }
 
 /// What a client's Parse or Close changed in its statements, taken back if the server
@@ -336,8 +366,6 @@ impl InFlight {
     pub fn injected(what: Injected) -> Self {
         Self {
             injected: Some(what),
-            swallow_parse: 0,
-            swallow_close: 0,
             writes: Vec::new(),
             autocommit: false,
             error: false,
@@ -562,6 +590,12 @@ mod tests {
         assert_eq!(tags, b"QPBES");
         assert_eq!(ready_replies(&frames), 2);
         assert_eq!(ready_replies(&[build::parse("", "SELECT 1", &[])]), 0);
+        // One expected reply a message, none for a Flush, the Sync's marked.
+        let open = vec![build::parse("", "SELECT 1", &[]), build::flush()];
+        let syncs: Vec<bool> = client_replies(&open).map(|e| e.is_sync()).collect();
+        assert_eq!(syncs, [false]);
+        let syncs: Vec<bool> = client_replies(&frames).map(|e| e.is_sync()).collect();
+        assert_eq!(syncs, [false, false, false, false, true]);
     }
 
     fn map() -> Arc<RecencyMap> {
