@@ -448,3 +448,37 @@ async fn a_statement_prepared_again_behind_a_failed_message_is_prepared_again_ne
         }
     }
 }
+
+/// After an error the server skips every message up to the Sync and answers none of
+/// them: a Close of the client's statement in a continuation sent after the error gets
+/// no CloseComplete (transaction mode answers a client's Close itself), and the
+/// statement, never closed, still runs.
+#[tokio::test]
+async fn a_close_after_an_error_in_a_pipeline_is_skipped_like_the_server_skips_it() {
+    for mode in MODES {
+        let p = one_standby_proxy(mode);
+        let mut s = raw::connect(p.addr).await;
+        let mut out = parse_named("kept", "SELECT $1::int + 1 AS kept");
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"1Z", "{mode}");
+        let mut out = parse_named("", "SELECT * FROM no_such_table_for_pipelines");
+        out.extend(msg(b'H', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'E').await.0, b"E", "{mode}");
+        let mut close = vec![b'S'];
+        close.extend_from_slice(&cstr("kept"));
+        let mut out = msg(b'C', &close);
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(
+            read_until(&mut s, b'Z').await.0,
+            b"Z",
+            "{mode}: nothing but the Sync's"
+        );
+        s.write_all(&exec_named("kept", "41")).await.unwrap();
+        let (tags, error, messages) = replies(&mut s).await;
+        assert_eq!(tags, b"2DCZ", "{mode}: {error:?}");
+        assert_eq!(first_value(&messages), "42");
+    }
+}

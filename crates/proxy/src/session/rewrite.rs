@@ -225,9 +225,11 @@ impl Session {
 
     /// Replies made here that are now due: the front unit's leading [`Expect::Synth`]
     /// entries (everything before them has been answered). A unit sent again after a
-    /// replica failed skips the ones the client already has.
+    /// replica failed skips the ones the client already has. After an error none is due:
+    /// the server skips to the Sync, and the messages they answer are skipped with it
+    /// (their entries are taken at the ReadyForQuery, see `expect_reply`).
     pub(super) fn collect_due(&mut self) {
-        let Some(u) = self.inflight.front_mut() else {
+        let Some(u) = self.inflight.front_mut().filter(|u| !u.error) else {
             return;
         };
         while matches!(u.expect.front(), Some(Expect::Synth { .. })) {
