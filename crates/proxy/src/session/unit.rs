@@ -265,19 +265,20 @@ pub struct InFlight {
     pub schema_stamp: Option<crate::schema_window::Stamp>,
     /// Effect-changing schema changes the unit sent, ended when its transaction ends.
     pub schema_changes: crate::schema_window::SchemaChanges,
-    /// The replies expected for an extended unit, in order, from the first one that is
-    /// not simply forwarded (empty when every reply is: see [`Expect`]).
+    /// The replies expected for an extended unit, in order; past the last entry every
+    /// reply is forwarded (see [`Expect`]).
     pub expect: std::collections::VecDeque<Expect>,
 }
 
 /// What one expected server reply of an extended unit is for, in the order the replies
 /// come (one per Parse, Bind, Describe, Execute, Close and Sync): forwarded, swallowed or
-/// made here. A unit's queue describes its replies from the first one that needs more
-/// than forwarding: a complete batch with nothing to add has none (its replies are only
-/// counted, `relay::PlainReplies`); one with statements prepared again in front of it has
-/// those; a batch left open by a Flush, and its continuations, describe every message, so
-/// that what pgfresh adds to a continuation is matched after the replies still owed for
-/// the part before it; transaction mode describes every unit it rewrites.
+/// made here. A unit's queue may stop short of its last replies: past its last entry
+/// every reply is forwarded. A complete batch with nothing added has no entries (its
+/// replies are only counted, `relay::PlainReplies`); one with statements prepared again
+/// in front of it has just theirs; a batch left open by a Flush, and its continuations,
+/// have one for every message, so that what pgfresh adds to a continuation is matched
+/// after the replies still owed for the part before it; transaction mode describes every
+/// unit it rewrites.
 #[derive(Debug)]
 pub enum Expect {
     /// A reply to the client's message: forwarded. `parse` is the content of a Parse
