@@ -482,3 +482,54 @@ async fn a_close_after_an_error_in_a_pipeline_is_skipped_like_the_server_skips_i
         assert_eq!(first_value(&messages), "42");
     }
 }
+
+/// A Parse and a Close the server skipped after an error never happened for the client
+/// either: a statement whose Parse was skipped does not exist (its execution fails with
+/// 26000, as PostgreSQL answers, even where pgfresh would have to prepare it first), and
+/// one whose Close was skipped still runs, on any node.
+#[tokio::test]
+async fn a_parse_or_close_skipped_after_an_error_is_taken_back() {
+    for mode in MODES {
+        let p = one_standby_proxy(mode);
+        // Prepared on the primary only (with a write), so that it runs on the standby only
+        // once pgfresh prepares it there.
+        let (mut s, table) = prepared_on_primary(&p, "closed_in_vain").await;
+        let failing = || {
+            let mut out = parse_named("", "SELECT * FROM no_such_table_for_pipelines");
+            out.extend(msg(b'H', &[]));
+            out
+        };
+        // A Parse of a write skipped on the standby: the write, run where writes run, finds
+        // no statement.
+        let mut out = failing();
+        out.extend(parse_named(
+            "never_parsed",
+            &format!("INSERT INTO {table} VALUES ($1::int)"),
+        ));
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"EZ", "{mode}");
+        s.write_all(&exec_named("never_parsed", "7")).await.unwrap();
+        let (tags, error, _) = replies(&mut s).await;
+        assert_eq!(tags, b"EZ", "{mode}: {error:?}");
+        assert!(
+            error.as_deref().is_some_and(|e| e.contains("C26000")),
+            "{mode}: {error:?}"
+        );
+        // A Close skipped on the standby: the statement still runs there.
+        let mut close = vec![b'S'];
+        close.extend_from_slice(&cstr("closed_in_vain"));
+        let mut out = failing();
+        out.extend(msg(b'C', &close));
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"EZ", "{mode}");
+        s.write_all(&exec_named("closed_in_vain", "41"))
+            .await
+            .unwrap();
+        let (tags, error, messages) = replies(&mut s).await;
+        assert_eq!(tags, b"2DCZ", "{mode}: {error:?}");
+        assert_eq!(first_value(&messages), "42");
+        drop_table(&mut s, &table).await;
+    }
+}

@@ -109,7 +109,7 @@ impl Session {
                         name.to_string(),
                         Prepared::new(frame.raw.clone(), name, analysis.clone()),
                     );
-                    if self.mode == PoolMode::Transaction && !name.is_empty() {
+                    if !name.is_empty() {
                         self.batch.statement_undo.push(Undo {
                             name: name.to_string(),
                             previous,
@@ -174,7 +174,7 @@ impl Session {
                     if kind == b'S' {
                         let previous = self.state.prepared.remove(name);
                         self.batch.parses.retain(|n| n != name);
-                        if self.mode == PoolMode::Transaction && !name.is_empty() {
+                        if !name.is_empty() {
                             self.batch.statement_undo.push(Undo {
                                 name: name.to_string(),
                                 previous,

@@ -247,10 +247,15 @@ impl Session {
         let mut expect = VecDeque::new();
         if session_mode {
             self.prepare_statements(node, unit, &mut pre, &mut expect);
-            if continuing || !unit.synced {
+            if continuing || !unit.synced || !unit.statement_undo.is_empty() {
                 // A batch left open by a Flush: the replies still owed for its first part
-                // come before those of what is put in front of this one.
-                expect.extend(super::unit::client_replies(&unit.frames));
+                // come before those of what is put in front of this one. A Parse or
+                // Close of a named statement: what it changed in the client's statements
+                // is taken back if the server skips it.
+                expect.extend(super::unit::client_replies(
+                    &unit.frames,
+                    &unit.statement_undo,
+                ));
             }
         }
         // Session effects of this unit, applied optimistically; the node that runs the

@@ -49,8 +49,8 @@ pub struct ClientUnit {
     /// content of the client's statement it names as of that message (`None` when the
     /// client has no statement by that name).
     pub statement_refs: Vec<Option<Bytes>>,
-    /// Transaction mode: for each Parse and Close of a named statement, in order, what
-    /// it changed in the client's statements.
+    /// For each Parse and Close of a named statement, in order, what it changed in the
+    /// client's statements (taken back if the server skips or refuses the message).
     pub statement_undo: Vec<Undo>,
 }
 
@@ -205,16 +205,36 @@ pub fn ready_replies(frames: &[Bytes]) -> u32 {
 }
 
 /// The replies the client's own messages in `frames` get, one entry each, in order
-/// (none for a Flush).
-pub fn client_replies(frames: &[Bytes]) -> impl Iterator<Item = Expect> + '_ {
-    messages(frames).filter_map(|m| match m.first() {
-        Some(b'H') => None,
-        Some(b'S') => Some(Expect::Client {
-            parse: None,
-            sync: true,
-            undo: None,
-        }),
-        _ => Some(Expect::client()),
+/// (none for a Flush). Each Parse and Close of a named statement carries the next of
+/// `undo`, what it changed in the client's statements (`ClientUnit::statement_undo`, in
+/// the same order), taken back if the server skips or refuses it.
+pub fn client_replies<'a>(
+    frames: &'a [Bytes],
+    undo: &'a [Undo],
+) -> impl Iterator<Item = Expect> + 'a {
+    let mut undo = undo.iter().cloned();
+    messages(frames).filter_map(move |m| {
+        // The name's first byte: Parse has the name first, Close its kind then the name.
+        let named = |at: usize| m.get(at).is_some_and(|b| *b != 0);
+        match m.first() {
+            Some(b'H') => None,
+            Some(b'S') => Some(Expect::Client {
+                parse: None,
+                sync: true,
+                undo: None,
+            }),
+            Some(b'P') if named(5) => Some(Expect::Client {
+                parse: None,
+                sync: false,
+                undo: undo.next(),
+            }),
+            Some(b'C') if m.get(5) == Some(&b'S') && named(6) => Some(Expect::Client {
+                parse: None,
+                sync: false,
+                undo: undo.next(),
+            }),
+            _ => Some(Expect::client()),
+        }
     })
 }
 
@@ -593,10 +613,32 @@ mod tests {
         assert_eq!(ready_replies(&[build::parse("", "SELECT 1", &[])]), 0);
         // One expected reply a message, none for a Flush, the Sync's marked.
         let open = vec![build::parse("", "SELECT 1", &[]), build::flush()];
-        let syncs: Vec<bool> = client_replies(&open).map(|e| e.is_sync()).collect();
+        let syncs: Vec<bool> = client_replies(&open, &[]).map(|e| e.is_sync()).collect();
         assert_eq!(syncs, [false]);
-        let syncs: Vec<bool> = client_replies(&frames).map(|e| e.is_sync()).collect();
+        let syncs: Vec<bool> = client_replies(&frames, &[]).map(|e| e.is_sync()).collect();
         assert_eq!(syncs, [false, false, false, false, true]);
+        // A named Parse and a Close of a named statement take the undos, in order; the
+        // unnamed Parse and a portal's Close none.
+        let undo = |name: &str| Undo {
+            name: name.into(),
+            previous: None,
+        };
+        let named = vec![
+            build::parse("", "SELECT 1", &[]),
+            build::parse("a", "SELECT 1", &[]),
+            build::close(b'P', "p"),
+            build::close(b'S', "b"),
+            build::sync(),
+        ];
+        let undone: Vec<Option<String>> = client_replies(&named, &[undo("a"), undo("b")])
+            .map(|e| match e {
+                Expect::Client { undo, .. } => undo.map(|u| u.name),
+                _ => None,
+            })
+            .collect();
+        let a = Some("a".to_string());
+        let b = Some("b".to_string());
+        assert_eq!(undone, [None, a, None, b, None]);
     }
 
     fn map() -> Arc<RecencyMap> {
