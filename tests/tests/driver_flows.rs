@@ -533,3 +533,52 @@ async fn a_parse_or_close_skipped_after_an_error_is_taken_back() {
         drop_table(&mut s, &table).await;
     }
 }
+
+/// Transaction mode keeps at most `max_prepared_statements` on a connection, closing the
+/// least recently used first. A Close pgfresh puts in front of a continuation sent after an
+/// error is skipped with the rest: the statement stays on the connection, and pgfresh still
+/// counts it, so the bound holds.
+#[tokio::test]
+async fn an_eviction_skipped_after_an_error_leaves_the_statement_counted() {
+    let p = one_standby_proxy(
+        "pool_mode = \"transaction\"\npool_size = 1\nmax_prepared_statements = 2",
+    );
+    let mut s = raw::connect(p.addr).await;
+    // Everything on the primary's one connection, where the catalog read at the end runs.
+    let stmt = |name: &str| format!("/* pgfresh:primary */ SELECT $1::int + 1 AS {name}");
+    // Two statements: the bound.
+    for name in ["evict_a", "evict_b"] {
+        let mut out = parse_named(name, &stmt(name));
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"1Z");
+    }
+    // A third, in a continuation sent after an error: pgfresh closes the oldest first,
+    // and the server skips that Close and the Parse.
+    let mut out = parse_named(
+        "",
+        "/* pgfresh:primary */ SELECT * FROM no_such_table_for_pipelines",
+    );
+    out.extend(msg(b'H', &[]));
+    s.write_all(&out).await.unwrap();
+    assert_eq!(read_until(&mut s, b'E').await.0, b"E");
+    let mut out = parse_named("evict_c", &stmt("evict_c"));
+    out.extend(msg(b'S', &[]));
+    s.write_all(&out).await.unwrap();
+    assert_eq!(read_until(&mut s, b'Z').await.0, b"Z");
+    // Then the third again, and a fourth: each closes what it must to stay within two.
+    for name in ["evict_c", "evict_d"] {
+        let mut out = parse_named(name, &stmt(name));
+        out.extend(msg(b'S', &[]));
+        s.write_all(&out).await.unwrap();
+        assert_eq!(read_until(&mut s, b'Z').await.0, b"1Z", "{name}");
+    }
+    s.write_all(&raw::exec_params(
+        "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE $1",
+        &["\\_\\_pgfresh\\_%"],
+    ))
+    .await
+    .unwrap();
+    let messages = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(first_value(&messages), "2", "statements on the connection");
+}

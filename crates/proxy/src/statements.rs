@@ -60,8 +60,8 @@ impl StatementCache {
     }
 
     /// Evict least recently used statements, none used since `since`, until at most
-    /// `max` remain. Returns the ids to close on the server.
-    pub fn evict_over(&mut self, max: usize, since: u64) -> Vec<u64> {
+    /// `max` remain. Returns the ids to close on the server, with their content.
+    pub fn evict_over(&mut self, max: usize, since: u64) -> Vec<(u64, Bytes)> {
         let mut closed = Vec::new();
         while self.by_content.len() > max {
             let Some((content, id)) = self
@@ -74,9 +74,16 @@ impl StatementCache {
                 break;
             };
             self.by_content.remove(&content);
-            closed.push(id);
+            closed.push((id, content));
         }
         closed
+    }
+
+    /// An evicted statement is on the connection after all (the server skipped its
+    /// Close): it counts again, under its id, unless its content was prepared again since.
+    pub fn restore(&mut self, id: u64, content: Bytes) {
+        let used = self.tick;
+        self.by_content.entry(content).or_insert(Entry { id, used });
     }
 
     pub fn clear(&mut self) {
@@ -152,10 +159,14 @@ mod tests {
         assert!(c.lookup(&b).is_some());
         c.insert(d.clone());
         // `a` is the least recently used; `b` and `d` belong to the current unit.
-        assert_eq!(c.evict_over(2, since), vec![ia]);
-        assert_eq!(c.evict_over(1, since), Vec::<u64>::new());
+        assert_eq!(c.evict_over(2, since), vec![(ia, a.clone())]);
+        assert_eq!(c.evict_over(1, since), Vec::new());
         assert_eq!(c.len(), 2);
         assert!(c.lookup(&a).is_none());
+        // Its Close skipped: it counts again, under its own name.
+        c.restore(ia, a.clone());
+        assert_eq!(c.lookup(&a), Some(ia));
+        assert_eq!(c.len(), 3);
     }
 
     #[test]

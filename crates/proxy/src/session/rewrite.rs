@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
 
-use super::unit::{ClientUnit, Expect, Reprepared, Undo};
+use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
 use crate::statements::{self, server_name, StatementCache, PREFIX};
 
@@ -42,7 +42,7 @@ fn server_statement(
         // content): prepare it again here, as the connection may have changed.
         if let Some(content) = unnamed {
             out.frames.push(statements::parse("", content));
-            out.expect.push_back(Expect::Hidden { parse: None });
+            out.expect.push_back(Expect::Hidden { record: None });
         }
         return None;
     }
@@ -58,7 +58,7 @@ fn server_statement(
             out.frames
                 .push(statements::parse(&server_name(id), &content));
             out.expect.push_back(Expect::Hidden {
-                parse: Some(Reprepared::Shared(content)),
+                record: Some(ConnRecord::Prepared(content)),
             });
             id
         }
@@ -208,15 +208,17 @@ impl Session {
         let evicted = cache.evict_over(max, since);
         if !evicted.is_empty() {
             // Closed first: none of them is used by this unit.
-            let mut frames: Vec<Bytes> = evicted
-                .iter()
-                .map(|id| statements::statement_message(b'C', &server_name(*id)))
-                .collect();
-            for _ in &evicted {
-                out.expect.push_front(Expect::Hidden { parse: None });
-            }
             metrics::counter!("pgfresh_prepared_statements_evicted_total")
                 .increment(evicted.len() as u64);
+            let mut frames: Vec<Bytes> = evicted
+                .iter()
+                .map(|(id, _)| statements::statement_message(b'C', &server_name(*id)))
+                .collect();
+            for (id, content) in evicted.into_iter().rev() {
+                out.expect.push_front(Expect::Hidden {
+                    record: Some(ConnRecord::Evicted { id, content }),
+                });
+            }
             frames.append(&mut out.frames);
             out.frames = frames;
         }
@@ -284,25 +286,29 @@ impl Session {
     }
 
     /// Messages the server skipped or refused never happened: the statements their
-    /// Parses would have prepared are not on the connection, and the client's Parses and
-    /// Closes are taken back from its statements.
+    /// Parses would have prepared are not on the connection, those their Closes would
+    /// have closed still are, and the client's Parses and Closes are taken back from its
+    /// statements.
     fn skipped(&mut self, node: usize, entries: Vec<Expect>) {
         let mut undone: Vec<Undo> = Vec::new();
         for e in entries {
-            let (parse, undo) = match e {
-                Expect::Client { parse, undo, .. } => (parse.map(Reprepared::Shared), undo),
-                Expect::Hidden { parse } => (parse, None),
+            let (record, undo) = match e {
+                Expect::Client { parse, undo, .. } => (parse.map(ConnRecord::Prepared), undo),
+                Expect::Hidden { record } => (record, None),
                 Expect::Synth { undo, .. } => (None, undo),
             };
             undone.extend(undo);
             let Some(l) = self.backends[node].as_mut() else {
                 continue;
             };
-            match parse {
-                Some(Reprepared::Shared(content)) => {
+            match record {
+                Some(ConnRecord::Prepared(content)) => {
                     l.conn.statements.remove(&content);
                 }
-                Some(Reprepared::Named { name, previous }) => match previous {
+                Some(ConnRecord::Evicted { id, content }) => {
+                    l.conn.statements.restore(id, content);
+                }
+                Some(ConnRecord::Named { name, previous }) => match previous {
                     Some(hash) => {
                         l.conn.prepared.insert(name, hash);
                     }

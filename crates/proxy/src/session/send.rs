@@ -12,7 +12,7 @@ use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, 
 use pgfresh_wire::build;
 
 use super::state::{text_hash, PinReason};
-use super::unit::{ClientUnit, Expect, InFlight, Injected, Reprepared};
+use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected};
 use super::Session;
 use crate::error::ProxyError;
 use crate::router::{Decision, Reason};
@@ -440,11 +440,11 @@ impl Session {
                 previous => {
                     if previous.is_some() && !name.is_empty() {
                         pre.push(build::close(b'S', name));
-                        expect.push_back(Expect::Hidden { parse: None });
+                        expect.push_back(Expect::Hidden { record: None });
                     }
                     pre.push(p.parse.clone());
                     expect.push_back(Expect::Hidden {
-                        parse: Some(Reprepared::Named {
+                        record: Some(ConnRecord::Named {
                             name: name.clone(),
                             previous,
                         }),
@@ -456,7 +456,7 @@ impl Session {
         for name in &unit.parses {
             if !name.is_empty() && l.conn.prepared.contains_key(name) {
                 pre.push(build::close(b'S', name));
-                expect.push_back(Expect::Hidden { parse: None });
+                expect.push_back(Expect::Hidden { record: None });
             }
             if let Some(p) = self.state.prepared.get(name) {
                 // Most often the same statement again: one lookup, no new key.

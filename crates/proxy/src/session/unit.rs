@@ -311,23 +311,27 @@ pub enum Expect {
     },
     /// A reply to a message pgfresh added (a statement prepared again on this
     /// connection, a least recently used one closed, a statement closed before the
-    /// client parses its name again): swallowed. `parse` is the statement a Parse
-    /// prepares, taken back from the connection's record if the server skips or
+    /// client parses its name again): swallowed. `record` is what the message changed in
+    /// the connection's record of its statements, taken back if the server skips or
     /// refuses it.
-    Hidden { parse: Option<Reprepared> },
+    Hidden { record: Option<ConnRecord> },
     /// A client message pgfresh answered itself (Parse of a statement the connection
     /// already has, Close of a statement): this reply reaches the client in its turn.
     Synth { reply: Bytes, undo: Option<Undo> },
 }
 
-/// A statement pgfresh prepares on a connection ahead of the client's messages, as the
-/// connection's record of its statements knows it.
+/// What a message pgfresh adds to a unit changed in the connection's record of its
+/// statements.
 #[derive(Debug)]
-pub enum Reprepared {
-    /// Transaction mode: the content, shared under pgfresh's name.
-    Shared(Bytes),
-    /// Session mode: under the client's name, with the version the connection held
-    /// before (`None`: it had none), which it still holds if the Parse is skipped.
+pub enum ConnRecord {
+    /// Transaction mode: a statement prepared under pgfresh's name, by its content.
+    Prepared(Bytes),
+    /// Transaction mode: a least recently used statement closed, by its id and content
+    /// (still on the connection if the Close is skipped).
+    Evicted { id: u64, content: Bytes },
+    /// Session mode: a statement prepared under the client's name, with the version the
+    /// connection held before (`None`: it had none), which it still holds if the Parse is
+    /// skipped.
     Named { name: String, previous: Option<u64> },
 }
 
