@@ -293,23 +293,33 @@ pub mod raw {
         let mut parse = cstr("");
         parse.extend_from_slice(&cstr(sql));
         parse.extend_from_slice(&0u16.to_be_bytes());
-        let mut bind = cstr("");
-        bind.extend_from_slice(&cstr(""));
-        bind.extend_from_slice(&0u16.to_be_bytes());
-        bind.extend_from_slice(&(values.len() as u16).to_be_bytes());
-        for v in values {
-            bind.extend_from_slice(&(v.len() as i32).to_be_bytes());
-            bind.extend_from_slice(v.as_bytes());
-        }
-        bind.extend_from_slice(&0u16.to_be_bytes());
-        let mut execute = cstr("");
-        execute.extend_from_slice(&0i32.to_be_bytes());
         let mut out = msg(b'P', &parse);
-        out.extend(msg(b'B', &bind));
+        out.extend(bind("", values));
         out.extend(msg(b'D', b"P\0"));
-        out.extend(msg(b'E', &execute));
+        out.extend(execute());
         out.extend(msg(b'S', &[]));
         out
+    }
+
+    /// Bind of `statement` to the unnamed portal, text parameters and results.
+    pub fn bind(statement: &str, values: &[&str]) -> Vec<u8> {
+        let mut body = cstr("");
+        body.extend_from_slice(&cstr(statement));
+        body.extend_from_slice(&0u16.to_be_bytes());
+        body.extend_from_slice(&(values.len() as u16).to_be_bytes());
+        for v in values {
+            body.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            body.extend_from_slice(v.as_bytes());
+        }
+        body.extend_from_slice(&0u16.to_be_bytes());
+        msg(b'B', &body)
+    }
+
+    /// Execute of the unnamed portal, all rows.
+    pub fn execute() -> Vec<u8> {
+        let mut body = cstr("");
+        body.extend_from_slice(&0i32.to_be_bytes());
+        msg(b'E', &body)
     }
 
     /// The first text value of the first DataRow among `messages`.

@@ -329,17 +329,8 @@ fn parse_named(name: &str, sql: &str) -> Vec<u8> {
 /// Bind of statement `name` to the unnamed portal with one text parameter, Execute, Sync
 /// (for the unnamed statement: `PQexecPrepared(conn, "", …)`).
 fn exec_named(name: &str, value: &str) -> Vec<u8> {
-    let mut bind = cstr("");
-    bind.extend_from_slice(&cstr(name));
-    bind.extend_from_slice(&0u16.to_be_bytes());
-    bind.extend_from_slice(&1u16.to_be_bytes());
-    bind.extend_from_slice(&(value.len() as i32).to_be_bytes());
-    bind.extend_from_slice(value.as_bytes());
-    bind.extend_from_slice(&0u16.to_be_bytes());
-    let mut execute = cstr("");
-    execute.extend_from_slice(&0i32.to_be_bytes());
-    let mut out = msg(b'B', &bind);
-    out.extend(msg(b'E', &execute));
+    let mut out = raw::bind(name, &[value]);
+    out.extend(raw::execute());
     out.extend(msg(b'S', &[]));
     out
 }

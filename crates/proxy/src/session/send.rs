@@ -273,7 +273,7 @@ impl Session {
         }
         // Transaction mode: the unit's statements under the connection's names.
         // (A complete batch that names no statement goes as it is.)
-        let mut rewritten = (!session_mode
+        let rewritten = (!session_mode
             && !unit.simple
             && !unit.force_primary
             && (continuing || !super::rewrite::plain_unit(unit)))
@@ -310,9 +310,9 @@ impl Session {
             }
             self.send_frames(node, &pre).await?;
         }
-        if let Some(r) = &mut rewritten {
-            expect.append(&mut r.expect);
-        }
+        // Session mode fills `expect`, transaction mode rewrites the unit: never both, so
+        // the rewrite's queue is moved, not copied.
+        let expect = rewritten.map_or(expect, |r| r.expect);
         Ok(Written {
             autocommit,
             commit_sent,
