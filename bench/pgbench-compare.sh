@@ -39,6 +39,10 @@
 #   uring-relay        the same byte relay on one io_uring instead of epoll and a runtime (the
 #                      example uring_relay: one io_uring_enter a turn submits every receive and
 #                      send and waits): what the proxy's system calls cost; built like relay
+#   tokio-ring-relay   the same byte relay on tokio again, its socket I/O through one io_uring
+#                      (the example tokio_ring_relay: entries submitted when the runtime parks,
+#                      completions waking it through an eventfd in tokio's epoll): whether the
+#                      ring's saving survives a tokio runtime; built like relay
 #   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
 #                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
 #                      in lib.sh); run as the postgres user
@@ -112,12 +116,16 @@ if [ "${PGPOOL:-1}" != 0 ] && command -v pgpool >/dev/null; then PGPOOL_OK=1; fi
 bench_start pgbench
 RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
 URING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/uring_relay"
+TOKIO_RING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/tokio_ring_relay"
 PGFRESH_BOLT_BIN="${PGFRESH_BOLT_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.bolt}"
 if [ "$BUILD" = 1 ] && ! skipped relay; then
     cargo build --release -p pgfresh-proxy --example bare_relay
 fi
 if [ "$BUILD" = 1 ] && ! skipped uring-relay; then
     cargo build --release -p pgfresh-proxy --example uring_relay
+fi
+if [ "$BUILD" = 1 ] && ! skipped tokio-ring-relay; then
+    cargo build --release -p pgfresh-proxy --example tokio_ring_relay
 fi
 if { ! skipped pgfresh-session || ! skipped pgfresh-tx; } && [ ! -x "$PGFRESH_BIN" ]; then
     echo "no pgfresh binary at $PGFRESH_BIN: build it (cargo build --release -p pgfresh), or set PGFRESH_BIN" >&2
@@ -273,9 +281,10 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         cp "$bdir/pgbouncer.log" "$OUTDIR/$target$ROUND_TAG.log" 2>/dev/null || true
     done
 
-    # 4. The byte relays in front of the primary: tokio, then io_uring.
+    # 4. The byte relays in front of the primary: tokio, io_uring, then tokio on io_uring.
     run_relay relay "$RELAY_BIN" bare_relay
     run_relay uring-relay "$URING_RELAY_BIN" uring_relay
+    run_relay tokio-ring-relay "$TOKIO_RING_RELAY_BIN" tokio_ring_relay
 
     # 5. pgpool-II, streaming-replication mode, load balancing over the three nodes.
     if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
@@ -303,7 +312,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
