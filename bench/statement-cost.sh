@@ -16,8 +16,9 @@
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
-#     -C             simulate the caches too (callgrind --cache-sim=yes): data-cache misses
-#                    a statement, first level and last level, beside the instructions
+#     -C             simulate the caches too (callgrind --cache-sim=yes): instruction- and
+#                    data-cache misses a statement, first level and last level, beside the
+#                    instructions
 #     -r             also measure the floor of a tokio proxy: the example bare_relay (a byte
 #                    relay, one server connection per client, copy_bidirectional on a
 #                    current_thread runtime, no parsing), built with cargo unless -B, in
@@ -100,8 +101,8 @@ callgrind_at() {
     local misses=""
     if [ "$CACHE_SIM" = yes ]; then
         # totals: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
-        misses=$(cat "$file".* | awk -v n=$((CLIENTS * N * STMTS)) '/^totals:/ { d1 += $6 + $7; ll += $9 + $10 }
-            END { printf "; %.1f first-level and %.1f last-level data-cache misses a statement", d1 / n, ll / n }')
+        misses=$(cat "$file".* | awk -v n=$((CLIENTS * N * STMTS)) '/^totals:/ { i1 += $5; il += $8; d1 += $6 + $7; ll += $9 + $10 }
+            END { printf "; %.1f first-level and %.1f last-level instruction-cache misses, %.1f first-level and %.1f last-level data-cache misses a statement", i1 / n, il / n, d1 / n, ll / n }')
     fi
     echo "$((total / (CLIENTS * N * STMTS))) instructions a statement ($total over $((CLIENTS * N * STMTS)))$misses"
 }
@@ -155,7 +156,7 @@ if [ "$RELAY" = 1 ]; then
     fi
     RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
     port=$(free_port)
-    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$OUTDIR/relay-callgrind.out" \
+    valgrind --tool=callgrind --instr-atstart=no --cache-sim="$CACHE_SIM" --callgrind-out-file="$OUTDIR/relay-callgrind.out" \
         "$RELAY_BIN" "127.0.0.1:$port" "127.0.0.1:$PRIMARY_PORT" >"$OUTDIR/relay.log" 2>&1 &
     PROXY_PID=$!
     wait_accepting "$port"
