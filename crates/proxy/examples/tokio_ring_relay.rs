@@ -159,22 +159,27 @@ async fn relay(client: TcpStream, server: String) {
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    // Out of tokio's reactor: the ring does their I/O from here on.
+    // Out of tokio's reactor: the ring does their I/O from here on. They stay non-blocking;
+    // the ring waits for a socket's readiness itself either way.
     let (Ok(client), Ok(upstream)) = (client.into_std(), upstream.into_std()) else {
         return;
     };
     let (c, s) = (client.as_raw_fd(), upstream.as_raw_fd());
-    let up = async {
-        pump(c, s).await;
+    // Either direction ending ends both: the other's pending receive then completes.
+    let close = || {
         let _ = upstream.shutdown(Shutdown::Both);
         let _ = client.shutdown(Shutdown::Both);
     };
-    let down = async {
-        pump(s, c).await;
-        let _ = upstream.shutdown(Shutdown::Both);
-        let _ = client.shutdown(Shutdown::Both);
-    };
-    tokio::join!(up, down);
+    tokio::join!(
+        async {
+            pump(c, s).await;
+            close()
+        },
+        async {
+            pump(s, c).await;
+            close()
+        },
+    );
 }
 
 fn main() -> io::Result<()> {
