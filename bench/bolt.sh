@@ -7,6 +7,8 @@
 #     -o FILE        the optimized binary (default: target/release/pgfresh.bolt)
 #     -t SECONDS     how long each training workload runs (default 8)
 #     -B             skip the build (target/bolt/release/pgfresh must exist)
+#     -i BINARY      lay out BINARY instead of building (it must be linked with
+#                    --emit-relocs, as bench/pgo.sh links its build)
 #
 # Why: the statement loop's code does not fit the first-level instruction cache (callgrind
 # simulates about 750 misses a statement, PgBouncer about 1; docs/benchmarks.md). BOLT puts
@@ -20,31 +22,35 @@
 #    -M simple, extended and prepared, the read-mostly mix (write_mix in bench/lib.sh), in
 #    session mode, then select-only and TPC-B-like in transaction mode with 50 clients.
 # 4. `llvm-bolt` lays the build out from the counts into FILE.
-# Needs llvm-bolt (Debian: apt-get install bolt-19, or any later one on PATH as llvm-bolt).
+# Needs llvm-bolt (Debian: apt-get install bolt-22 or bolt-19, or any on PATH as llvm-bolt).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-CLUSTER_DIR="" OUTFILE="" SECS=8 BUILD=1
-while getopts "d:o:t:B" opt; do
+CLUSTER_DIR="" OUTFILE="" SECS=8 BUILD=1 INPUT=""
+while getopts "d:o:t:i:B" opt; do
     case $opt in
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTFILE=$OPTARG ;;
         t) SECS=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,25p "$0"; exit 2 ;;
+        i) INPUT=$(readlink -f "$OPTARG"); BUILD=0 ;;
+        *) sed -n 2,27p "$0"; exit 2 ;;
     esac
 done
 
 BOLT=""
-for b in llvm-bolt llvm-bolt-19 llvm-bolt-20 llvm-bolt-21 llvm-bolt-22; do
+for b in llvm-bolt llvm-bolt-22 llvm-bolt-21 llvm-bolt-20 llvm-bolt-19; do
     if command -v "$b" >/dev/null; then BOLT=$b; break; fi
 done
 if [ -z "$BOLT" ]; then
-    echo "llvm-bolt not found (Debian: apt-get install bolt-19)" >&2
+    echo "llvm-bolt not found (Debian: apt-get install bolt-22, or bolt-19)" >&2
     exit 1
 fi
-# The instrumentation runtime, looked up by llvm-bolt relative to /usr/lib.
-RT=$(find /usr/lib -name libbolt_rt_instr.a 2>/dev/null | head -1)
+# The instrumentation runtime (an absolute path: llvm-bolt reads a relative one from its own
+# library directory).
+# (That of the same LLVM version first, when several are installed.)
+BOLT_LIB=$(dirname "$(dirname "$(readlink -f "$(command -v "$BOLT")")")")/lib
+RT=$( (find "$BOLT_LIB" /usr/lib -name libbolt_rt_instr.a 2>/dev/null || true) | head -1)
 if [ -z "$RT" ]; then
     echo "libbolt_rt_instr.a not found (it comes with the bolt package)" >&2
     exit 1
@@ -57,7 +63,7 @@ if [ "$BUILD" = 1 ]; then
     (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET" RUSTFLAGS="-C link-arg=-Wl,--emit-relocs" \
         cargo build --release -p pgfresh)
 fi
-BUILT="$TARGET/release/pgfresh"
+BUILT="${INPUT:-$TARGET/release/pgfresh}"
 
 BUILD=0
 SCALE=10
@@ -69,50 +75,13 @@ bench_pgbench_init
 
 PROFILE="$OUTDIR/pgfresh.fdata"
 "$BOLT" "$BUILT" -instrument -o "$OUTDIR/pgfresh.instrumented" \
-    --runtime-instrumentation-lib="${RT#/usr/lib/}" \
+    --runtime-instrumentation-lib="$RT" \
     --instrumentation-file="$PROFILE" >"$OUTDIR/instrument.log" 2>&1
 PGFRESH_BIN="$OUTDIR/pgfresh.instrumented"
-write_mix "$OUTDIR/mix.sql"
 
-pgbench_for() {
-    local port=$1; shift
-    "$PG_BINDIR/pgbench" -n -j 2 -T "$SECS" -h 127.0.0.1 -p "$port" -U app "$@" app \
-        >>"$OUTDIR/pgbench.log" 2>&1
-}
-
-train() {
-    local mode=$1; shift
-    local port admin
-    port=$(free_port); admin=$(free_port)
-    PGFRESH_POOL_EXTRA="pool_mode = \"$mode\"" write_pgfresh_conf "$OUTDIR/$mode.toml" "$port" "$admin" true
-    start_pgfresh "$OUTDIR/$mode.toml" "$OUTDIR/$mode.log"
-    PROXY_PID=$PGFRESH_PID
-    wait_accepting "$port"
-    wait_replica_reads "$port"
-    "$@" "$port"
-    # The counts are written when the process exits.
-    stop_pid "$PROXY_PID"; PROXY_PID=""
-}
-
-session_workloads() {
-    local port=$1
-    pgbench_for "$port" -c 8 -S -M simple
-    pgbench_for "$port" -c 8 -S -M extended
-    pgbench_for "$port" -c 8 -S -M prepared
-    pgbench_for "$port" -c 8 -M extended -f "$OUTDIR/mix.sql" -s "$SCALE"
-}
-transaction_workloads() {
-    local port=$1
-    pgbench_for "$port" -c 50 -S -M extended
-    pgbench_for "$port" -c 50 -M extended
-}
-
-echo "== training: session mode"
-train session session_workloads
-mv "$PROFILE" "$OUTDIR/session.fdata"
-echo "== training: transaction mode"
-train transaction transaction_workloads
-mv "$PROFILE" "$OUTDIR/transaction.fdata"
+# Each mode's counts in a file of their own (the instrumented binary writes $PROFILE).
+keep_counts() { mv "$PROFILE" "$OUTDIR/$1.fdata"; }
+train_statement_loop keep_counts
 
 echo "== laying out $OUTFILE"
 MERGE=$(dirname "$(readlink -f "$(command -v "$BOLT")")")/merge-fdata

@@ -371,3 +371,41 @@ EOT
     PROXY_PID=$!
     wait_accepting "$port"
 }
+
+# The training the profile-guided builds share (bench/bolt.sh, bench/pgo.sh): $PGFRESH_BIN,
+# an instrumented build, runs pgbench through the cluster for $SECS seconds a workload,
+# first in session mode (select-only with -M simple, extended and prepared, then the
+# read-mostly mix), then in transaction mode with 50 clients (select-only, TPC-B-like).
+# The instrumented process writes its counts when it exits; AFTER MODE runs after each
+# mode's process has exited: train_statement_loop AFTER. Needs OUTDIR and SCALE.
+train_statement_loop() {
+    local after=$1 mode port admin
+    write_mix "$OUTDIR/mix.sql"
+    for mode in session transaction; do
+        echo "== training: $mode mode"
+        port=$(free_port); admin=$(free_port)
+        PGFRESH_POOL_EXTRA="pool_mode = \"$mode\"" write_pgfresh_conf "$OUTDIR/$mode.toml" "$port" "$admin" true
+        start_pgfresh "$OUTDIR/$mode.toml" "$OUTDIR/$mode.log"
+        PROXY_PID=$PGFRESH_PID
+        wait_accepting "$port"
+        wait_replica_reads "$port"
+        if [ "$mode" = session ]; then
+            train_pgbench "$port" -c 8 -S -M simple
+            train_pgbench "$port" -c 8 -S -M extended
+            train_pgbench "$port" -c 8 -S -M prepared
+            train_pgbench "$port" -c 8 -M extended -f "$OUTDIR/mix.sql" -s "$SCALE"
+        else
+            train_pgbench "$port" -c 50 -S -M extended
+            train_pgbench "$port" -c 50 -M extended
+        fi
+        stop_pid "$PROXY_PID"; PROXY_PID=""
+        "$after" "$mode"
+    done
+}
+
+# One training workload through PORT: train_pgbench PORT PGBENCH_ARGS...
+train_pgbench() {
+    local port=$1; shift
+    "$PG_BINDIR/pgbench" -n -j 2 -T "$SECS" -h 127.0.0.1 -p "$port" -U app "$@" app \
+        >>"$OUTDIR/pgbench.log" 2>&1
+}

@@ -30,6 +30,9 @@
 #   pgfresh-bolt-session, pgfresh-bolt-tx
 #                      the same two with the build bench/bolt.sh lays out (target/release/
 #                      pgfresh.bolt, or $PGFRESH_BOLT_BIN); left out when there is none
+#   pgfresh-pgo-session, pgfresh-pgo-tx
+#                      the same two with the profile-guided build of bench/pgo.sh (target/
+#                      release/pgfresh.pgo, or $PGFRESH_PGO_BIN); left out when there is none
 #   pgbouncer-session  PgBouncer, pool_mode = session, default_pool_size = 20, primary only
 #   pgbouncer-tx       PgBouncer, pool_mode = transaction, default_pool_size = 20, primary only
 #   relay              the floor of a tokio proxy: the example bare_relay of pgfresh-proxy (a
@@ -118,6 +121,7 @@ RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
 URING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/uring_relay"
 TOKIO_RING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/tokio_ring_relay"
 PGFRESH_BOLT_BIN="${PGFRESH_BOLT_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.bolt}"
+PGFRESH_PGO_BIN="${PGFRESH_PGO_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.pgo}"
 if [ "$BUILD" = 1 ] && ! skipped relay; then
     cargo build --release -p pgfresh-proxy --example bare_relay
 fi
@@ -242,14 +246,18 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     fi
 
     # 2. pgfresh, session and transaction mode, 20 server connections per node; the same
-    #    with the BOLT build when there is one.
-    for target in pgfresh-session pgfresh-tx pgfresh-bolt-session pgfresh-bolt-tx; do
+    #    with the BOLT and the profile-guided builds when there are.
+    for target in pgfresh-session pgfresh-tx pgfresh-bolt-session pgfresh-bolt-tx pgfresh-pgo-session pgfresh-pgo-tx; do
         if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
         bin=$PGFRESH_BIN
         case $target in
             pgfresh-bolt-*)
                 bin=$PGFRESH_BOLT_BIN
                 if [ ! -x "$bin" ]; then echo "== $target: no $bin (bench/bolt.sh makes it): skipped"; continue; fi
+                ;;
+            pgfresh-pgo-*)
+                bin=$PGFRESH_PGO_BIN
+                if [ ! -x "$bin" ]; then echo "== $target: no $bin (bench/pgo.sh makes it): skipped"; continue; fi
                 ;;
         esac
         port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
@@ -312,7 +320,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
@@ -369,7 +377,8 @@ if rounds > 1:
 L.append("### Proxy CPU per statement (µs)")
 L.append("")
 pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"),
-                             ("pgfresh-bolt-session", "pgbouncer-session"), ("pgfresh-bolt-tx", "pgbouncer-tx"))
+                             ("pgfresh-bolt-session", "pgbouncer-session"), ("pgfresh-bolt-tx", "pgbouncer-tx"),
+                             ("pgfresh-pgo-session", "pgbouncer-session"), ("pgfresh-pgo-tx", "pgbouncer-tx"))
          if a in targets and b in targets]
 head = ["workload"] + proxies + [f"{a} / {b}" for a, b in pairs]
 L.append("| " + " | ".join(head) + " |")
@@ -405,7 +414,8 @@ for w, label in workloads:
         cells.append(f"{tps:.0f} / " + (f"{p99:.2f}" if p99 is not None else "n/a"))
     L.append(f"| {label} | " + " | ".join(cells) + " |")
 L.append("")
-share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgpool")
+share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
+                            "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgpool")
                  if t in targets]
 if share_targets:
     L.append("### Reads sent to the standbys during the run")
@@ -423,7 +433,8 @@ if share_targets:
             cells.append(f"{100 * rep / reads:.1f} % ({rep:.0f} of {reads:.0f})" if reads else "–")
         L.append(f"| {label} | " + " | ".join(cells) + " |")
     L.append("")
-    for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx"):
+    for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
+              "pgfresh-pgo-session", "pgfresh-pgo-tx"):
         by = {}
         for r in runs.get((t, "mix"), {}).values():
             for part in (r.get("primary_by_reason") or "-").split(","):
