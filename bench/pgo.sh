@@ -63,7 +63,9 @@ SCALE=10
 # shellcheck source=bench/lib.sh
 source "$HERE/lib.sh"
 bench_start pgo
-COUNTS="$OUTDIR/profraw"
+# A fixed place for the counts: the instrumented build names it, so a second run of the same
+# source reuses that build.
+COUNTS="$ROOT/target/pgo-gen/profraw"
 rm -rf "$COUNTS"
 mkdir -p "$COUNTS"
 
