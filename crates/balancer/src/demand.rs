@@ -9,10 +9,20 @@
 //! its node for `pg_last_wal_replay_lsn()` every `replay_check_period` (see
 //! [`crate::monitor`]). Recording reads the clock and one atomic; it stores at most every
 //! 10 ms, and wakes the monitors only when demand starts.
+//!
+//! The fast polls also pause while there is nothing new to learn: a standby known to have
+//! replayed the newest position a read asked for and the newest commit position pgfresh
+//! saw (*wanted*) waits until one of them is newer ([`ReplayDemand::wait_raised`]). With
+//! a write every 50 ms that is a poll or two a write instead of twenty-five; under
+//! constant writes the wanted position rises with every commit, so the polls run every
+//! period as before, and a standby's position is learned whether or not a read has asked
+//! for that commit yet. Raising it is a load and a compare; the store, and the wake-up of
+//! the paused polls, happen once per newer position.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use pgfresh_lsn::Lsn;
 use tokio::sync::Notify;
 
 /// How long the fast replay polls go on after the last read that needed them.
@@ -29,6 +39,10 @@ pub(crate) struct ReplayDemand {
     last: AtomicU64,
     /// Wakes the monitors when demand starts.
     started: Notify,
+    /// The newest position a read asked for (raw; 0: none yet).
+    wanted: AtomicU64,
+    /// Wakes paused fast polls when `wanted` rises.
+    raised: Notify,
 }
 
 impl ReplayDemand {
@@ -37,6 +51,8 @@ impl ReplayDemand {
             epoch: Instant::now(),
             last: AtomicU64::new(0),
             started: Notify::new(),
+            wanted: AtomicU64::new(0),
+            raised: Notify::new(),
         }
     }
 
@@ -44,8 +60,20 @@ impl ReplayDemand {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
     }
 
-    /// A read needed a position no replica is known to have replayed.
-    pub(crate) fn record(&self) {
+    /// A read may soon need `lsn` (a commit's position): wanted from now on, without
+    /// starting a demand.
+    pub(crate) fn raise(&self, lsn: Lsn) {
+        if lsn.0 > self.wanted.load(Ordering::Relaxed)
+            && self.wanted.fetch_max(lsn.0, Ordering::AcqRel) < lsn.0
+        {
+            self.raised.notify_waiters();
+        }
+    }
+
+    /// A read needed `required`, which no replica is known to have replayed.
+    pub(crate) fn record(&self, required: Lsn) {
+        // Before the demand starts: the monitors it wakes look at the wanted position.
+        self.raise(required);
         let now = self.now_ms();
         let last = self.last.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < RECORD_GRANULARITY_MS {
@@ -61,6 +89,28 @@ impl ReplayDemand {
     pub(crate) fn active(&self) -> bool {
         let last = self.last.load(Ordering::Relaxed);
         last != 0 && self.now_ms().saturating_sub(last) < window_ms()
+    }
+
+    /// The newest position a read asked for, if any did.
+    pub(crate) fn wanted(&self) -> Option<Lsn> {
+        match self.wanted.load(Ordering::Acquire) {
+            0 => None,
+            raw => Some(Lsn(raw)),
+        }
+    }
+
+    /// Resolves once a read has asked for a position newer than `known` (at once if one
+    /// already has).
+    pub(crate) async fn wait_raised(&self, known: Option<Lsn>) {
+        loop {
+            let raised = self.raised.notified();
+            tokio::pin!(raised);
+            raised.as_mut().enable();
+            if self.wanted() > known {
+                return;
+            }
+            raised.await;
+        }
     }
 
     /// Resolves when demand starts (or at once, if it is active).
@@ -96,7 +146,7 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         // Recorded even in the first milliseconds of the balancer's life.
-        d.record();
+        d.record(Lsn(100));
         tokio::time::timeout(Duration::from_secs(30), waiter)
             .await
             .expect("the demand wakes the waiter")
@@ -113,9 +163,38 @@ mod tests {
             epoch: Instant::now() - DEMAND_WINDOW - Duration::from_millis(5),
             last: AtomicU64::new(1),
             started: Notify::new(),
+            wanted: AtomicU64::new(0),
+            raised: Notify::new(),
         };
         assert!(!d.active());
-        d.record();
+        d.record(Lsn(100));
         assert!(d.active());
+    }
+
+    #[tokio::test]
+    async fn a_newer_wanted_position_wakes_a_paused_poll() {
+        let d = std::sync::Arc::new(ReplayDemand::new());
+        assert_eq!(d.wanted(), None);
+        d.record(Lsn(200));
+        assert_eq!(d.wanted(), Some(Lsn(200)));
+        // Positions only rise.
+        d.record(Lsn(100));
+        assert_eq!(d.wanted(), Some(Lsn(200)));
+        // Already wanted beyond what is known: no wait.
+        d.wait_raised(Some(Lsn(150))).await;
+        // Known to have it: the wait lasts until a read asks for more.
+        let waiter = tokio::spawn({
+            let d = d.clone();
+            async move { d.wait_raised(Some(Lsn(200))).await }
+        });
+        tokio::task::yield_now().await;
+        d.record(Lsn(200));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "the same position raises nothing");
+        d.record(Lsn(300));
+        tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("a newer position wakes the wait")
+            .unwrap();
     }
 }

@@ -138,6 +138,13 @@ impl Inner {
         self.live.load().get(id).cloned()
     }
 
+    /// The newest replay position known of node `id`: the published view's, or one
+    /// learned since ([`live`]).
+    pub(crate) fn known_replay(&self, id: NodeId) -> Option<Lsn> {
+        let view = self.view.load().nodes.get(id).and_then(|n| n.replay_lsn);
+        view.max(self.live(id).and_then(|l| l.replay()))
+    }
+
     /// Standby `id` replayed `lsn`, as `from` said ([`live`]). Waiters on a position
     /// look again when it moved.
     pub(crate) fn learn_replay(&self, id: NodeId, lsn: Lsn, from: live::Source) {
@@ -431,6 +438,13 @@ impl Balancer {
                 Ok(Err(_)) | Err(_) => return Err(WaitTimeout { required }),
             }
         }
+    }
+
+    /// A commit through pgfresh ended at `lsn` on the primary: while reads wait on replay
+    /// positions, the standbys' fast polls go on until each is known to have replayed it
+    /// ([`demand`]).
+    pub fn note_commit(&self, lsn: Lsn) {
+        self.inner.demand.raise(lsn);
     }
 
     /// Standby `node` answered a replay sample with `lsn`: reads that need at most that

@@ -209,9 +209,11 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     }
 }
 
-/// Until `next` (the next full poll): while reads wait on replay positions, polls the
-/// standby's `pg_last_wal_replay_lsn()` every `replay_check_period` and records it. A
-/// failed fast poll ends them until the full poll, which reports and handles the failure.
+/// Until `next` (the next full poll): while reads wait on replay positions this standby
+/// is not known to have replayed, polls its `pg_last_wal_replay_lsn()` every
+/// `replay_check_period` and records it; once it is known to have every position a read
+/// asked for, waits for a read to ask for a newer one ([`crate::demand`]). A failed fast
+/// poll ends them until the full poll, which reports and handles the failure.
 async fn fast_polls(
     inner: &Inner,
     id: NodeId,
@@ -235,6 +237,16 @@ async fn fast_polls(
                 _ = sleep_until(next) => return grant(false),
                 _ = inner.demand.wait_active() => {}
             }
+        }
+        let known = inner.known_replay(id);
+        if inner.demand.wanted() <= known {
+            // Nothing a read asked for is left to learn here.
+            grant(false);
+            tokio::select! {
+                _ = sleep_until(next) => return,
+                _ = inner.demand.wait_raised(known) => {}
+            }
+            continue;
         }
         let tick = Instant::now() + settings.replay_check_period;
         // A read to this standby may ask for its position this period too (see `live`).

@@ -91,9 +91,9 @@ pub(crate) fn pick_among(
                 })
             }),
     );
-    if candidates.is_empty() && required.is_some() {
+    if let Some(required) = required.filter(|_| candidates.is_empty()) {
         // A read waits on a position: poll the standbys' replay faster for a while.
-        demand.record();
+        demand.record(required);
     }
     let node = select::pick(
         &candidates,

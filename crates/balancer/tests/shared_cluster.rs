@@ -375,7 +375,7 @@ fn write_something(c: &LocalCluster) -> pgfresh_lsn::Lsn {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
+async fn fast_replay_polls_run_while_reads_wait_and_there_is_something_new() {
     let _serial = SERIAL.lock().await;
     let c = LocalCluster::shared();
     reset(c);
@@ -405,12 +405,38 @@ async fn replay_positions_are_polled_fast_only_while_reads_wait_for_them() {
         .await
         .unwrap();
     assert!(node == 1 || node == 2);
-    // The demand lasts: a later write is seen without another read asking.
+    until(
+        &b,
+        "both standbys known at the position the read asked for",
+        |v| v.nodes[1].replay_lsn >= Some(lsn) && v.nodes[2].replay_lsn >= Some(lsn),
+    )
+    .await;
+    // The demand lasts, but a standby known to have every position asked for has nothing
+    // to tell: a later write pgfresh did not commit is not polled for although both
+    // standbys replayed it.
     let lsn = write_something(c);
-    until(&b, "the later write replayed", |v| {
+    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    until_sql(c, 1, &replayed, "t").await;
+    until_sql(c, 2, &replayed, "t").await;
+    let known = b.view_now();
+    assert!(
+        known.nodes[1].replay_lsn < Some(lsn) && known.nodes[2].replay_lsn < Some(lsn),
+        "polled with nothing wanted: {:?}",
+        [known.nodes[1].replay_lsn, known.nodes[2].replay_lsn]
+    );
+    // A commit pgfresh saw is polled for without a read asking.
+    b.note_commit(lsn);
+    until(&b, "the noted commit replayed", |v| {
         v.nodes[1].replay_lsn >= Some(lsn) && v.nodes[2].replay_lsn >= Some(lsn)
     })
     .await;
+    // And one it did not see, as soon as a read asks for it.
+    let lsn = write_something(c);
+    let node = b
+        .wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+        .await
+        .unwrap();
+    assert!(node == 1 || node == 2);
     b.shutdown();
 
     // Control: with the fast polls off, the same wait only ends at its deadline.

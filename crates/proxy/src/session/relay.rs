@@ -534,6 +534,9 @@ impl Session {
             }
             Injected::Position(probe) => {
                 let (lsn, report) = (probe.lsn, probe.report);
+                if let Some(lsn) = lsn {
+                    self.shared.balancer.note_commit(lsn);
+                }
                 self.resolve_probe(probe);
                 self.report_commit_position(node, lsn, report);
             }
