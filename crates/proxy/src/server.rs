@@ -151,7 +151,7 @@ impl ServerConn {
             params: HashMap::new(),
             prepared: Default::default(),
             statements: Default::default(),
-            settings: Some(Default::default()),
+            settings: Some(crate::session::state::no_settings()),
             generation,
             tx: TxStatus::Idle,
             _tls_count: tls_count,
@@ -436,7 +436,7 @@ impl ServerConn {
         self.prepared.clear();
         self.statements.clear();
         self.settings = if reset {
-            Some(Default::default())
+            Some(crate::session::state::no_settings())
         } else {
             None
         };

@@ -70,9 +70,52 @@ impl Prepared {
 /// address), so sessions never mistake each other's state.
 pub type SettingsList = Arc<Vec<(String, String)>>;
 
+/// Settings lists equal in content, shared: every session's list (and so every
+/// connection's record of one) is the one `Arc` of its content while any holder lives, so
+/// [`needs_replay`] between sessions with the same settings stops at the address instead
+/// of reading both lists (which, with hundreds of clients taking turns on a few
+/// connections, are rarely in the cache).
+mod interned {
+    use std::collections::HashMap;
+    use std::hash::BuildHasher;
+    use std::sync::{Arc, LazyLock, Mutex, Weak};
+
+    use super::SettingsList;
+
+    type Table = HashMap<u64, Vec<Weak<Vec<(String, String)>>>, foldhash::fast::FixedState>;
+
+    static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(Default::default);
+
+    /// The shared list equal to `list` (`list` itself if it is the first of its content).
+    pub(super) fn intern(list: SettingsList) -> SettingsList {
+        let hash = foldhash::fast::FixedState::default().hash_one(&*list);
+        let mut table = TABLE.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = table.entry(hash).or_default();
+        bucket.retain(|w| w.strong_count() > 0);
+        if let Some(same) = bucket
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|l| **l == *list)
+        {
+            return same;
+        }
+        bucket.push(Arc::downgrade(&list));
+        // Now and then, buckets whose lists all went.
+        if table.len() > 1024 && table.len().is_power_of_two() {
+            table.retain(|_, b| b.iter().any(|w| w.strong_count() > 0));
+        }
+        list
+    }
+}
+
 /// The statement that returns a connection to its login defaults before a session's
 /// settings are replayed: `RESET ALL` leaves the role and session authorization alone.
 pub const RESET_SETTINGS: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL";
+
+/// The settings of a connection just logged in: none (the shared empty list).
+pub fn no_settings() -> SettingsList {
+    interned::intern(SettingsList::default())
+}
 
 /// Whether a connection carrying `conn` needs `session`'s settings replayed.
 pub fn needs_replay(conn: Option<&SettingsList>, session: &SettingsList) -> bool {
@@ -82,7 +125,6 @@ pub fn needs_replay(conn: Option<&SettingsList>, session: &SettingsList) -> bool
     }
 }
 
-#[derive(Default)]
 pub struct SessionState {
     /// `SET` statements to replay on a connection, in order, one per parameter.
     settings: SettingsList,
@@ -95,6 +137,19 @@ pub struct SessionState {
     pub route_primary: bool,
     /// `default_transaction_read_only` is on for this session.
     pub default_read_only: bool,
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        Self {
+            settings: no_settings(),
+            prepared: Default::default(),
+            sql_prepared: Default::default(),
+            pins: Default::default(),
+            route_primary: false,
+            default_read_only: false,
+        }
+    }
 }
 
 /// A statement text's hash, to notice a name prepared again with another text (the same
@@ -136,16 +191,17 @@ impl SessionState {
                 })
                 .unwrap_or(false);
         }
-        let list = Arc::make_mut(&mut self.settings);
+        let mut list = Vec::clone(&self.settings);
         list.retain(|(n, _)| *n != name);
         if let Some(stmt) = stmt {
             list.push((name, stmt));
         }
+        self.settings = interned::intern(Arc::new(list));
     }
 
     /// RESET ALL / DISCARD ALL.
     pub fn reset_all(&mut self) {
-        self.settings = Default::default();
+        self.settings = no_settings();
         self.default_read_only = false;
     }
 
@@ -237,6 +293,32 @@ mod tests {
             parse_options("-c x=a\\ b"),
             vec![("x".into(), "a b".into())]
         );
+    }
+
+    #[test]
+    fn sessions_with_equal_settings_share_one_list() {
+        let (mut a, mut b) = (SessionState::default(), SessionState::default());
+        assert!(Arc::ptr_eq(a.settings(), b.settings()), "no settings yet");
+        a.set_param("TimeZone", "UTC");
+        assert!(!Arc::ptr_eq(a.settings(), b.settings()));
+        b.set_param("TimeZone", "UTC");
+        assert!(Arc::ptr_eq(a.settings(), b.settings()), "same content");
+        // A change of one is never seen by the other.
+        b.set("search_path", Some("b"), Some("SET search_path = b".into()));
+        assert_eq!(a.settings().len(), 1);
+        assert_eq!(b.settings().len(), 2);
+        assert!(needs_replay(Some(a.settings()), b.settings()));
+        // Back to the same content: shared again.
+        b.set("search_path", None, None);
+        assert!(Arc::ptr_eq(a.settings(), b.settings()));
+        // A connection's record keeps a list alive after its session changed.
+        let conn = a.settings().clone();
+        a.reset_all();
+        b.reset_all();
+        assert_eq!(conn.len(), 1);
+        let mut c = SessionState::default();
+        c.set_param("TimeZone", "UTC");
+        assert!(Arc::ptr_eq(&conn, c.settings()));
     }
 
     #[test]
