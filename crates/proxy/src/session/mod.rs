@@ -84,6 +84,11 @@ fn oldest<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 /// The most client output held back while a commit's position is learned.
 const HOLD_LIMIT: usize = 1 << 20;
 
+/// One client's session. Its fields are laid out in declaration order (`repr(C)`): those
+/// every statement touches first, those it rarely touches last. With hundreds of clients
+/// taking turns a session is rarely in the cache, so each cache line a statement touches
+/// costs a miss (docs/benchmarks.md).
+#[repr(C)]
 pub struct Session {
     shared: Arc<Shared>,
     /// The config in force, refreshed from `config_cache` at each turn of the loop (one
@@ -94,8 +99,6 @@ pub struct Session {
     graph: Option<Option<Arc<pgfresh_deps::DepGraph>>>,
     /// The session database's entry in the shared dependency graphs, once looked up.
     deps_entry: crate::deps::DbEntry,
-    /// The analyses of this session's latest texts.
-    texts: texts::Texts,
     /// Connection targets by node and their pools, with the node-set generation
     /// (`ClusterView::specs_generation`) they were built in; dropped when the config
     /// changes (the pool size).
@@ -108,26 +111,16 @@ pub struct Session {
     client: ClientStream,
     cbuf: BytesMut,
     limits: Limits,
-    login: Login,
     cancel_slot: CancelSlot,
     /// Server connections by node index.
     backends: Vec<Option<Leased>>,
     active: Option<usize>,
     /// Units sent to the active backend and not yet answered by ReadyForQuery.
     inflight: VecDeque<InFlight>,
-    state: SessionState,
-    /// Setting changes waiting for their transaction to commit.
-    pending_settings: settings::Pending,
-    /// Position tokens: the session's `pgfresh.min_lsn`, commit positions reported.
-    tokens: tokens::Tokens,
-    /// A startup option pgfresh refuses (reported when the session starts).
-    startup_error: Option<ProxyError>,
-    /// What each portal's Execute will mean for the settings (extended protocol).
-    portal_events: foldhash::HashMap<String, settings::StmtEvent>,
+    /// The analyses of this session's latest texts.
+    texts: texts::Texts,
     /// The client's transaction, as the client last saw it.
     tx: TxPhase,
-    /// What the open explicit transaction wrote, marked when it commits.
-    tx_writes: TxWrites,
     /// The extended-protocol batch being collected (up to Sync or Flush). Units are
     /// boxed: they move from batch to queue to send to retry without being copied.
     batch: Box<ClientUnit>,
@@ -149,19 +142,32 @@ pub struct Session {
     /// While a commit's relations wait for its position ([`unit::DeferredMarks`]): the
     /// chunks of `out` from this index on are held back, in order, until it arrives.
     hold_from: Option<usize>,
-    terminating: bool,
-    /// `enable_query_parser`, read once per batch of client frames.
-    parser_enabled: bool,
-    /// The COMMIT in flight pgfresh can resolve if its connection is lost.
-    lost: lost_commit::LostCommits,
-    /// `pool_mode`, fixed for the session's life.
-    mode: pgfresh_config::PoolMode,
-    pin_gauge: pooling::PinGauge,
     /// Replies pgfresh made for the client (transaction mode) that are due after the
     /// server reply being relayed.
     due: Vec<Bytes>,
     /// This client in SHOW CLIENTS.
     listed: crate::clients::Listed,
+    terminating: bool,
+    /// `enable_query_parser`, read once per batch of client frames.
+    parser_enabled: bool,
+    /// `pool_mode`, fixed for the session's life.
+    mode: pgfresh_config::PoolMode,
+    pin_gauge: pooling::PinGauge,
+    state: SessionState,
+    /// Position tokens: the session's `pgfresh.min_lsn`, commit positions reported.
+    tokens: tokens::Tokens,
+    /// What the open explicit transaction wrote, marked when it commits.
+    tx_writes: TxWrites,
+    /// The COMMIT in flight pgfresh can resolve if its connection is lost.
+    lost: lost_commit::LostCommits,
+    // Rarely touched after the login.
+    /// Setting changes waiting for their transaction to commit.
+    pending_settings: settings::Pending,
+    /// What each portal's Execute will mean for the settings (extended protocol).
+    portal_events: foldhash::HashMap<String, settings::StmtEvent>,
+    login: Login,
+    /// A startup option pgfresh refuses (reported when the session starts).
+    startup_error: Option<ProxyError>,
 }
 
 impl Session {
