@@ -39,7 +39,7 @@ pub(crate) struct ReplayDemand {
     last: AtomicU64,
     /// Wakes the monitors when demand starts.
     started: Notify,
-    /// The newest position a read asked for (raw; 0: none yet).
+    /// The newest position a read asked for or a commit reported (raw; 0: none yet).
     wanted: AtomicU64,
     /// Wakes paused fast polls when `wanted` rises.
     raised: Notify,
@@ -91,7 +91,7 @@ impl ReplayDemand {
         last != 0 && self.now_ms().saturating_sub(last) < window_ms()
     }
 
-    /// The newest position a read asked for, if any did.
+    /// The newest position a read asked for or a commit reported, if any.
     pub(crate) fn wanted(&self) -> Option<Lsn> {
         match self.wanted.load(Ordering::Acquire) {
             0 => None,
@@ -99,8 +99,8 @@ impl ReplayDemand {
         }
     }
 
-    /// Resolves once a read has asked for a position newer than `known` (at once if one
-    /// already has).
+    /// Resolves once a position newer than `known` is wanted (at once if one already
+    /// is).
     pub(crate) async fn wait_raised(&self, known: Option<Lsn>) {
         loop {
             let raised = self.raised.notified();

@@ -211,9 +211,9 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
 
 /// Until `next` (the next full poll): while reads wait on replay positions this standby
 /// is not known to have replayed, polls its `pg_last_wal_replay_lsn()` every
-/// `replay_check_period` and records it; once it is known to have every position a read
-/// asked for, waits for a read to ask for a newer one ([`crate::demand`]). A failed fast
-/// poll ends them until the full poll, which reports and handles the failure.
+/// `replay_check_period` and records it; once it is known to have every wanted position
+/// (asked for by a read, or a commit's), waits for a newer one ([`crate::demand`]). A
+/// failed fast poll ends them until the full poll, which reports and handles the failure.
 async fn fast_polls(
     inner: &Inner,
     id: NodeId,
@@ -240,7 +240,7 @@ async fn fast_polls(
         }
         let known = inner.known_replay(id);
         if inner.demand.wanted() <= known {
-            // Nothing a read asked for is left to learn here.
+            // Nothing wanted is left to learn here.
             grant(false);
             tokio::select! {
                 _ = sleep_until(next) => return,
