@@ -18,8 +18,14 @@
 //! standby answered before cannot outlive it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use pgfresh_lsn::Lsn;
+use tokio::time::Instant;
+
+/// What [`NodeLive::sampled_at`] counts from.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Where a replay position learned between full polls came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +47,9 @@ pub(crate) struct NodeLive {
     /// A sample may be taken (granted by the node's fast-poll task, once a period while
     /// reads wait on replay positions).
     sample_granted: AtomicBool,
+    /// When a sample last answered: microseconds since [`EPOCH`] (0: never). The
+    /// node's fast polls wait a period from then (a fresh answer needs no poll).
+    sampled_at: AtomicU64,
     /// The node's name, for `pgfresh_replay_samples_total{node}`.
     name: String,
     /// That counter, registered at the first sample.
@@ -53,6 +62,7 @@ impl NodeLive {
             outstanding: AtomicU64::new(0),
             replay: AtomicU64::new(0),
             sample_granted: AtomicBool::new(false),
+            sampled_at: AtomicU64::new(0),
             name: name.to_string(),
             samples: std::sync::OnceLock::new(),
         }
@@ -78,9 +88,21 @@ impl NodeLive {
             && self.sample_granted.swap(false, Ordering::Relaxed)
     }
 
-    /// `from` said the node replayed `lsn`: [`NodeLive::advance`], samples counted.
+    /// When a sample last answered, if one has.
+    pub(crate) fn sampled_at(&self) -> Option<Instant> {
+        match self.sampled_at.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(*EPOCH + Duration::from_micros(us)),
+        }
+    }
+
+    /// `from` said the node replayed `lsn`: [`NodeLive::advance`], samples counted and
+    /// their time kept.
     pub(crate) fn learn(&self, lsn: Lsn, from: Source) -> bool {
         if from == Source::Sample {
+            let us = EPOCH.elapsed().as_micros().max(1);
+            self.sampled_at
+                .fetch_max(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
             self.samples
                 .get_or_init(|| {
                     metrics::counter!("pgfresh_replay_samples_total", "node" => self.name.clone())

@@ -248,9 +248,22 @@ async fn fast_polls(
             }
             continue;
         }
-        let tick = Instant::now() + settings.replay_check_period;
         // A read to this standby may ask for its position this period too (see `live`).
         grant(true);
+        let sampled = live.as_ref().and_then(|l| l.sampled_at());
+        if let Some(due) = sampled
+            .map(|t| t + settings.replay_check_period)
+            .filter(|due| *due > Instant::now())
+        {
+            // A sample answered within the period: as fresh as a poll would be. The next
+            // poll is due a period after it, unless another sample comes first.
+            if due >= next {
+                return sleep_until(next).await;
+            }
+            sleep_until(due).await;
+            continue;
+        }
+        let tick = Instant::now() + settings.replay_check_period;
         polls.increment(1);
         match source.poll_replay(settings).await {
             Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn, crate::live::Source::Poll),

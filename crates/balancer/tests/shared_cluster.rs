@@ -374,6 +374,54 @@ fn write_something(c: &LocalCluster) -> pgfresh_lsn::Lsn {
     current_lsn(c, 0)
 }
 
+/// A sample answered within `replay_check_period` is as fresh as the standby's fast poll
+/// would be: the poll waits a period from it. Both standbys answer a sample (with a
+/// position older than the one wanted, as samples taken before the write would), then
+/// reads wait on the write's position: neither standby is polled for it before a period
+/// has passed since its sample, and both are once it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_sample_defers_the_standbys_fast_poll() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let period = Duration::from_secs(3);
+    let mut s = settings(c);
+    s.sr_check_period = Duration::from_secs(600);
+    s.health_timeout = Duration::from_secs(1200);
+    s.replay_check_period = period;
+    let b = start(c, s).await;
+    until(&b, "initial roles", all_good).await;
+    let old = b
+        .view()
+        .nodes
+        .iter()
+        .map(|n| n.replay_lsn)
+        .collect::<Vec<_>>();
+    let lsn = write_something(c);
+    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    until_sql(c, 1, &replayed, "t").await;
+    until_sql(c, 2, &replayed, "t").await;
+    let sampled = tokio::time::Instant::now();
+    for node in [1, 2] {
+        b.learn_replay(node, old[node].expect("a replay position"));
+    }
+    until(&b, "both standbys polled for the wanted position", |v| {
+        let known = (1..=2).all(|n| v.nodes[n].replay_lsn >= Some(lsn));
+        if !known {
+            // A read waits on the position (the demand lasts a second after the last).
+            drop(b.select_replica(Some(lsn)));
+        }
+        known
+    })
+    .await;
+    assert!(
+        sampled.elapsed() >= period,
+        "polled {:?} after the samples, within the period",
+        sampled.elapsed()
+    );
+    b.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_replay_polls_run_while_reads_wait_and_there_is_something_new() {
     let _serial = SERIAL.lock().await;

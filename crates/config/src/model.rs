@@ -282,7 +282,8 @@ pub struct MonitorSection {
     /// While reads wait on replay positions no replica is known to have: how often each
     /// standby is also asked for `pg_last_wal_replay_lsn()` between the full polls, for a
     /// second after the last such read, paused for a standby known to have replayed the
-    /// newest position asked for or committed through pgfresh. 0: only the full polls.
+    /// newest position asked for or committed through pgfresh, and for a period after a
+    /// read's sample of it answered. 0: only the full polls.
     pub replay_check_period_ms: u64,
     /// A node whose last successful poll is older than this is down.
     pub health_timeout_ms: u64,
