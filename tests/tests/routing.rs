@@ -1092,6 +1092,95 @@ async fn sampled_replay_positions_never_cause_a_stale_read() {
     assert!(samples() > before, "the standbys were sampled");
 }
 
+/// Extended reads on standbys while reads wait on replay positions (a table written
+/// every round, its rows read back at once, replay delayed), through `p`: cold reads go
+/// to the standbys, where one a period is followed by a sample of the standby's replay
+/// position (a simple query, which destroys the unnamed statement). What each client
+/// hears is exactly its own replies, also when its statement fails, and a Bind of the
+/// unnamed statement without a Parse runs the client's statement again (pgfresh prepares
+/// it again after the sample). Returns how many samples were taken.
+async fn extended_reads_with_samples(p: &ProxyHandle, t: &str) -> f64 {
+    use tokio::io::AsyncWriteExt;
+    let samples = || {
+        metric_value("pgfresh_replay_samples_total{node=\"pg1\"}")
+            + metric_value("pgfresh_replay_samples_total{node=\"pg2\"}")
+    };
+    let mut writer = raw::connect(p.addr).await;
+    let mut reader = raw::connect(p.addr).await;
+    let insert = format!("INSERT INTO {t} VALUES ($1::int)");
+    let hot = format!("SELECT count(*) FROM {t} WHERE id = $1::int");
+    let before = samples();
+    let mut on_standbys = 0;
+    for i in 0..150 {
+        let id = i.to_string();
+        let ask = async |s: &mut tokio::net::TcpStream, bytes: Vec<u8>| {
+            s.write_all(&bytes).await.unwrap();
+            raw::read_until(s, b'Z').await
+        };
+        let written = ask(&mut writer, raw::exec_params(&insert, &[&id])).await;
+        assert_eq!(raw::tags(&written), b"12nCZ", "insert {i}");
+        // Hot: waits for a standby that has the write, or goes to the primary; either
+        // way reads wait on replay positions, so the standbys are sampled.
+        let read = ask(&mut reader, raw::exec_params(&hot, &[&id])).await;
+        assert_eq!(raw::tags(&read), b"12TDCZ", "hot read {i}");
+        assert_eq!(raw::first_value(&read), "1", "read-after-write {i}");
+        let cold = ask(
+            &mut reader,
+            raw::exec_params("SELECT inet_server_port()", &[]),
+        )
+        .await;
+        assert_eq!(raw::tags(&cold), b"12TDCZ", "cold read {i}");
+        let port: u16 = raw::first_value(&cold).parse().expect("a port");
+        on_standbys += usize::from(port != primary_port());
+        // The unnamed statement again, without a Parse: still the client's.
+        let mut again = raw::bind("", &[]);
+        again.extend(raw::msg(b'D', b"P\0"));
+        again.extend(raw::execute());
+        again.extend(raw::msg(b'S', &[]));
+        let rerun = ask(&mut reader, again).await;
+        assert_eq!(raw::tags(&rerun), b"2TDCZ", "bound again {i}");
+        let value = raw::first_value(&rerun);
+        assert!(
+            value.parse::<u16>().is_ok(),
+            "the client's statement ran: {value}"
+        );
+        // A failing read: its error and ReadyForQuery, nothing of a sample's.
+        let failed = ask(
+            &mut reader,
+            raw::exec_params("SELECT 1 / (random() * 0)::int", &[]),
+        )
+        .await;
+        assert_eq!(raw::tags(&failed), b"12TEZ", "failed read {i}");
+    }
+    assert!(on_standbys > 0, "no cold read reached a standby");
+    samples() - before
+}
+
+/// The replay samples after extended reads stay pgfresh's, in session and transaction
+/// mode (see `extended_reads_with_samples`).
+#[tokio::test]
+async fn replay_samples_after_extended_reads_stay_out_of_their_replies() {
+    let _g = SERIAL.lock().await;
+    let setup = proxy().connect().await;
+    let t = unique("batch_sampled");
+    setup
+        .batch_execute(&format!("CREATE TABLE {t}(id int)"))
+        .await
+        .unwrap();
+    wait_replicated(&setup).await;
+    let delay = ApplyDelay::set(50);
+    let session = extended_reads_with_samples(proxy(), &t).await;
+    setup.batch_execute(&format!("TRUNCATE {t}")).await.unwrap();
+    let tx = start_proxy(&format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\n",
+        config_text("")
+    ));
+    let transaction = extended_reads_with_samples(&tx, &t).await;
+    drop(delay);
+    assert!(session > 0.0, "no sample was taken in session mode");
+    assert!(transaction > 0.0, "no sample was taken in transaction mode");
+}
+
 /// Read-your-writes of `ids` through the usual unnamed batch (`raw::exec_params`, which
 /// pgfresh takes whole as one chunk): each id written, then read back at once in the same
 /// session and from another one. Returns the reads that missed their write.
