@@ -19,6 +19,9 @@ use crate::error::ProxyError;
 use crate::server::{ServerConn, Target};
 use crate::session::state::{needs_replay, SettingsList};
 
+mod wait;
+use wait::{Waited, Waits};
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct PoolKey {
     node: usize,
@@ -52,8 +55,8 @@ struct Idle {
 struct Pool {
     idle: Mutex<Vec<Idle>>,
     slots: Arc<Semaphore>,
-    /// Start times of the waits in progress, by waiter id (for `cl_waiting`, `maxwait`).
-    waiting: Mutex<HashMap<u64, Instant, RandomState>>,
+    /// The waits in progress, with their deadlines (also `cl_waiting`, `maxwait`).
+    waiting: Arc<Waits>,
     /// Connections ever lent (for `sv_used`-style accounting and SHOW POOLS).
     lent_total: AtomicU64,
     /// Connections now lent out and running a unit or held by a session.
@@ -117,7 +120,6 @@ pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>, RandomState>>,
     /// Generation per node index (grown when a node is added).
     generations: RwLock<Vec<AtomicU64>>,
-    next_waiter: AtomicU64,
 }
 
 /// A server connection lent to one client session.
@@ -163,22 +165,6 @@ pub struct PoolCounts {
     /// Slots neither lent nor waiting for a permit holder (may still be opened).
     pub free: usize,
     pub lent_total: u64,
-}
-
-/// Removes a waiter from its pool's list however the wait ends.
-struct Waiting<'a> {
-    pool: &'a Pool,
-    id: u64,
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.pool
-            .waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
-    }
 }
 
 impl Pools {
@@ -232,7 +218,7 @@ impl Pools {
                 Arc::new(Pool {
                     idle: Mutex::new(Vec::new()),
                     slots: Arc::new(Semaphore::new(size)),
-                    waiting: Mutex::new(HashMap::default()),
+                    waiting: Arc::default(),
                     lent_total: AtomicU64::new(0),
                     lent: AtomicUsize::new(0),
                     lent_conns: Mutex::new(HashMap::default()),
@@ -257,20 +243,17 @@ impl Pools {
         if let Ok(p) = pool.slots.clone().try_acquire_owned() {
             return Ok(p);
         }
-        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let start = Instant::now();
-        pool.waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, start);
-        let _waiting = Waiting { pool, id };
-        let got = tokio::time::timeout(s.acquire_timeout, pool.slots.clone().acquire_owned()).await;
+        let start = tokio::time::Instant::now();
+        let got = pool
+            .waiting
+            .wait(&pool.slots, start, s.acquire_timeout)
+            .await;
         pool.wait_seconds(s.mode)
             .record(start.elapsed().as_secs_f64());
         match got {
-            Ok(Ok(p)) => Ok(p),
-            Ok(Err(_)) => Err(ProxyError::Shutdown),
-            Err(_) => {
+            Waited::Got(p) => Ok(p),
+            Waited::Closed => Err(ProxyError::Shutdown),
+            Waited::TimedOut => {
                 metrics::counter!("pgfresh_pool_wait_timeouts_total", "node" => target.node_name.to_string())
                     .increment(1);
                 Err(match s.mode {
@@ -493,19 +476,14 @@ impl Pools {
             .iter()
             .map(|(k, p)| {
                 let idle = p.idle.lock().unwrap_or_else(|p| p.into_inner()).len();
-                let waits = p.waiting.lock().unwrap_or_else(|p| p.into_inner());
-                let max_wait = waits
-                    .values()
-                    .map(Instant::elapsed)
-                    .max()
-                    .unwrap_or_default();
+                let (waiting, max_wait) = p.waiting.count();
                 PoolCounts {
                     node: k.node,
                     user: k.user.to_string(),
                     database: k.database.to_string(),
                     idle,
                     lent: p.lent.load(Ordering::Relaxed),
-                    waiting: waits.len(),
+                    waiting,
                     max_wait,
                     free: p.slots.available_permits(),
                     lent_total: p.lent_total.load(Ordering::Relaxed),
