@@ -18,6 +18,9 @@ use std::time::Duration;
 use tokio::sync::{AcquireError, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+/// A deadline for timeouts too long to add to an instant (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
 /// One waiting client.
 struct Waiter {
     since: Instant,
@@ -90,7 +93,10 @@ impl Waits {
         since: Instant,
         timeout: Duration,
     ) -> Waited {
-        let deadline = since + timeout;
+        // Any timeout the config allows (a `u64` of milliseconds) must not overflow.
+        let deadline = since
+            .checked_add(timeout)
+            .unwrap_or_else(|| since + FAR_FUTURE);
         let mut listed = Listed {
             waits: self,
             slot: None,
@@ -309,6 +315,19 @@ mod tests {
         assert!(second.await.unwrap().is_some() && third.await.unwrap().is_some());
         assert_eq!(w.count(), (0, Duration::ZERO));
         drop(first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_timeout_the_config_allows_waits_for_the_permit() {
+        let (w, slots) = waits();
+        let giver = slots.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            giver.add_permits(1);
+        });
+        let longest = Duration::from_millis(u64::MAX);
+        let got = w.wait(&slots, Instant::now(), longest).await;
+        assert!(matches!(got, Waited::Got(_)));
     }
 
     #[tokio::test(start_paused = true)]
