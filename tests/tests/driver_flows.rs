@@ -573,3 +573,131 @@ async fn an_eviction_skipped_after_an_error_leaves_the_statement_counted() {
     let messages = raw::read_until(&mut s, b'Z').await;
     assert_eq!(first_value(&messages), "2", "statements on the connection");
 }
+
+/// The CommandComplete tag and the ReadyForQuery status among `messages`.
+fn tag_and_status(messages: &[(u8, Vec<u8>)]) -> (String, u8) {
+    let Some((_, tag)) = messages.iter().find(|(t, _)| *t == b'C') else {
+        panic!("no CommandComplete in {messages:?}");
+    };
+    let (_, status) = messages
+        .iter()
+        .find(|(t, _)| *t == b'Z')
+        .expect("ReadyForQuery");
+    (
+        String::from_utf8_lossy(tag.strip_suffix(b"\0").unwrap_or(tag)).into_owned(),
+        status[0],
+    )
+}
+
+/// Runs `sql` through `s` as the unnamed one-statement batch (as pgbench `-M extended`
+/// sends BEGIN and COMMIT), or as a simple Query; returns what came back.
+async fn run(s: &mut TcpStream, sql: &str, extended: bool) -> Vec<(u8, Vec<u8>)> {
+    let bytes = if extended {
+        exec_params(sql, &[])
+    } else {
+        msg(b'Q', &cstr(sql))
+    };
+    s.write_all(&bytes).await.unwrap();
+    raw::read_until(s, b'Z').await
+}
+
+/// Backends on the primary in a transaction for the session named `name`.
+fn open_transactions(name: &str) -> String {
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = '{name}' AND xact_start IS NOT NULL"
+            ),
+        )
+        .unwrap()
+}
+
+/// BEGIN reaches no server until the transaction's first statement, in the extended
+/// protocol as in the simple one: pgfresh answers it message by message as the server
+/// would, sends it just ahead of that statement (which a ROLLBACK then undoes), and
+/// answers the COMMIT or ROLLBACK of a transaction no server has seen, AND CHAIN
+/// included, leaving the client in the new transaction.
+#[tokio::test]
+async fn begin_waits_for_the_transaction_s_first_statement_in_both_protocols() {
+    let table = format!("deferred_begin_{}", std::process::id());
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!("CREATE TABLE {table} (v int); GRANT ALL ON {table} TO PUBLIC"),
+        )
+        .unwrap();
+    // Counted on a standby too: it has the table before the first count.
+    for i in 1..cluster().nodes().len() {
+        cluster()
+            .wait_caught_up(i, Duration::from_secs(30))
+            .expect("standby caught up");
+    }
+    for mode in MODES {
+        let p = start_proxy(&format!("{}\n[pool]\n{mode}\n", config_text("")));
+        let mut s = TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(&startup("app_trust", "app")).await.unwrap();
+        read_until(&mut s, b'Z').await;
+        for extended in [true, false] {
+            let name = format!("deferred_{}_{extended}", mode.len());
+            run(&mut s, &format!("SET application_name = '{name}'"), false).await;
+            let shape: &[u8] = if extended { b"12nCZ" } else { b"CZ" };
+            let what = format!("{mode}, extended {extended}");
+            // BEGIN: answered here, and no server is in a transaction for it.
+            let begin = run(&mut s, "BEGIN", extended).await;
+            assert_eq!(raw::tags(&begin), shape, "{what}");
+            assert_eq!(tag_and_status(&begin), ("BEGIN".into(), b'T'), "{what}");
+            assert_eq!(
+                open_transactions(&name),
+                "0",
+                "{what}: BEGIN went to a server"
+            );
+            // The first statement takes it along; a ROLLBACK undoes what it wrote.
+            let insert = format!("INSERT INTO {table} VALUES (1)");
+            let inserted = run(&mut s, &insert, extended).await;
+            assert_eq!(
+                tag_and_status(&inserted),
+                ("INSERT 0 1".into(), b'T'),
+                "{what}"
+            );
+            assert_eq!(open_transactions(&name), "1", "{what}");
+            let rolled = run(&mut s, "ROLLBACK", extended).await;
+            assert_eq!(tag_and_status(&rolled), ("ROLLBACK".into(), b'I'), "{what}");
+            let count = run(&mut s, &format!("SELECT count(*) FROM {table}"), extended).await;
+            assert_eq!(
+                first_value(&count),
+                "0",
+                "{what}: the INSERT was not undone"
+            );
+            // A transaction that ran nothing ends here too, without the server's warning.
+            run(&mut s, "BEGIN", extended).await;
+            let commit = run(&mut s, "COMMIT", extended).await;
+            assert_eq!(raw::tags(&commit), shape, "{what}");
+            assert_eq!(tag_and_status(&commit), ("COMMIT".into(), b'I'), "{what}");
+            // AND CHAIN starts the next transaction at once: the client is in it, and
+            // what it writes is undone by its ROLLBACK.
+            run(&mut s, "BEGIN", extended).await;
+            let chained = run(&mut s, "COMMIT AND CHAIN", extended).await;
+            assert_eq!(tag_and_status(&chained), ("COMMIT".into(), b'T'), "{what}");
+            run(&mut s, &insert, extended).await;
+            let rolled = run(&mut s, "ROLLBACK AND CHAIN", extended).await;
+            assert_eq!(tag_and_status(&rolled), ("ROLLBACK".into(), b'T'), "{what}");
+            run(&mut s, &insert, extended).await;
+            let rolled = run(&mut s, "ROLLBACK", extended).await;
+            assert_eq!(tag_and_status(&rolled), ("ROLLBACK".into(), b'I'), "{what}");
+            let count = run(&mut s, &format!("SELECT count(*) FROM {table}"), extended).await;
+            assert_eq!(
+                first_value(&count),
+                "0",
+                "{what}: a chained transaction was none"
+            );
+            assert_eq!(open_transactions(&name), "0", "{what}");
+        }
+    }
+    cluster()
+        .psql(0, "app", &format!("DROP TABLE {table}"))
+        .unwrap();
+}

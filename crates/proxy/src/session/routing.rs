@@ -38,7 +38,10 @@ impl Session {
     /// pgfresh itself. Returns true when the unit was answered.
     pub(super) fn answer_locally(&mut self, unit: &ClientUnit) -> Local {
         if !unit.simple {
-            return self.answer_extended_deallocate(unit);
+            return match self.answer_extended_transaction(unit) {
+                Local::No => self.answer_extended_deallocate(unit),
+                other => other,
+            };
         }
         let [analysis] = unit.parts.as_slice() else {
             return Local::No;
@@ -90,8 +93,27 @@ impl Session {
                 return Local::Answered;
             }
         }
+        self.answer_transaction(
+            analysis,
+            stmt,
+            || unit.simple_sql().unwrap_or_default(),
+            &[],
+        )
+    }
+
+    /// A BEGIN pgfresh defers, and the COMMIT or ROLLBACK of a transaction whose BEGIN it
+    /// deferred, answered here: `prefix` holds the replies the unit's messages get ahead
+    /// of its CommandComplete (none for a Query), `sql` the statement's text.
+    fn answer_transaction<'a>(
+        &mut self,
+        analysis: &Arc<Analysis>,
+        stmt: &pgfresh_sql::Statement,
+        sql: impl FnOnce() -> &'a str,
+        prefix: &[bytes::Bytes],
+    ) -> Local {
         let enabled = self.config.routing.enable_query_parser;
-        match &stmt.tx {
+        let busy = self.client_busy();
+        let (tag, status) = match &stmt.tx {
             Some(TxEffect::Begin(_))
                 // pgfresh's own work (a position probe after the last commit) may still
                 // run: the transaction's node is chosen with its first statement anyway.
@@ -99,34 +121,71 @@ impl Session {
             {
                 self.tx = TxPhase::Deferred(DeferredBegin {
                     // Read back from the frame only here: most units need no text.
-                    sql: unit.simple_sql().unwrap_or_default().to_string(),
+                    sql: sql().to_string(),
                     analysis: analysis.clone(),
                 });
-                self.out.push(build::command_complete("BEGIN"));
-                self.out
-                    .push(build::ready_for_query(TxStatus::InTransaction));
-                Local::Answered
+                ("BEGIN", TxStatus::InTransaction)
             }
             Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
                 if self.tx.deferred().is_some() && busy =>
             {
-                Local::Wait
+                return Local::Wait;
             }
-            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
+            Some(TxEffect::Commit { chain }) | Some(TxEffect::Rollback { chain })
                 if self.tx.deferred().is_some() =>
             {
-                self.tx = TxPhase::Idle;
                 let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) {
                     "COMMIT"
                 } else {
                     "ROLLBACK"
                 };
-                self.out.push(build::command_complete(tag));
-                self.out.push(build::ready_for_query(TxStatus::Idle));
-                Local::Answered
+                if *chain {
+                    // AND CHAIN: a new transaction with the same modes, which no server
+                    // has seen either; the deferred BEGIN stands for it.
+                    (tag, TxStatus::InTransaction)
+                } else {
+                    self.tx = TxPhase::Idle;
+                    (tag, TxStatus::Idle)
+                }
             }
-            _ => Local::No,
+            _ => return Local::No,
+        };
+        self.out.extend(prefix.iter().cloned());
+        self.out.push(build::command_complete(tag));
+        self.out.push(build::ready_for_query(status));
+        Local::Answered
+    }
+
+    /// The extended protocol's BEGIN and COMMIT or ROLLBACK, answered as the simple
+    /// protocol's are (see `answer_transaction`), when the unit is the shape drivers send
+    /// for one statement: the unnamed statement's Parse (no parameter types), a Bind of
+    /// it to the unnamed portal with no parameters, an optional Describe of that portal,
+    /// its Execute, Sync. Each message gets what the server would answer: ParseComplete,
+    /// BindComplete, NoData (a transaction statement returns no rows), then the
+    /// CommandComplete and ReadyForQuery. Any other shape goes to the server.
+    fn answer_extended_transaction(&mut self, unit: &ClientUnit) -> Local {
+        let [analysis] = unit.parts.as_slice() else {
+            return Local::No;
+        };
+        let [stmt] = analysis.statements.as_slice() else {
+            return Local::No;
+        };
+        if !matches!(
+            stmt.tx,
+            Some(TxEffect::Begin(_) | TxEffect::Commit { .. } | TxEffect::Rollback { .. })
+        ) || stmt.session.is_some()
+            || !unit.synced
+        {
+            return Local::No;
         }
+        let Some((sql, described)) = lone_unnamed_statement(&unit.frames) else {
+            return Local::No;
+        };
+        let mut prefix = vec![build::parse_complete(), build::bind_complete()];
+        if described {
+            prefix.push(build::no_data());
+        }
+        self.answer_transaction(analysis, stmt, || sql, &prefix)
     }
 
     /// Transaction mode: `DEALLOCATE name` of a protocol-level statement sent with the
@@ -423,4 +482,58 @@ impl Session {
         c.increment(1);
         self.routed.push((primary, reason, c));
     }
+}
+
+/// The text of the one statement `frames` run, when they are exactly an unnamed Parse
+/// with no parameter types, a Bind of it to the unnamed portal with no parameters (and at
+/// most one parameter format code, which the server then ignores), an optional Describe of
+/// that portal (the flag), an Execute of it and a Sync, one message a frame.
+fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, bool)> {
+    use pgfresh_wire::{parse_frontend, Frame, FrontendMessage as M};
+    let mut sql = None;
+    let mut described = false;
+    let mut expected = [b'P', b'B', b'D', b'E', b'S'].into_iter();
+    for raw in frames {
+        let tag = *raw.first()?;
+        let len = u32::from_be_bytes(raw.get(1..5)?.try_into().ok()?) as usize;
+        if raw.len() != 1 + len {
+            return None;
+        }
+        // The optional Describe may be skipped.
+        let want = expected.find(|&t| t == tag || t != b'D')?;
+        if want != tag {
+            return None;
+        }
+        let frame = Frame {
+            tag,
+            raw: raw.clone(),
+        };
+        match parse_frontend(&frame).ok()? {
+            M::Parse {
+                name: "",
+                param_types,
+                ..
+            } if param_types.is_empty() => {
+                // The text follows the empty name's terminator (checked just now).
+                let body = raw.get(6..)?;
+                let end = memchr::memchr(0, body)?;
+                sql = std::str::from_utf8(&body[..end]).ok();
+            }
+            M::Bind {
+                portal: "",
+                statement: "",
+                params,
+            } if params.is_empty() && params.param_formats().len() <= 1 => {}
+            M::Describe {
+                kind: b'P',
+                name: "",
+            } => described = true,
+            M::Execute { portal: "", .. } | M::Sync => {}
+            _ => return None,
+        }
+    }
+    if expected.next().is_some() {
+        return None;
+    }
+    Some((sql?, described))
 }
