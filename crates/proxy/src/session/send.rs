@@ -122,7 +122,7 @@ static REPLAY_SAMPLE: LazyLock<Bytes> =
 
 impl Session {
     /// Queue frames for `node` without waiting for the server to take them (see
-    /// [`crate::server::ServerConn::queue`]).
+    /// [`crate::server::ServerConn::queue`]), after what was staged for it.
     pub(super) async fn send_frames(
         &mut self,
         node: usize,
@@ -156,9 +156,9 @@ impl Session {
     /// Bring `node`'s connection to the session's settings: RESET ALL, then each
     /// setting as a query of its own (one the server refuses cannot undo the others;
     /// a refusal leaves the connection marked as not up to date, see `relay`).
-    async fn replay_settings(&mut self, node: usize) -> Result<(), ProxyError> {
+    fn replay_settings(&mut self, node: usize) -> Result<(), ProxyError> {
         let frames: Vec<Bytes> = self.state.replay_statements().map(build::query).collect();
-        self.send_frames(node, &frames).await?;
+        self.stage_frames(node, &frames)?;
         for _ in &frames {
             self.inflight
                 .push_back(InFlight::injected(Injected::Setting));
@@ -166,10 +166,25 @@ impl Session {
         Ok(())
     }
 
-    /// Queue an injected simple query (its replies are swallowed).
-    pub(super) async fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
-        self.send_frames(node, &[build::query(sql)]).await?;
+    /// Stage an injected simple query (its replies are swallowed) ahead of the unit.
+    fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+        self.stage_frames(node, &[build::query(sql)])?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
+        Ok(())
+    }
+
+    /// Put frames that must precede a unit in `node`'s queue without writing them: the
+    /// unit's own send writes them with it, one write (and one server wake-up) for both.
+    fn stage_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
+        let Some(leased) = self.backends[node].as_mut() else {
+            return Err(ProxyError::NoPrimary(None));
+        };
+        if !leased.conn.prepared.is_empty() && destroys_unnamed(frames) {
+            leased.conn.prepared.remove("");
+        }
+        for f in frames {
+            leased.conn.wbuf.extend_from_slice(f);
+        }
         Ok(())
     }
 
@@ -345,10 +360,10 @@ impl Session {
     /// statements the unit executes (as PREPARE, after a DEALLOCATE of an older version).
     async fn bring_up_to_date(&mut self, node: usize, unit: &ClientUnit) -> Result<(), ProxyError> {
         if self.settings_stale(node) {
-            self.replay_settings(node).await?;
+            self.replay_settings(node)?;
         }
         if let Some(begin) = self.tx.take_deferred() {
-            self.inject_query(node, &begin.sql).await?;
+            self.inject_query(node, &begin.sql)?;
         }
         for name in &unit.sql_executes {
             let key = format!("sql:{name}");
@@ -365,7 +380,7 @@ impl Session {
                     sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
                 }
                 sql.push_str(&text);
-                self.inject_query(node, &sql).await?;
+                self.inject_query(node, &sql)?;
                 if let Some(l) = self.backends[node].as_mut() {
                     l.conn.prepared.insert(key, hash);
                 }
