@@ -4,7 +4,7 @@
 # several rounds so drifting machine load hits them alike:
 #
 #   no-probe      lsn_routing = false: nothing is sent after a commit
-#   lsn-probe     the default: SELECT pg_current_wal_lsn() pipelined after each commit that wrote
+#   lsn-probe     the default: SELECT pg_current_wal_insert_lsn() pipelined after each commit that wrote
 #   track         the default, and every session sets pgfresh.track_commit_lsn = on: the
 #                 commit's ReadyForQuery waits for the probe's answer and a ParameterStatus
 #   xid-probe     the default with resolve_lost_commits = true: SELECT txid_current_if_assigned(), ...

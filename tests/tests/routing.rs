@@ -118,7 +118,7 @@ async fn read_after_write_never_misses_with_delayed_replicas() {
 }
 
 /// pgfresh's own queries name `pg_catalog`: a session whose search path puts a schema
-/// with a `pg_current_wal_lsn()` of its own first cannot hand pgfresh a made-up commit
+/// with a `pg_current_wal_insert_lsn()` of its own first cannot hand pgfresh a made-up commit
 /// position (one every replica has replayed, so the next read would go to a stale one).
 #[tokio::test]
 async fn a_shadowing_function_cannot_fake_a_commit_position() {
@@ -131,7 +131,7 @@ async fn a_shadowing_function_cannot_fake_a_commit_position() {
     writer
         .batch_execute(&format!(
             "CREATE SCHEMA {s};
-             CREATE FUNCTION {s}.pg_current_wal_lsn() RETURNS pg_lsn
+             CREATE FUNCTION {s}.pg_current_wal_insert_lsn() RETURNS pg_lsn
                  LANGUAGE sql AS $$SELECT '0/1'::pg_lsn$$;
              CREATE TABLE {t}(id int primary key)"
         ))

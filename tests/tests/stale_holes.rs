@@ -2060,3 +2060,46 @@ async fn a_ddl_notification_runs_the_schema_check_at_once() {
     );
     wait_graph(&p, &hole).await;
 }
+
+/// A commit the server has not written to its WAL yet (`synchronous_commit = off`, in
+/// the session or the server's config) is read fresh. The position pgfresh learns after a
+/// commit must cover the commit record: the WAL insert position does, while the write
+/// position (`pg_current_wal_lsn()`) can stay behind it until the WAL writer runs, and a
+/// standby that has replayed everything written looked caught up for a commit it did not
+/// have. Standbys replay at once here: they are caught up to what was written, which is
+/// where the hole was.
+#[tokio::test]
+async fn asynchronous_commits_are_read_fresh() {
+    let _serial = SERIAL.lock().await;
+    let t = unique("async_commit");
+    setup(&format!(
+        "CREATE TABLE {t}(id int PRIMARY KEY, v int); INSERT INTO {t} VALUES (1, 0)"
+    ))
+    .await;
+    let p = start_proxy(&config_text(""));
+    let read = format!("SELECT inet_server_port(), v FROM {t} WHERE id = 1");
+    wait_replica_read(&p, &read).await;
+    let writer = p.connect().await;
+    writer
+        .batch_execute("SET synchronous_commit = off")
+        .await
+        .unwrap();
+    let other = p.connect().await;
+    let mut stale = Vec::new();
+    for i in 1..=(2 * ITERATIONS as i32) {
+        writer
+            .execute(&format!("UPDATE {t} SET v = $1 WHERE id = 1"), &[&i])
+            .await
+            .unwrap();
+        for (who, c) in [("same session", &writer), ("another session", &other)] {
+            let row = c.query_one(&read, &[]).await.unwrap();
+            let (port, v): (i32, i32) = (row.get(0), row.get(1));
+            if v != i {
+                stale.push(format!("{who}: {v} for {i} on port {port}"));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "{} stale reads: {stale:?}", stale.len());
+    // The position is one the standbys reach: reads of the table go back to them.
+    wait_replica_read(&p, &read).await;
+}

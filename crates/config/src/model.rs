@@ -331,7 +331,7 @@ pub struct RoutingSection {
     pub enable_query_parser: bool,
     /// Force reads of recently written relations to the primary.
     pub enable_recent_access_routing: bool,
-    /// Learn each commit's WAL position (a `pg_current_wal_lsn()` pipelined after it)
+    /// Learn each commit's WAL position (a `pg_current_wal_insert_lsn()` pipelined after it)
     /// so a read of a recently written relation may also go to a replica that has
     /// replayed the write, instead of only to the primary.
     pub lsn_routing: bool,

@@ -359,7 +359,7 @@ impl RecencyMap {
     }
 
     /// Mark relations as written by a commit whose WAL position is not known yet (the
-    /// caller learns it right after, e.g. with `pg_current_wal_lsn()`). Until
+    /// caller learns it right after, e.g. with `pg_current_wal_insert_lsn()`). Until
     /// [`RecencyMap::resolve_pending`] brings it, reads of the relations need the
     /// primary, exactly as after [`RecencyMap::mark`] without an LSN; afterwards a
     /// replica that has replayed the position may serve them. Returns the mark's token
@@ -370,7 +370,8 @@ impl RecencyMap {
 
     /// The position of a write marked with [`RecencyMap::mark_pending`] (`token` is what
     /// that call returned). `lsn` must be at or past the commit's end, e.g. the primary's
-    /// `pg_current_wal_lsn()` read after the commit. Marks of earlier streaks are ignored.
+    /// `pg_current_wal_insert_lsn()` read after the commit (not the write position, which
+    /// an asynchronous commit is ahead of). Marks of earlier streaks are ignored.
     pub fn resolve_pending(&self, db: &str, rels: &[RelKey<'_>], token: u64, lsn: Lsn) {
         if lsn.0 == 0 || lsn.0 == PENDING {
             return;

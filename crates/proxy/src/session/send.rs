@@ -111,9 +111,13 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
 
 /// The position probe that follows a committing unit on the primary (`pg_catalog`
 /// named: a session's search path must not be able to shadow it), as a Query frame built
-/// once (each use shares it).
+/// once (each use shares it). The WAL *insert* position: the commit record lies before
+/// it once the commit returned, written to the WAL or not. The write position
+/// (`pg_current_wal_lsn()`) stays behind an asynchronous commit (`synchronous_commit =
+/// off`) until the WAL writer runs, and a standby that had replayed all that was written
+/// would pass for one that has the commit.
 static POSITION_PROBE: LazyLock<Bytes> =
-    LazyLock::new(|| build::query("SELECT pg_catalog.pg_current_wal_lsn()"));
+    LazyLock::new(|| build::query("SELECT pg_catalog.pg_current_wal_insert_lsn()"));
 
 /// The replay sample that may follow an autocommit read on a standby (see
 /// `pgfresh_balancer::live`), as a Query frame built once.

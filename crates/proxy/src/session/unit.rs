@@ -378,7 +378,7 @@ pub enum Injected {
     /// `SELECT txid_current_if_assigned()` ahead of a COMMIT (`resolve_lost_commits`, see
     /// `lost_commit`).
     XidProbe,
-    /// `SELECT pg_catalog.pg_current_wal_lsn()` right after a committing unit: the position
+    /// `SELECT pg_catalog.pg_current_wal_insert_lsn()` right after a committing unit: the position
     /// it returns is at or past that commit, and resolves the unit's marks.
     Position(Probe),
     /// `SELECT pg_catalog.pg_last_wal_replay_lsn()` right after a read on a standby: the
