@@ -14,6 +14,17 @@ use crate::context::FallbackSlot;
 use crate::error::ProxyError;
 use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target, TokenNeed};
 
+/// How pgfresh answers a transaction statement itself (`Session::transaction_answer`).
+#[derive(Clone, Copy)]
+enum TxAnswer {
+    /// Once the replies to the units ahead of it have been relayed.
+    Wait,
+    /// A BEGIN, deferred to the transaction's first statement.
+    Begin,
+    /// The COMMIT or ROLLBACK (`tag`) of a transaction no server has seen.
+    End { tag: &'static str, chain: bool },
+}
+
 /// Whether pgfresh answers a unit itself.
 pub(super) enum Local {
     Answered,
@@ -93,32 +104,60 @@ impl Session {
                 return Local::Answered;
             }
         }
-        self.answer_transaction(
-            analysis,
-            stmt,
-            || unit.simple_sql().unwrap_or_default(),
-            &[],
-        )
+        match self.transaction_answer(stmt) {
+            Some(answer) => self.answer_transaction(
+                answer,
+                analysis,
+                || unit.simple_sql().unwrap_or_default(),
+                &[],
+            ),
+            None => Local::No,
+        }
     }
 
-    /// A BEGIN pgfresh defers, and the COMMIT or ROLLBACK of a transaction whose BEGIN it
-    /// deferred, answered here: `prefix` holds the replies the unit's messages get ahead
-    /// of its CommandComplete (none for a Query), `sql` the statement's text.
+    /// Whether pgfresh answers `stmt` itself now, and how: a BEGIN it defers, and the
+    /// COMMIT or ROLLBACK of a transaction whose BEGIN it deferred.
+    fn transaction_answer(&self, stmt: &pgfresh_sql::Statement) -> Option<TxAnswer> {
+        let deferred = self.tx.deferred().is_some();
+        match &stmt.tx {
+            // pgfresh's own work (a position probe after the last commit) may still
+            // run: the transaction's node is chosen with its first statement anyway.
+            Some(TxEffect::Begin(_))
+                if self.config.routing.enable_query_parser
+                    && self.tx.is_idle()
+                    && !self.client_busy() =>
+            {
+                Some(TxAnswer::Begin)
+            }
+            Some(TxEffect::Commit { .. } | TxEffect::Rollback { .. })
+                if deferred && self.client_busy() =>
+            {
+                Some(TxAnswer::Wait)
+            }
+            Some(TxEffect::Commit { chain }) if deferred => Some(TxAnswer::End {
+                tag: "COMMIT",
+                chain: *chain,
+            }),
+            Some(TxEffect::Rollback { chain }) if deferred => Some(TxAnswer::End {
+                tag: "ROLLBACK",
+                chain: *chain,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Answers a unit as `answer` says: `prefix` holds the replies its messages get
+    /// ahead of the CommandComplete (none for a Query), `sql` is the statement's text.
     fn answer_transaction<'a>(
         &mut self,
+        answer: TxAnswer,
         analysis: &Arc<Analysis>,
-        stmt: &pgfresh_sql::Statement,
         sql: impl FnOnce() -> &'a str,
         prefix: &[bytes::Bytes],
     ) -> Local {
-        let enabled = self.config.routing.enable_query_parser;
-        let busy = self.client_busy();
-        let (tag, status) = match &stmt.tx {
-            Some(TxEffect::Begin(_))
-                // pgfresh's own work (a position probe after the last commit) may still
-                // run: the transaction's node is chosen with its first statement anyway.
-                if enabled && self.tx.is_idle() && !busy =>
-            {
+        let (tag, status) = match answer {
+            TxAnswer::Wait => return Local::Wait,
+            TxAnswer::Begin => {
                 self.tx = TxPhase::Deferred(DeferredBegin {
                     // Read back from the frame only here: most units need no text.
                     sql: sql().to_string(),
@@ -126,29 +165,13 @@ impl Session {
                 });
                 ("BEGIN", TxStatus::InTransaction)
             }
-            Some(TxEffect::Commit { .. }) | Some(TxEffect::Rollback { .. })
-                if self.tx.deferred().is_some() && busy =>
-            {
-                return Local::Wait;
+            // AND CHAIN: a new transaction with the same modes, which no server has seen
+            // either; the deferred BEGIN stands for it.
+            TxAnswer::End { tag, chain: true } => (tag, TxStatus::InTransaction),
+            TxAnswer::End { tag, chain: false } => {
+                self.tx = TxPhase::Idle;
+                (tag, TxStatus::Idle)
             }
-            Some(TxEffect::Commit { chain }) | Some(TxEffect::Rollback { chain })
-                if self.tx.deferred().is_some() =>
-            {
-                let tag = if matches!(stmt.tx, Some(TxEffect::Commit { .. })) {
-                    "COMMIT"
-                } else {
-                    "ROLLBACK"
-                };
-                if *chain {
-                    // AND CHAIN: a new transaction with the same modes, which no server
-                    // has seen either; the deferred BEGIN stands for it.
-                    (tag, TxStatus::InTransaction)
-                } else {
-                    self.tx = TxPhase::Idle;
-                    (tag, TxStatus::Idle)
-                }
-            }
-            _ => return Local::No,
         };
         self.out.extend(prefix.iter().cloned());
         self.out.push(build::command_complete(tag));
@@ -157,7 +180,7 @@ impl Session {
     }
 
     /// The extended protocol's BEGIN and COMMIT or ROLLBACK, answered as the simple
-    /// protocol's are (see `answer_transaction`), when the unit is the shape drivers send
+    /// protocol's are (see `transaction_answer`), when the unit is the shape drivers send
     /// for one statement: the unnamed statement's Parse (no parameter types), a Bind of
     /// it to the unnamed portal with no parameters, an optional Describe of that portal,
     /// its Execute, Sync. Each message gets what the server would answer: ParseComplete,
@@ -170,14 +193,14 @@ impl Session {
         let [stmt] = analysis.statements.as_slice() else {
             return Local::No;
         };
-        if !matches!(
-            stmt.tx,
-            Some(TxEffect::Begin(_) | TxEffect::Commit { .. } | TxEffect::Rollback { .. })
-        ) || stmt.session.is_some()
-            || !unit.synced
-        {
+        if stmt.session.is_some() || !unit.synced {
             return Local::No;
         }
+        // Asked before the frames are read: a COMMIT of a transaction open on a server
+        // (the usual one) costs nothing here.
+        let Some(answer) = self.transaction_answer(stmt) else {
+            return Local::No;
+        };
         let Some((sql, described)) = lone_unnamed_statement(&unit.frames) else {
             return Local::No;
         };
@@ -185,7 +208,7 @@ impl Session {
         if described {
             prefix.push(build::no_data());
         }
-        self.answer_transaction(analysis, stmt, || sql, &prefix)
+        self.answer_transaction(answer, analysis, || sql, &prefix)
     }
 
     /// Transaction mode: `DEALLOCATE name` of a protocol-level statement sent with the
