@@ -1234,3 +1234,92 @@ async fn whole_unnamed_batches_read_their_writes_with_delayed_replicas() {
         "the control (recency routing off) saw no stale read, so the test proves nothing"
     );
 }
+
+/// Reads that reach an unlogged table run on the primary: a standby has none of its rows and
+/// refuses to scan it. Named, through a partitioned parent with an unlogged partition, through
+/// a view, or inside a function — while reads of logged tables still go to the standbys.
+/// Against a proxy that does not learn the catalog, the same read meets the standby's error.
+#[tokio::test]
+async fn reads_of_unlogged_tables_run_on_the_primary() {
+    let _g = SERIAL.lock().await;
+    let u = unique("unlogged");
+    let l = unique("logged");
+    let parent = unique("parted");
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE UNLOGGED TABLE {u}(id int); INSERT INTO {u} VALUES (1);
+                 CREATE TABLE {l}(id int); INSERT INTO {l} VALUES (1);
+                 CREATE TABLE {parent}(id int) PARTITION BY RANGE (id);
+                 CREATE TABLE {parent}_a PARTITION OF {parent} FOR VALUES FROM (0) TO (10);
+                 CREATE UNLOGGED TABLE {parent}_b PARTITION OF {parent} FOR VALUES FROM (10) TO (20);
+                 CREATE VIEW {u}_v AS SELECT * FROM {u};
+                 CREATE FUNCTION {u}_count() RETURNS bigint LANGUAGE sql STABLE
+                     AS 'SELECT count(*) FROM {u}';
+                 GRANT ALL ON {u}, {l}, {parent}, {u}_v TO PUBLIC;"
+            ),
+        )
+        .unwrap();
+    let reads = [
+        format!("SELECT inet_server_port(), count(*) FROM {u}"),
+        format!("SELECT inet_server_port(), count(*) FROM {parent}"),
+        format!("SELECT inet_server_port(), count(*) FROM {u}_v"),
+        format!("SELECT inet_server_port(), {u}_count()"),
+    ];
+    let logged = format!("SELECT inet_server_port(), count(*) FROM {l}");
+    // Recency off: only what a standby can serve decides.
+    let p = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let c = p.connect().await;
+    wait_replicated(&c).await;
+    poll(
+        "the graph to list the unlogged table",
+        Duration::from_secs(60),
+        || async {
+            let deps = admin::get_json(&p, "/v1/dependencies", None).await;
+            let listed = deps["databases"]["app"]["unlogged"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|n| n == &format!("public.{u}")));
+            listed.then_some(())
+        },
+    )
+    .await;
+    for sql in &reads {
+        for _ in 0..10 {
+            assert_eq!(port_of(&c, sql).await, primary_port(), "{sql}");
+        }
+    }
+    poll(
+        "a logged table read on a standby",
+        Duration::from_secs(60),
+        || async {
+            standby_ports()
+                .contains(&port_of(&c, &logged).await)
+                .then_some(())
+        },
+    )
+    .await;
+    drop(c);
+    drop(p);
+    // The control: without the catalog the read goes to a standby, which refuses it.
+    let control = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nlearn_dependencies = false",
+    ));
+    let c = control.connect().await;
+    let refused = poll(
+        "a standby refusing the read",
+        Duration::from_secs(60),
+        || async {
+            c.query_one(&reads[0], &[])
+                .await
+                .err()
+                .map(|e| format!("{e:?}"))
+        },
+    )
+    .await;
+    assert!(
+        refused.contains("cannot access temporary or unlogged relations during recovery"),
+        "{refused}"
+    );
+}

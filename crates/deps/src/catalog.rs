@@ -61,6 +61,10 @@ pub struct RelationRow {
     /// `pg_class.relkind`: `r` table, `p` partitioned table, `v` view, `m` materialized
     /// view, `f` foreign table.
     pub relkind: char,
+    /// `pg_class.relpersistence = 'u'`: an unlogged table, which a standby cannot read
+    /// (absent from rows saved before it was read).
+    #[serde(default)]
+    pub unlogged: bool,
 }
 
 /// One enabled, non-internal row of `pg_trigger`.
@@ -189,7 +193,7 @@ pub struct FunctionRow {
 /// outside the system schemas.
 pub const RELATIONS_SQL: &str = "\
 SELECT c.oid::int8 AS oid, n.nspname::text AS schema, c.relname::text AS name, \
-c.relkind::text AS relkind \
+c.relkind::text AS relkind, c.relpersistence = 'u' AS unlogged \
 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
 WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') \
 AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'";
@@ -396,10 +400,11 @@ coalesce((SELECT pg_catalog.string_agg(d.classid || ':' || d.objid || ':' || d.o
 FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass \
 AND d.refobjid >= 16384 AND d.deptype = 'n'), ''), \
 coalesce((SELECT pg_catalog.string_agg(c.oid || ':' || c.relnamespace || ':' || c.relname || ':' \
-|| c.relkind::text || ':' || c.relrowsecurity || ':' || c.relispartition, ',' ORDER BY c.oid) \
+|| c.relkind::text || ':' || c.relrowsecurity || ':' || c.relispartition || ':' \
+|| c.relpersistence::text, ',' ORDER BY c.oid) \
 FROM pg_catalog.pg_class c WHERE c.oid >= 16384 AND c.relpersistence <> 't' \
 AND (c.relkind::text IN ('v', 'm', 'p') OR c.relhastriggers OR c.relhasrules OR c.relhassubclass \
-OR c.relispartition OR c.relrowsecurity)), ''), \
+OR c.relispartition OR c.relrowsecurity OR c.relpersistence = 'u')), ''), \
 coalesce((SELECT pg_catalog.string_agg(n.oid || ':' || n.nspname, ',' ORDER BY n.oid) \
 FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), ''), \
 coalesce((SELECT pg_catalog.string_agg(dc.table_oid || ':' || dc.attnum || ':' \

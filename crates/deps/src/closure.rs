@@ -12,6 +12,7 @@
 
 use crate::expand::{DepGraph, FastMap, Span};
 use crate::graph::{Builder, FuncId, RelId};
+use crate::unlogged::Unlogged;
 use crate::{CatalogRows, ManualRule};
 
 /// Visited-state stamps, reused across walks without clearing.
@@ -240,6 +241,7 @@ impl DepGraph {
             }
         }
         pool.shrink_to_fit();
+        let unlogged = Unlogged::build(&b, &pool, &rel_read, &func_read);
         DepGraph {
             rels: b.rels,
             funcs: b.funcs,
@@ -251,6 +253,7 @@ impl DepGraph {
             ddl_write,
             rel_index,
             func_index,
+            unlogged,
             report: b.report,
         }
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use pgfresh_sql::{FuncName, RelName};
 
 use crate::graph::{FuncId, RelId};
+use crate::unlogged::Unlogged;
 
 /// The hash map of the hot-path indexes.
 pub(crate) type FastMap<K, V> = foldhash::HashMap<K, V>;
@@ -65,6 +66,8 @@ pub struct DepGraph {
     /// of hash inputs alone; measured in crates/proxy/benches/route.rs).
     pub(crate) rel_index: FastMap<Arc<str>, Vec<RelId>>,
     pub(crate) func_index: FastMap<Arc<str>, Vec<FuncId>>,
+    /// What reaches an unlogged table (see `unlogged`).
+    pub(crate) unlogged: Unlogged,
     pub(crate) report: DependencyReport,
 }
 
@@ -76,7 +79,18 @@ impl DepGraph {
 
     /// True when no expansion can add anything.
     pub fn is_empty(&self) -> bool {
-        self.rel_index.is_empty() && self.func_index.is_empty() && self.ddl_write.is_trivial()
+        self.rel_index.is_empty()
+            && self.func_index.is_empty()
+            && self.ddl_write.is_trivial()
+            && self.unlogged.is_empty()
+    }
+
+    /// Whether reading `reads` and calling `called` reaches an unlogged table, which only
+    /// the primary can read: named, through a partitioned or inheritance parent (at any
+    /// depth), through a view, or in what a called function reads.
+    pub fn reads_unlogged(&self, reads: &[RelName], called: &[FuncName]) -> bool {
+        self.unlogged
+            .reached(&self.rels, &self.funcs, reads, called)
     }
 
     /// Appends to `out` what a DDL statement writes through the event triggers it fires

@@ -29,6 +29,8 @@ pub(crate) struct Builder {
     pub rels: Vec<RelName>,
     /// Relkind per relation (`?` for virtual ones).
     pub relkind: Vec<char>,
+    /// Unlogged tables (virtual relations are not).
+    pub unlogged: Vec<bool>,
     pub funcs: Vec<FuncName>,
     /// Volatility per function (`v` for virtual ones).
     pub volatility: Vec<char>,
@@ -74,6 +76,7 @@ impl Builder {
         self.by_name.entry(name.name.clone()).or_default().push(id);
         self.rels.push(name);
         self.relkind.push(relkind);
+        self.unlogged.push(false);
         for v in [
             &mut self.cascades,
             &mut self.children,
@@ -152,6 +155,10 @@ impl Builder {
         let mut b = Builder::default();
         for r in &rows.relations {
             let id = b.add_rel(RelName::new(Some(&r.schema), &r.name), r.relkind);
+            b.unlogged[id as usize] = r.unlogged;
+            if r.unlogged {
+                b.report.unlogged.push(format!("{}.{}", r.schema, r.name));
+            }
             b.by_oid.insert(r.oid, id);
         }
         for f in &rows.functions {
@@ -195,6 +202,7 @@ impl Builder {
         b.report.edges.sort();
         b.report.edges.dedup();
         b.report.unanalysable.sort();
+        b.report.unlogged.sort();
         b
     }
 

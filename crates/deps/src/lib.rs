@@ -23,7 +23,9 @@
 //! use pgfresh_deps::{CatalogRows, DepGraph, Expansion, ForeignKeyRow, RelationRow};
 //! use pgfresh_sql::RelName;
 //!
-//! let rel = |oid, name: &str| RelationRow { oid, schema: "app".into(), name: name.into(), relkind: 'r' };
+//! let rel = |oid, name: &str| RelationRow {
+//!     oid, schema: "app".into(), name: name.into(), relkind: 'r', unlogged: false,
+//! };
 //! let rows = CatalogRows {
 //!     relations: vec![rel(1, "orders"), rel(2, "order_items")],
 //!     foreign_keys: vec![ForeignKeyRow {
@@ -47,6 +49,7 @@ mod expand;
 mod graph;
 pub mod report;
 pub mod rules;
+mod unlogged;
 
 pub use catalog::{
     CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, InheritsRow, Oid, PolicyDepRow,

@@ -73,6 +73,9 @@ pub struct DependencyReport {
     pub edges: Vec<Edge>,
     /// Functions whose bodies cannot be analysed, sorted.
     pub unanalysable: Vec<UnanalysableBody>,
+    /// Unlogged tables (`schema.name`, sorted): a standby cannot read them, so every read
+    /// that reaches one runs on the primary.
+    pub unlogged: Vec<String>,
 }
 
 /// Serializes a value through its `Display`.

@@ -352,7 +352,7 @@ fn show_nodes(shared: &Shared, out: &mut BytesMut) {
 
 /// `SHOW DEPENDENCIES [database]`: one row per edge of every loaded graph, then one per
 /// body that cannot be analysed (kind `unanalysable`, the function in `from`, the reason in
-/// `action`).
+/// `action`), then one per unlogged table (kind `unlogged`, the table in `from`).
 fn show_dependencies(shared: &Shared, only: Option<&str>, out: &mut BytesMut) {
     let mut rows = Vec::new();
     for (db, graph) in shared.deps.loaded() {
@@ -384,6 +384,16 @@ fn show_dependencies(shared: &Shared, only: Option<&str>, out: &mut BytesMut) {
                 String::new(),
                 String::new(),
                 reason,
+            ]);
+        }
+        for t in &report.unlogged {
+            rows.push(vec![
+                db.clone(),
+                "unlogged".to_string(),
+                t.clone(),
+                String::new(),
+                String::new(),
+                "read on the primary only".to_string(),
             ]);
         }
     }

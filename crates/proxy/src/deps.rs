@@ -691,6 +691,9 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<(CatalogRows, 
             schema: text(&r, "schema")?,
             name: text(&r, "name")?,
             relkind: letter(&r, "relkind")?,
+            unlogged: r
+                .try_get("unlogged")
+                .map_err(|e| format!("column unlogged: {e}"))?,
         });
     }
     for r in run("triggers", TRIGGERS_SQL).await? {

@@ -248,6 +248,15 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
     if parts.iter().any(|a| a.touches_catalog) {
         return decision(Target::Primary, Reason::Catalog);
     }
+    // A standby has no rows of an unlogged table and refuses to read one.
+    if let Some(g) = ctx.deps {
+        if parts
+            .iter()
+            .any(|a| g.reads_unlogged(&a.reads, &a.functions))
+        {
+            return decision(Target::Primary, Reason::MustPrimary("unlogged_table"));
+        }
+    }
     let mut required: Option<Lsn> = None;
     match session.token {
         TokenNeed::None => {}

@@ -34,6 +34,7 @@ pub fn schema() -> CatalogRows {
             schema: "app".into(),
             name: format!("t{i}"),
             relkind: 'r',
+            unlogged: false,
         });
     }
     // 500 triggers: on every other table; bodies write 1–3 tables a little further on
@@ -89,6 +90,7 @@ pub fn schema() -> CatalogRows {
             schema: "app".into(),
             name: format!("v{v}"),
             relkind: 'v',
+            unlogged: false,
         });
         for _ in 0..2 + rng.next(2) {
             rows.view_deps.push(ViewDepRow {

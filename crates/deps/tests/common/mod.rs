@@ -39,7 +39,17 @@ impl Schema {
             schema,
             name,
             relkind,
+            unlogged: false,
         });
+        oid
+    }
+
+    /// An unlogged table.
+    pub fn unlogged_table(&mut self, qualified: &str) -> u32 {
+        let oid = self.table(qualified);
+        if let Some(r) = self.rows.relations.last_mut() {
+            r.unlogged = true;
+        }
         oid
     }
 
