@@ -1269,23 +1269,48 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
         format!("SELECT inet_server_port(), {u}_count()"),
     ];
     let logged = format!("SELECT inet_server_port(), count(*) FROM {l}");
-    // Recency off: only what a standby can serve decides.
-    let p = start_proxy(&config_text("enable_recent_access_routing = false"));
+    // Recency off: only what a standby can serve decides. The schema check runs often.
+    let p = start_proxy(&config_text(
+        "enable_recent_access_routing = false\ndependency_check_ms = 50",
+    ));
     let c = p.connect().await;
     wait_replicated(&c).await;
+    let listed = |table: String| {
+        let (p, c) = (&p, &c);
+        async move {
+            // The database must stay in use for the schema checks to run.
+            c.simple_query("SELECT 1").await.expect("a statement");
+            let deps = admin::get_json(p, "/v1/dependencies", None).await;
+            deps["databases"]["app"]["unlogged"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|n| n == &format!("public.{table}")))
+                .then_some(())
+        }
+    };
     poll(
         "the graph to list the unlogged table",
         Duration::from_secs(60),
-        || async {
-            let deps = admin::get_json(&p, "/v1/dependencies", None).await;
-            let listed = deps["databases"]["app"]["unlogged"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|n| n == &format!("public.{u}")));
-            listed.then_some(())
-        },
+        || listed(u.clone()),
     )
     .await;
-    for sql in &reads {
+    // One made outside pgfresh after the graph was loaded: the schema check finds it.
+    let late = format!("{u}_late");
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!("CREATE UNLOGGED TABLE {late}(id int); GRANT ALL ON {late} TO PUBLIC"),
+        )
+        .unwrap();
+    wait_replicated(&c).await;
+    poll(
+        "the schema check to find the new one",
+        Duration::from_secs(60),
+        || listed(late.clone()),
+    )
+    .await;
+    let late_read = format!("SELECT inet_server_port(), count(*) FROM {late}");
+    for sql in reads.iter().chain([&late_read]) {
         for _ in 0..10 {
             assert_eq!(port_of(&c, sql).await, primary_port(), "{sql}");
         }
