@@ -252,9 +252,13 @@ pub fn ssl_no() -> Bytes {
     Bytes::from_static(b"N")
 }
 
-/// ReadyForQuery (`Z`).
+/// ReadyForQuery (`Z`): one of three constant frames, so making one allocates nothing.
 pub fn ready_for_query(status: TxStatus) -> Bytes {
-    frame(b'Z', 1, |b| b.put_u8(status.as_byte()))
+    Bytes::from_static(match status {
+        TxStatus::Idle => b"Z\0\0\0\x05I",
+        TxStatus::InTransaction => b"Z\0\0\0\x05T",
+        TxStatus::Failed => b"Z\0\0\0\x05E",
+    })
 }
 
 /// ParameterStatus (`S`).

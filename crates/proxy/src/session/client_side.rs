@@ -368,7 +368,12 @@ impl Session {
                 continue;
             }
             match self.answer_locally(&unit) {
-                Local::Answered => continue,
+                Local::Answered => {
+                    // Its box and vectors serve the next batch (a deferred BEGIN comes
+                    // once a transaction).
+                    self.recycle_unit(unit);
+                    continue;
+                }
                 Local::Wait => {
                     // Replies to units ahead of it must reach the client first.
                     self.ready.push_front(unit);
