@@ -601,6 +601,20 @@ async fn run(s: &mut TcpStream, sql: &str, extended: bool) -> Vec<(u8, Vec<u8>)>
     raw::read_until(s, b'Z').await
 }
 
+/// The unnamed batch of `sql` the way tokio-postgres' `query_typed` sends it: Parse, Bind,
+/// Describe of the statement, Execute, Sync.
+fn describe_statement_batch(sql: &str) -> Vec<u8> {
+    let mut parse = cstr("");
+    parse.extend_from_slice(&cstr(sql));
+    parse.extend_from_slice(&0u16.to_be_bytes());
+    let mut out = msg(b'P', &parse);
+    out.extend(raw::bind("", &[]));
+    out.extend(msg(b'D', b"S\0"));
+    out.extend(raw::execute());
+    out.extend(msg(b'S', &[]));
+    out
+}
+
 /// Backends on the primary in a transaction for the session named `name`.
 fn open_transactions(name: &str) -> String {
     cluster()
@@ -695,6 +709,21 @@ async fn begin_waits_for_the_transaction_s_first_statement_in_both_protocols() {
                 "{what}: a chained transaction was none"
             );
             assert_eq!(open_transactions(&name), "0", "{what}");
+        }
+        // tokio-postgres' query_typed describes the statement rather than the portal: a
+        // ParameterDescription of none comes before the NoData, as from the server.
+        let name = format!("deferred_{}_typed", mode.len());
+        run(&mut s, &format!("SET application_name = '{name}'"), false).await;
+        for (sql, tag, status) in [("BEGIN", "BEGIN", b'T'), ("COMMIT", "COMMIT", b'I')] {
+            s.write_all(&describe_statement_batch(sql)).await.unwrap();
+            let replies = raw::read_until(&mut s, b'Z').await;
+            assert_eq!(raw::tags(&replies), b"12tnCZ", "{mode}: {sql}");
+            assert_eq!(tag_and_status(&replies), (tag.into(), status), "{mode}");
+            assert_eq!(
+                open_transactions(&name),
+                "0",
+                "{mode}: {sql} went to a server"
+            );
         }
     }
     cluster()

@@ -350,6 +350,11 @@ pub fn no_data() -> Bytes {
     Bytes::from_static(b"n\0\0\0\x04")
 }
 
+/// ParameterDescription (`t`) of a statement that takes no parameters.
+pub fn no_parameters() -> Bytes {
+    Bytes::from_static(b"t\0\0\0\x06\0\0")
+}
+
 /// NotificationResponse (`A`).
 pub fn notification_response(pid: i32, channel: &str, payload: &str) -> Bytes {
     frame(b'A', 6 + channel.len() + payload.len(), |b| {

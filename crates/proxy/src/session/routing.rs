@@ -182,10 +182,12 @@ impl Session {
     /// The extended protocol's BEGIN and COMMIT or ROLLBACK, answered as the simple
     /// protocol's are (see `transaction_answer`), when the unit is the shape drivers send
     /// for one statement: the unnamed statement's Parse (no parameter types), a Bind of
-    /// it to the unnamed portal with no parameters, an optional Describe of that portal,
-    /// its Execute, Sync. Each message gets what the server would answer: ParseComplete,
-    /// BindComplete, NoData (a transaction statement returns no rows), then the
-    /// CommandComplete and ReadyForQuery. Any other shape goes to the server.
+    /// it to the unnamed portal with no parameters, an optional Describe of that portal or
+    /// statement (tokio-postgres' `query_typed` describes the statement), its Execute,
+    /// Sync. Each message gets what the server would answer: ParseComplete, BindComplete,
+    /// NoData (a transaction statement returns no rows; a statement's description starts
+    /// with a ParameterDescription of none), then the CommandComplete and ReadyForQuery.
+    /// Any other shape goes to the server.
     fn answer_extended_transaction(&mut self, unit: &ClientUnit) -> Local {
         let [analysis] = unit.parts.as_slice() else {
             return Local::No;
@@ -205,8 +207,10 @@ impl Session {
             return Local::No;
         };
         let mut prefix = vec![build::parse_complete(), build::bind_complete()];
-        if described {
-            prefix.push(build::no_data());
+        match described {
+            Some(b'S') => prefix.extend([build::no_parameters(), build::no_data()]),
+            Some(_) => prefix.push(build::no_data()),
+            None => {}
         }
         self.answer_transaction(answer, analysis, || sql, &prefix)
     }
@@ -510,11 +514,12 @@ impl Session {
 /// The text of the one statement `frames` run, when they are exactly an unnamed Parse
 /// with no parameter types, a Bind of it to the unnamed portal with no parameters (and at
 /// most one parameter format code, which the server then ignores), an optional Describe of
-/// that portal (the flag), an Execute of it and a Sync, one message a frame.
-fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, bool)> {
+/// that portal or statement (its kind, `P` or `S`), an Execute of the portal and a Sync,
+/// one message a frame.
+fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, Option<u8>)> {
     use pgfresh_wire::{parse_frontend, Frame, FrontendMessage as M};
     let mut sql = None;
-    let mut described = false;
+    let mut described = None;
     let mut expected = [b'P', b'B', b'D', b'E', b'S'].into_iter();
     for raw in frames {
         let tag = *raw.first()?;
@@ -548,9 +553,9 @@ fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, bool)> {
                 params,
             } if params.is_empty() && params.param_formats().len() <= 1 => {}
             M::Describe {
-                kind: b'P',
+                kind: kind @ (b'P' | b'S'),
                 name: "",
-            } => described = true,
+            } => described = Some(kind),
             M::Execute { portal: "", .. } | M::Sync => {}
             _ => return None,
         }
