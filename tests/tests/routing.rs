@@ -1348,3 +1348,80 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
         "{refused}"
     );
 }
+
+/// A function the catalog marks STABLE whose body writes after all (`nextval` here) runs
+/// on the primary: its analysed body says so. A STABLE function that only reads still goes
+/// to a standby. Against a proxy that does not learn the catalog, the call meets the
+/// standby's refusal.
+#[tokio::test]
+async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
+    let _g = SERIAL.lock().await;
+    let f = unique("stable_next");
+    let r = unique("stable_read");
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE SEQUENCE {f}_seq; GRANT ALL ON {f}_seq TO PUBLIC;
+                 CREATE FUNCTION {f}() RETURNS bigint LANGUAGE plpgsql STABLE
+                     AS $$ BEGIN RETURN nextval('{f}_seq'); END $$;
+                 CREATE FUNCTION {r}() RETURNS int LANGUAGE plpgsql STABLE
+                     AS $$ BEGIN RETURN inet_server_port(); END $$;"
+            ),
+        )
+        .unwrap();
+    let writes = format!("SELECT inet_server_port(), {f}()");
+    let reads = format!("SELECT {r}()");
+    let p = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let c = p.connect().await;
+    wait_replicated(&c).await;
+    // Until pg_proc is loaded the calls go to the primary; then the reader moves to a
+    // standby, and the writer, once the graph has its body, stays.
+    poll(
+        "the reader on a standby",
+        Duration::from_secs(60),
+        || async {
+            standby_ports()
+                .contains(&port_of(&c, &reads).await)
+                .then_some(())
+        },
+    )
+    .await;
+    poll(
+        "the graph to have the writer",
+        Duration::from_secs(60),
+        || async {
+            let deps = admin::get_json(&p, "/v1/dependencies", None).await;
+            deps["databases"]["app"]["edges"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["from"] == format!("public.{f}()")))
+                .then_some(())
+        },
+    )
+    .await;
+    for _ in 0..10 {
+        assert_eq!(port_of(&c, &writes).await, primary_port(), "{writes}");
+    }
+    drop(c);
+    drop(p);
+    let control = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nlearn_dependencies = false",
+    ));
+    let c = control.connect().await;
+    let refused = poll(
+        "a standby refusing the call",
+        Duration::from_secs(60),
+        || async {
+            c.query_one(&writes, &[])
+                .await
+                .err()
+                .map(|e| format!("{e:?}"))
+        },
+    )
+    .await;
+    assert!(
+        refused.contains("cannot execute nextval() in a read-only transaction"),
+        "{refused}"
+    );
+}

@@ -85,6 +85,22 @@ impl DepGraph {
             && self.unlogged.is_empty()
     }
 
+    /// Whether calling `called` may write: a function whose body, or a function it calls,
+    /// writes a relation (`nextval` writes its sequence) or may run a volatile body pgfresh
+    /// cannot read. A function the catalog marks STABLE or IMMUTABLE can still do so —
+    /// PostgreSQL refuses data-modifying statements in its own body, not the functions it
+    /// calls — and a standby refuses the write.
+    pub fn calls_writer(&self, called: &[FuncName]) -> bool {
+        called.iter().any(|n| {
+            self.func_index.get(&*n.name).is_some_and(|ids| {
+                ids.iter().any(|&f| {
+                    n.may_match(&self.funcs[f as usize])
+                        && !self.func_write[f as usize].is_trivial()
+                })
+            })
+        })
+    }
+
     /// Whether reading `reads` and calling `called` reaches an unlogged table, which only
     /// the primary can read: named, through a partitioned or inheritance parent (at any
     /// depth), through a view, or in what a called function reads.

@@ -587,3 +587,54 @@ fn report_lists_every_edge_kind_and_unanalysable_body() {
     assert!(json["edges"][0]["kind"].as_str().is_some());
     assert_eq!(json["relations"], 20);
 }
+
+/// Functions whose calls may write, whatever the catalog says of their volatility: a body
+/// that calls `nextval`, or a volatile function that writes; not one that only reads, nor
+/// one whose body cannot be read (a STABLE C function writes nothing pgfresh can know of).
+#[test]
+fn functions_that_write_behind_a_stable_label() {
+    let mut s = Schema::default();
+    s.table("app.orders");
+    let def = plpgsql_def(
+        "app.next_id",
+        "bigint",
+        " STABLE\n",
+        "  RETURN nextval('app.ids');",
+    );
+    s.func("app.next_id", "plpgsql", 's', Some(def));
+    let def = plpgsql_def(
+        "app.log_it",
+        "void",
+        "",
+        "  INSERT INTO app.orders VALUES (1);",
+    );
+    s.func("app.log_it", "plpgsql", 'v', Some(def));
+    let def = plpgsql_def(
+        "app.wrapped",
+        "int",
+        " STABLE\n",
+        "  PERFORM app.log_it();\n  RETURN 1;",
+    );
+    s.func("app.wrapped", "plpgsql", 's', Some(def));
+    let def = plpgsql_def(
+        "app.reader",
+        "bigint",
+        " STABLE\n",
+        "  RETURN (SELECT count(*) FROM app.orders);",
+    );
+    s.func("app.reader", "plpgsql", 's', Some(def));
+    s.func("app.st_area", "c", 'i', Some("st_area".into()));
+    let g = DepGraph::build(&s.rows, &[]);
+    let calls = |names: &[&str]| {
+        let f: Vec<FuncName> = names.iter().map(|n| func(n)).collect();
+        g.calls_writer(&f)
+    };
+    assert!(calls(&["app.next_id"]));
+    assert!(calls(&["next_id"]));
+    assert!(calls(&["app.wrapped"]));
+    assert!(calls(&["app.reader", "app.wrapped"]));
+    assert!(!calls(&["app.reader"]));
+    assert!(!calls(&["app.st_area"]));
+    assert!(!calls(&["other.next_id"]));
+    assert!(!calls(&["lower"]));
+}

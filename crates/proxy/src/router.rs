@@ -238,6 +238,11 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         if !a.function_reasons(ctx.policy, ctx.oracle).is_empty() {
             return decision(Target::Primary, Reason::WriteFunction);
         }
+        // A STABLE or IMMUTABLE function whose body writes after all (through `nextval`,
+        // or a volatile function it calls), as its body's analysis shows.
+        if ctx.deps.is_some_and(|g| g.calls_writer(&a.functions)) {
+            return decision(Target::Primary, Reason::WriteFunction);
+        }
     }
     if let Some(pin) = session.pinned {
         return decision(Target::Primary, Reason::SessionPinned(pin));
