@@ -1425,3 +1425,55 @@ async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
         "{refused}"
     );
 }
+
+/// A session whose transactions default to SERIALIZABLE reads on the primary: a hot standby
+/// refuses every statement in that mode ("cannot use serializable mode in a hot standby").
+/// Set with SET, with SET SESSION CHARACTERISTICS, or as a startup option; once the default
+/// is back, reads go to the standbys again.
+#[tokio::test]
+async fn a_serializable_default_keeps_the_session_s_reads_on_the_primary() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = p.cold_table(&c, "serializable_default").await;
+    let read = format!("SELECT inet_server_port() FROM {t} LIMIT 1");
+    for set in [
+        "SET default_transaction_isolation = 'serializable'",
+        "SET default_transaction_isolation TO SERIALIZABLE",
+        "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+    ] {
+        poll(
+            "a cold read on a standby",
+            Duration::from_secs(60),
+            || async {
+                standby_ports()
+                    .contains(&port_of(&c, &read).await)
+                    .then_some(())
+            },
+        )
+        .await;
+        c.batch_execute(set).await.unwrap();
+        for _ in 0..10 {
+            assert_eq!(port_of(&c, &read).await, primary_port(), "{set}");
+        }
+        c.batch_execute("SET default_transaction_isolation = 'read committed'")
+            .await
+            .unwrap();
+    }
+    poll(
+        "reads back on a standby",
+        Duration::from_secs(60),
+        || async {
+            standby_ports()
+                .contains(&port_of(&c, &read).await)
+                .then_some(())
+        },
+    )
+    .await;
+    let s = p
+        .connect_with_options("-c default_transaction_isolation=serializable")
+        .await;
+    for _ in 0..10 {
+        assert_eq!(port_of(&s, &read).await, primary_port(), "startup option");
+    }
+}

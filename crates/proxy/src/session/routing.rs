@@ -318,7 +318,10 @@ impl Session {
         let view = SessionView {
             in_transaction: self.tx.on_server(),
             read_only_txn: self.state.default_read_only,
-            pinned: self.state.pinned().map(PinReason::as_str),
+            pinned: self.state.pinned().map(PinReason::as_str).or(self
+                .state
+                .default_serializable
+                .then_some("serializable_default")),
             route_primary: self.state.route_primary,
             token,
         };

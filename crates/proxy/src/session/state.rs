@@ -137,6 +137,9 @@ pub struct SessionState {
     pub route_primary: bool,
     /// `default_transaction_read_only` is on for this session.
     pub default_read_only: bool,
+    /// `default_transaction_isolation` is `serializable` for this session: a hot standby
+    /// refuses every statement then, so the session's reads run on the primary.
+    pub default_serializable: bool,
 }
 
 impl Default for SessionState {
@@ -148,6 +151,7 @@ impl Default for SessionState {
             pins: Default::default(),
             route_primary: false,
             default_read_only: false,
+            default_serializable: false,
         }
     }
 }
@@ -181,6 +185,13 @@ impl SessionState {
     /// connection, `None` to return the parameter to its default.
     pub fn set(&mut self, name: &str, value: Option<&str>, stmt: Option<String>) {
         let name = name.to_ascii_lowercase();
+        if name == "default_transaction_isolation" {
+            self.default_serializable = value.is_some_and(|v| {
+                v.trim()
+                    .trim_matches(|c| c == '\'' || c == '"')
+                    .eq_ignore_ascii_case("serializable")
+            });
+        }
         if name == "default_transaction_read_only" {
             self.default_read_only = value
                 .map(|v| {
@@ -203,6 +214,7 @@ impl SessionState {
     pub fn reset_all(&mut self) {
         self.settings = no_settings();
         self.default_read_only = false;
+        self.default_serializable = false;
     }
 
     /// The statements that bring a connection to this session's settings, each sent
@@ -293,6 +305,31 @@ mod tests {
             parse_options("-c x=a\\ b"),
             vec![("x".into(), "a b".into())]
         );
+    }
+
+    #[test]
+    fn a_serializable_default_is_noticed_in_every_form() {
+        let mut s = SessionState::default();
+        for (value, serializable) in [
+            ("'serializable'", true),
+            ("SERIALIZABLE", true),
+            (" \"Serializable\" ", true),
+            ("'repeatable read'", false),
+            ("serializable", true),
+        ] {
+            s.set(
+                "Default_Transaction_Isolation",
+                Some(value),
+                Some(String::new()),
+            );
+            assert_eq!(s.default_serializable, serializable, "{value}");
+        }
+        s.set("default_transaction_isolation", None, None);
+        assert!(!s.default_serializable, "RESET");
+        s.set_param("default_transaction_isolation", "serializable");
+        assert!(s.default_serializable, "a startup option");
+        s.reset_all();
+        assert!(!s.default_serializable, "RESET ALL");
     }
 
     #[test]
