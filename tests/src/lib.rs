@@ -290,12 +290,18 @@ pub mod raw {
     /// psycopg without prepared statements): Parse and Bind of the unnamed statement and
     /// portal, Describe of the portal, Execute, Sync, text parameters.
     pub fn exec_params(sql: &str, values: &[&str]) -> Vec<u8> {
+        unnamed_batch(sql, values, b'P')
+    }
+
+    /// The same batch with a Describe of `kind`: `P` the portal, `S` the statement (as
+    /// tokio-postgres' `query_typed` sends it).
+    pub fn unnamed_batch(sql: &str, values: &[&str], kind: u8) -> Vec<u8> {
         let mut parse = cstr("");
         parse.extend_from_slice(&cstr(sql));
         parse.extend_from_slice(&0u16.to_be_bytes());
         let mut out = msg(b'P', &parse);
         out.extend(bind("", values));
-        out.extend(msg(b'D', b"P\0"));
+        out.extend(msg(b'D', &[kind, 0]));
         out.extend(execute());
         out.extend(msg(b'S', &[]));
         out

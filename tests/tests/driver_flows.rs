@@ -604,15 +604,7 @@ async fn run(s: &mut TcpStream, sql: &str, extended: bool) -> Vec<(u8, Vec<u8>)>
 /// The unnamed batch of `sql` the way tokio-postgres' `query_typed` sends it: Parse, Bind,
 /// Describe of the statement, Execute, Sync.
 fn describe_statement_batch(sql: &str) -> Vec<u8> {
-    let mut parse = cstr("");
-    parse.extend_from_slice(&cstr(sql));
-    parse.extend_from_slice(&0u16.to_be_bytes());
-    let mut out = msg(b'P', &parse);
-    out.extend(raw::bind("", &[]));
-    out.extend(msg(b'D', b"S\0"));
-    out.extend(raw::execute());
-    out.extend(msg(b'S', &[]));
-    out
+    raw::unnamed_batch(sql, &[], b'S')
 }
 
 /// Backends on the primary in a transaction for the session named `name`.
@@ -671,6 +663,7 @@ async fn begin_waits_for_the_transaction_s_first_statement_in_both_protocols() {
             );
             // The first statement takes it along; a ROLLBACK undoes what it wrote.
             let insert = format!("INSERT INTO {table} VALUES (1)");
+            let count_rows = format!("SELECT count(*) FROM {table}");
             let inserted = run(&mut s, &insert, extended).await;
             assert_eq!(
                 tag_and_status(&inserted),
@@ -680,7 +673,7 @@ async fn begin_waits_for_the_transaction_s_first_statement_in_both_protocols() {
             assert_eq!(open_transactions(&name), "1", "{what}");
             let rolled = run(&mut s, "ROLLBACK", extended).await;
             assert_eq!(tag_and_status(&rolled), ("ROLLBACK".into(), b'I'), "{what}");
-            let count = run(&mut s, &format!("SELECT count(*) FROM {table}"), extended).await;
+            let count = run(&mut s, &count_rows, extended).await;
             assert_eq!(
                 first_value(&count),
                 "0",
@@ -702,7 +695,7 @@ async fn begin_waits_for_the_transaction_s_first_statement_in_both_protocols() {
             run(&mut s, &insert, extended).await;
             let rolled = run(&mut s, "ROLLBACK", extended).await;
             assert_eq!(tag_and_status(&rolled), ("ROLLBACK".into(), b'I'), "{what}");
-            let count = run(&mut s, &format!("SELECT count(*) FROM {table}"), extended).await;
+            let count = run(&mut s, &count_rows, extended).await;
             assert_eq!(
                 first_value(&count),
                 "0",

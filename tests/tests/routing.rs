@@ -1235,6 +1235,20 @@ async fn whole_unnamed_batches_read_their_writes_with_delayed_replicas() {
     );
 }
 
+/// What a standby answers `sql` through a proxy that does not learn the catalog (recency
+/// off, so the read is sent to a standby as soon as one is in the pool): the controls of
+/// the tests of what only the primary can run.
+async fn refused_without_the_catalog(sql: &str) -> String {
+    let control = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nlearn_dependencies = false",
+    ));
+    let c = control.connect().await;
+    poll("a standby refusing it", Duration::from_secs(60), || async {
+        c.query_one(sql, &[]).await.err().map(|e| format!("{e:?}"))
+    })
+    .await
+}
+
 /// Reads that reach an unlogged table run on the primary: a standby has none of its rows and
 /// refuses to scan it. Named, through a partitioned parent with an unlogged partition, through
 /// a view, or inside a function — while reads of logged tables still go to the standbys.
@@ -1328,21 +1342,7 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
     drop(c);
     drop(p);
     // The control: without the catalog the read goes to a standby, which refuses it.
-    let control = start_proxy(&config_text(
-        "enable_recent_access_routing = false\nlearn_dependencies = false",
-    ));
-    let c = control.connect().await;
-    let refused = poll(
-        "a standby refusing the read",
-        Duration::from_secs(60),
-        || async {
-            c.query_one(&reads[0], &[])
-                .await
-                .err()
-                .map(|e| format!("{e:?}"))
-        },
-    )
-    .await;
+    let refused = refused_without_the_catalog(&reads[0]).await;
     assert!(
         refused.contains("cannot access temporary or unlogged relations during recovery"),
         "{refused}"
@@ -1405,21 +1405,7 @@ async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
     }
     drop(c);
     drop(p);
-    let control = start_proxy(&config_text(
-        "enable_recent_access_routing = false\nlearn_dependencies = false",
-    ));
-    let c = control.connect().await;
-    let refused = poll(
-        "a standby refusing the call",
-        Duration::from_secs(60),
-        || async {
-            c.query_one(&writes, &[])
-                .await
-                .err()
-                .map(|e| format!("{e:?}"))
-        },
-    )
-    .await;
+    let refused = refused_without_the_catalog(&writes).await;
     assert!(
         refused.contains("cannot execute nextval() in a read-only transaction"),
         "{refused}"

@@ -109,6 +109,14 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
     })
 }
 
+/// Appends `frames` to a connection's write buffer, room made once.
+fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
+    wbuf.reserve(frames.iter().map(Bytes::len).sum());
+    for f in frames {
+        wbuf.extend_from_slice(f);
+    }
+}
+
 /// The position probe that follows a committing unit on the primary (`pg_catalog`
 /// named: a session's search path must not be able to shadow it), as a Query frame built
 /// once (each use shares it). The WAL *insert* position: the commit record lies before
@@ -132,23 +140,13 @@ impl Session {
         node: usize,
         frames: &[Bytes],
     ) -> Result<(), ProxyError> {
-        let Some(leased) = self.backends[node].as_mut() else {
-            return Err(ProxyError::NoPrimary(None));
-        };
-        if !leased.conn.prepared.is_empty() && destroys_unnamed(frames) {
-            // The next unit that binds the unnamed statement prepares it here again.
-            leased.conn.prepared.remove("");
-        }
+        let conn = self.connection_for(node, frames)?;
         let result = match frames {
-            [one] => leased.conn.queue(one),
+            [one] => conn.queue(one),
             many => {
                 // One write for the whole unit.
-                let total: usize = many.iter().map(Bytes::len).sum();
-                leased.conn.wbuf.reserve(total);
-                for f in many {
-                    leased.conn.wbuf.extend_from_slice(f);
-                }
-                leased.conn.flush_some()
+                append(&mut conn.wbuf, many);
+                conn.flush_some()
             }
         };
         result.map_err(|e| {
@@ -180,16 +178,26 @@ impl Session {
     /// Put frames that must precede a unit in `node`'s queue without writing them: the
     /// unit's own send writes them with it, one write (and one server wake-up) for both.
     fn stage_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
+        let conn = self.connection_for(node, frames)?;
+        append(&mut conn.wbuf, frames);
+        Ok(())
+    }
+
+    /// `node`'s connection, its record of statements brought to what it holds once it has
+    /// run `frames`.
+    fn connection_for(
+        &mut self,
+        node: usize,
+        frames: &[Bytes],
+    ) -> Result<&mut crate::server::ServerConn, ProxyError> {
         let Some(leased) = self.backends[node].as_mut() else {
             return Err(ProxyError::NoPrimary(None));
         };
         if !leased.conn.prepared.is_empty() && destroys_unnamed(frames) {
+            // The next unit that binds the unnamed statement prepares it here again.
             leased.conn.prepared.remove("");
         }
-        for f in frames {
-            leased.conn.wbuf.extend_from_slice(f);
-        }
-        Ok(())
+        Ok(&mut leased.conn)
     }
 
     /// Send a routed unit to `node` (`decision` is `None` for the rest of a unit already
