@@ -91,19 +91,11 @@ pub fn write_config(path: &Path, text: &str) {
 
 /// The port of the node that served the statement, and the row count of `table` there.
 pub async fn served_by(c: &tokio_postgres::Client, table: &str) -> (u16, i64) {
-    let rows = c
-        .simple_query(&format!(
-            "SELECT inet_server_port(), (SELECT count(*) FROM {table})"
-        ))
-        .await
-        .expect("read through pgfresh");
-    let row = rows
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
-            _ => None,
-        })
-        .expect("one row");
+    let row = crate::simple_row(
+        c,
+        &format!("SELECT inet_server_port(), (SELECT count(*) FROM {table})"),
+    )
+    .await;
     (
         row.get(0).and_then(|v| v.parse().ok()).expect("port"),
         row.get(1).and_then(|v| v.parse().ok()).expect("count"),

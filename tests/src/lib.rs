@@ -206,6 +206,19 @@ pub async fn cut_off_standby(c: &LocalCluster, i: usize) {
     .await;
 }
 
+/// The first row `sql` returns over the simple protocol (panics on an error or no row).
+pub async fn simple_row(c: &tokio_postgres::Client, sql: &str) -> tokio_postgres::SimpleQueryRow {
+    c.simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{sql}: no row"))
+}
+
 /// The value of one sample of this process's metrics, `series` written with its labels as
 /// Prometheus prints them (`name{label="value"}`); 0 when absent.
 pub fn metric_value(series: &str) -> f64 {

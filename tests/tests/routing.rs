@@ -1240,12 +1240,18 @@ async fn whole_unnamed_batches_read_their_writes_with_delayed_replicas() {
 /// the tests of what only the primary can run.
 async fn refused_without_the_catalog(sql: &str) -> String {
     let control = start_proxy(&config_text(
-        "enable_recent_access_routing = false\nlearn_dependencies = false",
+        "enable_recent_access_routing = false\nlearn_dependencies = false\nread_retry_budget = 0",
     ));
-    let c = control.connect().await;
-    poll("a standby refusing it", Duration::from_secs(60), || async {
-        c.query_one(sql, &[]).await.err().map(|e| format!("{e:?}"))
-    })
+    first_error(&control.connect().await, sql).await
+}
+
+/// The first error `sql` meets, tried until it meets one.
+async fn first_error(c: &tokio_postgres::Client, sql: &str) -> String {
+    poll(
+        &format!("an error for {sql}"),
+        Duration::from_secs(60),
+        || async { c.query_one(sql, &[]).await.err().map(|e| format!("{e:?}")) },
+    )
     .await
 }
 
@@ -1283,9 +1289,10 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
         format!("SELECT inet_server_port(), {u}_count()"),
     ];
     let logged = format!("SELECT inet_server_port(), count(*) FROM {l}");
-    // Recency off: only what a standby can serve decides. The schema check runs often.
+    // Recency off: only what a standby can serve decides. The schema check runs often. No
+    // retries: a read a standby refused would reach the primary that way too.
     let p = start_proxy(&config_text(
-        "enable_recent_access_routing = false\ndependency_check_ms = 50",
+        "enable_recent_access_routing = false\ndependency_check_ms = 50\nread_retry_budget = 0",
     ));
     let c = p.connect().await;
     wait_replicated(&c).await;
@@ -1373,7 +1380,10 @@ async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
         .unwrap();
     let writes = format!("SELECT inet_server_port(), {f}()");
     let reads = format!("SELECT {r}()");
-    let p = start_proxy(&config_text("enable_recent_access_routing = false"));
+    // No retries: a call a standby refused would reach the primary that way too.
+    let p = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nread_retry_budget = 0",
+    ));
     let c = p.connect().await;
     wait_replicated(&c).await;
     // Until pg_proc is loaded the calls go to the primary; then the reader moves to a
@@ -1419,7 +1429,8 @@ async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
 #[tokio::test]
 async fn a_serializable_default_keeps_the_session_s_reads_on_the_primary() {
     let _g = SERIAL.lock().await;
-    let p = proxy();
+    // No retries: a read a standby refused would reach the primary that way too.
+    let p = &start_proxy(&config_text("read_retry_budget = 0"));
     let c = p.connect().await;
     let t = p.cold_table(&c, "serializable_default").await;
     let read = format!("SELECT inet_server_port() FROM {t} LIMIT 1");
@@ -1462,4 +1473,126 @@ async fn a_serializable_default_keeps_the_session_s_reads_on_the_primary() {
     for _ in 0..10 {
         assert_eq!(port_of(&s, &read).await, primary_port(), "startup option");
     }
+}
+
+/// `(n, port)` of the one row of `sql`, read with the simple protocol, a named prepared
+/// statement, or the unnamed statement with its Describe (tokio-postgres' `query_typed`).
+async fn row_of(c: &tokio_postgres::Client, sql: &str, how: &str) -> (i64, u16) {
+    let (n, port): (i64, i32) = match how {
+        "simple" => {
+            let row = simple_row(c, sql).await;
+            (
+                row.get(0).unwrap().parse().unwrap(),
+                row.get(1).unwrap().parse().unwrap(),
+            )
+        }
+        "prepared" => {
+            let row = c
+                .query_one(sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            (row.get(0), row.get(1))
+        }
+        _ => {
+            let rows = c
+                .query_typed(sql, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{e:?}"));
+            (rows[0].get(0), rows[0].get(1))
+        }
+    };
+    (n, port as u16)
+}
+
+/// A read a standby refuses with an error the primary would not give runs again on the
+/// primary, and the client sees the primary's answer only: a view that calls `nextval()`,
+/// which a standby refuses (25006), read with the simple protocol, a named prepared
+/// statement and the unnamed statement with its Describe (the acknowledgements the client
+/// already had are not repeated), in session and in transaction mode. The sequence
+/// advances once a read. A recovery conflict (40001, raised here by a function on one
+/// standby only) goes to another node; any other error reaches the client from the
+/// standby. The control: without retries (`read_retry_budget = 0`) the client gets the
+/// standby's refusal.
+#[tokio::test]
+async fn a_read_a_standby_refuses_runs_again_on_the_primary() {
+    let _g = SERIAL.lock().await;
+    let v = unique("refused");
+    let [s1, _] = standby_ports();
+    let raising = |name: &str, when: &str, code: &str| {
+        format!(
+            "CREATE FUNCTION {v}_{name}() RETURNS int LANGUAGE plpgsql STABLE AS $$
+             BEGIN
+                 IF {when} THEN
+                     RAISE EXCEPTION 'refused on %', inet_server_port() USING ERRCODE = '{code}';
+                 END IF;
+                 RETURN inet_server_port();
+             END $$;"
+        )
+    };
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE SEQUENCE {v}_seq; GRANT ALL ON {v}_seq TO PUBLIC;
+                 CREATE VIEW {v} AS SELECT nextval('{v}_seq') AS n, inet_server_port() AS port;
+                 GRANT ALL ON {v} TO PUBLIC;
+                 {} {}",
+                raising("conflict", &format!("inet_server_port() = {s1}"), "40001"),
+                raising("other", "pg_is_in_recovery()", "22012"),
+            ),
+        )
+        .unwrap();
+    let read = format!("SELECT n, port FROM {v}");
+    let refusals = "pgfresh_standby_refusals_total{sqlstate=\"25006\"}";
+    let conflicts = "pgfresh_standby_refusals_total{sqlstate=\"40001\"}";
+    for mode in ["session", "transaction"] {
+        let p = start_proxy(&format!(
+            "{}\n[pool]\npool_mode = \"{mode}\"\npool_size = 2\n",
+            config_text("enable_recent_access_routing = false")
+        ));
+        let c = p.connect().await;
+        wait_replicated(&c).await;
+        // Once pg_proc is loaded, the calls go to a standby; an error that is not a
+        // refusal reaches the client from there.
+        let err = first_error(&c, &format!("SELECT {v}_other()")).await;
+        assert!(
+            standby_ports()
+                .iter()
+                .any(|port| err.contains(&format!("refused on {port}"))),
+            "{mode}: {err}"
+        );
+        let before = metric_value(refusals);
+        let mut last = row_of(&c, &read, "simple").await.0;
+        for how in ["simple", "prepared", "typed"] {
+            for _ in 0..3 {
+                let (n, port) = row_of(&c, &read, how).await;
+                assert_eq!(port, primary_port(), "{mode}, {how}");
+                assert_eq!(n, last + 1, "{mode}, {how}: the sequence advanced once");
+                last = n;
+            }
+        }
+        assert!(
+            metric_value(refusals) >= before + 10.0,
+            "{mode}: refusals counted"
+        );
+        // A conflict on standby 1 sends the call elsewhere: never an error, never s1.
+        let conflict = format!("SELECT {v}_conflict()");
+        let before = metric_value(conflicts);
+        poll("a conflict retried", Duration::from_secs(60), || async {
+            let port = c.query_one(&conflict, &[]).await.unwrap().get::<_, i32>(0) as u16;
+            assert_ne!(port, s1, "{mode}");
+            (metric_value(conflicts) > before).then_some(())
+        })
+        .await;
+    }
+    // The control: the standby's refusal reaches the client.
+    let control = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nread_retry_budget = 0",
+    ));
+    let refused = first_error(&control.connect().await, &read).await;
+    assert!(
+        refused.contains("cannot execute nextval() in a read-only transaction"),
+        "{refused}"
+    );
 }

@@ -13,17 +13,7 @@ const SHOWN: &str = "SELECT inet_server_port(), current_setting('work_mem'), \
 type Shown = Vec<String>;
 
 async fn shown(c: &tokio_postgres::Client, prefix: &str) -> (u16, Shown) {
-    let rows = c
-        .simple_query(&format!("{prefix}{SHOWN}"))
-        .await
-        .expect("read settings");
-    let row = rows
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
-            _ => None,
-        })
-        .expect("a row");
+    let row = simple_row(c, &format!("{prefix}{SHOWN}")).await;
     let port: u16 = row.get(0).unwrap().parse().unwrap();
     let values = (1..row.len())
         .map(|i| row.get(i).unwrap_or("").to_string())

@@ -387,7 +387,8 @@ pub struct RoutingSection {
     pub on_stale: OnStale,
     /// Cap on concurrent reads that fell back to the primary.
     pub max_primary_fallbacks: usize,
-    /// Retries of an idempotent autocommit read on another node after a replica failed.
+    /// Retries of an idempotent autocommit read on another node after a replica failed,
+    /// or on the primary after a standby refused it (see the README's failure table).
     pub read_retry_budget: u32,
     /// Learn the transaction id of each explicit transaction as it commits (a
     /// `txid_current_if_assigned()` pipelined before the COMMIT) so that when the

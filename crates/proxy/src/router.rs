@@ -74,6 +74,9 @@ pub enum Reason {
     /// A position token no replica can be checked against (a diverged or unknown
     /// timeline): primary.
     TokenPrimary(&'static str),
+    /// A standby refused the read with an error the primary would not give (a write
+    /// behind a view, serializable mode, an unlogged table): it runs again there.
+    StandbyRefused,
 }
 
 impl Reason {
@@ -102,6 +105,7 @@ impl Reason {
             Reason::Catalog => "catalog",
             Reason::Token => "token",
             Reason::TokenPrimary(_) => "token_primary",
+            Reason::StandbyRefused => "standby_refused",
         }
     }
 

@@ -40,6 +40,8 @@ pub const INVALID_CATALOG_NAME: &str = "3D000";
 pub const TRANSACTION_ROLLBACK: &str = "40000";
 /// `40001` serialization_failure.
 pub const SERIALIZATION_FAILURE: &str = "40001";
+/// `40P01` deadlock_detected.
+pub const DEADLOCK_DETECTED: &str = "40P01";
 /// `42601` syntax_error.
 pub const SYNTAX_ERROR: &str = "42601";
 /// `42P05` duplicate_prepared_statement.

@@ -350,6 +350,11 @@ impl Session {
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
         while let Some(mut unit) = self.ready.pop_front() {
+            if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
+                // A read a standby refused goes again first (see `on_refused_ready`).
+                self.ready.push_front(unit);
+                return Ok(());
+            }
             if unit.passthrough {
                 let Some(node) = self.active else { continue };
                 if unit

@@ -9,7 +9,7 @@ use pgfresh_recency::RelKey;
 use pgfresh_wire::{frame_at, ErrorFields, TxStatus};
 
 use super::settings::{self, SettingChange, StmtEvent};
-use super::unit::{InFlight, Injected};
+use super::unit::{InFlight, Injected, Refusal};
 use super::Session;
 use crate::error::ProxyError;
 use crate::server::server_limits;
@@ -218,6 +218,9 @@ impl Session {
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.tx = status;
         }
+        if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
+            return self.on_refused_ready(node, status);
+        }
         let done = self.inflight.front_mut().is_none_or(|u| {
             u.owed = u.owed.saturating_sub(1);
             u.owed == 0 && u.closed
@@ -363,6 +366,17 @@ impl Session {
             tracing::info!(node, "server closed the connection with a COMMIT in flight");
             return Action::Swallow;
         }
+        if !fatal && !injected {
+            if let Some(refusal) = self.refusal(node, start, end) {
+                // Kept from the client: the read runs again elsewhere once this
+                // attempt's ReadyForQuery arrives (see `on_refused_ready`).
+                let frame = self.frame(node, start, end);
+                if let Some(u) = self.inflight.front_mut() {
+                    u.refused = Some(Box::new((refusal, frame)));
+                }
+                return Action::Swallow;
+            }
+        }
         if !injected {
             // Errors by SQLSTATE class, for the metrics.
             let body = self.body(node, start, end);
@@ -388,6 +402,74 @@ impl Session {
             return Action::Swallow;
         }
         Action::Forward
+    }
+
+    /// A standby's refusal of the front unit that another node would not give (see
+    /// [`Refusal`]), when the unit can still be sent again: an autocommit read on a
+    /// replica of which nothing reached the client, the only unit of the client's in
+    /// flight, within `read_retry_budget`.
+    fn refusal(&self, node: usize, start: usize, end: usize) -> Option<Refusal> {
+        let budget = self.config.routing.read_retry_budget;
+        let (front, mut behind) = (self.inflight.front()?, self.inflight.iter().skip(1));
+        let again = front.retry.as_ref().is_some_and(|r| r.retries < budget);
+        if !again || front.replied || !behind.all(InFlight::is_injected) {
+            return None;
+        }
+        let fields = ErrorFields::parse(b'E', self.body(node, start, end)).ok()?;
+        let refusal = Refusal::of(fields.code?)?;
+        tracing::debug!(
+            node,
+            code = fields.code.unwrap_or(""),
+            message = fields.message.unwrap_or(""),
+            "a standby refused a read; it runs again elsewhere"
+        );
+        Some(refusal)
+    }
+
+    /// The ReadyForQuery that ends a read a standby refused: the read goes to the
+    /// primary (or, after a recovery conflict, to another node) next, and the client
+    /// hears nothing of this attempt but the acknowledgements it already has.
+    fn on_refused_ready(&mut self, node: usize, status: TxStatus) -> Action {
+        let Some(mut u) = self.inflight.pop_front() else {
+            return Action::Forward;
+        };
+        if self.inflight.is_empty() {
+            self.replica_guard = None;
+            self.fallback_slot = None;
+        }
+        self.tx = super::TxPhase::from_server(status);
+        let settled = self.pending_settings.on_ready(status, true);
+        self.apply_settings(node, settled);
+        let (refusal, error) = *u.refused.take().expect("a refused unit");
+        match u.retry.take() {
+            Some(mut again) if status == TxStatus::Idle => {
+                again.retries += 1;
+                again.skip_acks += u.acks;
+                match refusal {
+                    Refusal::Recovery => again.refused_by_standby = true,
+                    Refusal::Conflict => again.avoid = Some(node),
+                }
+                let code = ErrorFields::parse(b'E', error.get(5..).unwrap_or_default())
+                    .ok()
+                    .and_then(|f| f.code.map(str::to_string))
+                    .unwrap_or_default();
+                metrics::counter!("pgfresh_standby_refusals_total", "sqlstate" => code)
+                    .increment(1);
+                self.ready.push_front(again);
+                self.recycle_finished(&mut u);
+                Action::Swallow
+            }
+            kept => {
+                // Not an autocommit read after all: the client gets the standby's error,
+                // then this ReadyForQuery.
+                if let Some(k) = kept {
+                    self.recycle_unit(k);
+                }
+                self.due.push(error);
+                self.due.push(pgfresh_wire::build::ready_for_query(status));
+                Action::Swallow
+            }
+        }
     }
 
     /// Settings the server confirmed become the session's. The connection that ran
@@ -421,6 +503,15 @@ impl Session {
             }
             None => Action::Forward,
         }
+    }
+
+    /// The whole frame whose body is bytes `[start, end)` of `node`'s buffer, copied.
+    fn frame(&self, node: usize, start: usize, end: usize) -> bytes::Bytes {
+        self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.rbuf.get(start.saturating_sub(5)..end))
+            .map(bytes::Bytes::copy_from_slice)
+            .unwrap_or_default()
     }
 
     fn body(&self, node: usize, start: usize, end: usize) -> &[u8] {

@@ -289,6 +289,12 @@ impl Session {
                 reason: Reason::MustPrimary("function_call"),
             };
         }
+        if unit.refused_by_standby {
+            return Decision {
+                target: Target::Primary,
+                reason: Reason::StandbyRefused,
+            };
+        }
         let config = self.config.clone();
         let policy = self.shared.policy.load();
         let deps = self.dep_graph();

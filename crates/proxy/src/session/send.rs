@@ -568,6 +568,7 @@ impl Session {
                 owed,
                 simple,
                 retry,
+                refused: None,
                 acks: 0,
                 skip_acks,
                 events: events.into(),

@@ -35,6 +35,9 @@ pub struct ClientUnit {
     pub passthrough: bool,
     /// Must run on the primary whatever its analysis says (FunctionCall).
     pub force_primary: bool,
+    /// A standby refused this read with an error the primary would not give (see
+    /// [`Refusal`]): it runs on the primary.
+    pub refused_by_standby: bool,
     /// Times this unit was sent again after the replica running it failed.
     pub retries: u32,
     /// A node that failed while running this unit: not chosen again for it.
@@ -74,6 +77,7 @@ impl ClientUnit {
             simple: false,
             passthrough: false,
             force_primary: false,
+            refused_by_standby: false,
             retries: 0,
             avoid: None,
             failover_deadline: None,
@@ -109,6 +113,7 @@ impl ClientUnit {
             simple,
             passthrough,
             force_primary,
+            refused_by_standby,
             retries,
             avoid,
             failover_deadline,
@@ -126,6 +131,7 @@ impl ClientUnit {
         *simple = false;
         *passthrough = false;
         *force_primary = false;
+        *refused_by_standby = false;
         *retries = 0;
         *avoid = None;
         *failover_deadline = None;
@@ -269,6 +275,12 @@ pub struct InFlight {
     /// For an autocommit read sent to a replica: the unit itself, so it can be sent
     /// to another node if the replica fails before any reply reached the client.
     pub retry: Option<Box<ClientUnit>>,
+    /// The replica refused the read before any reply reached the client; the error was
+    /// kept from the client (its frame is here, for the client after all should the
+    /// read turn out not to be sendable again), and the read goes elsewhere at the
+    /// unit's ReadyForQuery. (Boxed: rare, and the entry stays small, see the test
+    /// `a_unit_in_flight_stays_small`.)
+    pub refused: Option<Box<(Refusal, Bytes)>>,
     /// Acknowledgements forwarded to the client for this unit, and how many of the
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
@@ -318,6 +330,33 @@ pub enum Expect {
     /// A client message pgfresh answered itself (Parse of a statement the connection
     /// already has, Close of a statement): this reply reaches the client in its turn.
     Synth { reply: Bytes, undo: Option<Undo> },
+}
+
+/// A standby's error that another node would not give, for a read that can still be
+/// sent again (nothing of it reached the client): by its SQLSTATE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// What no standby runs: `25006` (a write, `nextval()`, in the read-only transaction
+    /// of a standby), `0A000` (serializable mode, unlogged or temporary tables during
+    /// recovery), `55000` (WAL control functions during recovery). The primary runs it.
+    Recovery,
+    /// A recovery conflict cancelled it (`40001`, or `40P01` for a buffer-pin deadlock
+    /// with the startup process): another node runs it, as after a replica failure.
+    Conflict,
+}
+
+impl Refusal {
+    /// The refusal an ErrorResponse with SQLSTATE `code` from a standby stands for.
+    pub fn of(code: &str) -> Option<Self> {
+        use pgfresh_wire::sqlstate as s;
+        match code {
+            s::READ_ONLY_SQL_TRANSACTION
+            | s::FEATURE_NOT_SUPPORTED
+            | s::OBJECT_NOT_IN_PREREQUISITE_STATE => Some(Refusal::Recovery),
+            s::SERIALIZATION_FAILURE | s::DEADLOCK_DETECTED => Some(Refusal::Conflict),
+            _ => None,
+        }
+    }
 }
 
 /// What a message pgfresh adds to a unit changed in the connection's record of its
@@ -402,6 +441,7 @@ impl InFlight {
             owed: 1,
             simple: true,
             retry: None,
+            refused: None,
             acks: 0,
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
@@ -573,6 +613,23 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_s_refusals_are_told_by_their_sqlstate() {
+        for (code, refusal) in [
+            ("25006", Some(Refusal::Recovery)),
+            ("0A000", Some(Refusal::Recovery)),
+            ("55000", Some(Refusal::Recovery)),
+            ("40001", Some(Refusal::Conflict)),
+            ("40P01", Some(Refusal::Conflict)),
+            // A cancel or a timeout is the client's; so is any other error.
+            ("57014", None),
+            ("22012", None),
+            ("42P01", None),
+        ] {
+            assert_eq!(Refusal::of(code), refusal, "{code}");
+        }
+    }
+
+    #[test]
     fn a_recycled_unit_is_a_new_one_with_room() {
         let mut u = ClientUnit::new();
         u.frames.push(Bytes::from_static(b"S\0\0\0\x04"));
@@ -584,6 +641,7 @@ mod tests {
         u.simple = true;
         u.passthrough = true;
         u.force_primary = true;
+        u.refused_by_standby = true;
         u.retries = 2;
         u.avoid = Some(1);
         u.failover_deadline = Some(std::time::Instant::now());
