@@ -211,7 +211,7 @@ metrics_delta() {
 routed_read_counts() {
     awk '
         BEGIN {
-            split("replica read_only_txn hot_relation hot_relation_lsn read_only_snapshot token token_primary no_eligible_replica", r, " ")
+            split("replica read_only_txn hot_relation hot_relation_lsn read_only_snapshot token token_primary no_eligible_replica wal_feed", r, " ")
             for (i in r) reads[r[i]] = 1
         }
         {

@@ -1,12 +1,14 @@
 //! Arbitrary bytes through every decoder of pgfresh-wire: the startup phase,
 //! then client frames with their typed views, and the same bytes as a server
-//! stream. Nothing may panic, and every frame must re-frame to itself.
+//! stream (CopyData bodies also as replication messages and `pgoutput`, as the WAL feed
+//! reads them). Nothing may panic, and every frame must re-frame to itself.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use pgfresh_wire::auth::{parse_password_message, parse_sasl_initial_response};
 use pgfresh_wire::bytes::BytesMut;
+use pgfresh_wire::replication;
 use pgfresh_wire::{
     decode_backend, decode_frontend, decode_startup, parse_backend, parse_frontend, BackendMessage,
     Decoded, ErrorResponse, Frame, FrontendMessage, Limits, StartupPacket,
@@ -48,7 +50,16 @@ fn backend(data: &[u8], limits: &Limits) {
             assert!(n >= [e.severity, e.code, e.message].iter().flatten().count());
             let _ = ErrorResponse::from_fields(&e).to_bytes();
         }
+        if f.tag == b'd' {
+            // A replication stream: what the WAL feed decodes.
+            if let Ok(replication::StreamMessage::XLogData { data, .. }) =
+                replication::parse_stream(&f.raw[5..])
+            {
+                let _ = replication::parse_pgoutput(data);
+            }
+        }
     }
+    let _ = replication::parse_pgoutput(data);
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -206,6 +206,21 @@ pub async fn cut_off_standby(c: &LocalCluster, i: usize) {
     .await;
 }
 
+/// A connection straight to node `i`, past every pgfresh.
+pub async fn direct_to(i: usize, user: &str, password: &str, db: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user={user} password={password} dbname={db}",
+            node_port(i)
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("direct connection");
+    tokio::spawn(conn);
+    c
+}
+
 /// The first row `sql` returns over the simple protocol (panics on an error or no row).
 pub async fn simple_row(c: &tokio_postgres::Client, sql: &str) -> tokio_postgres::SimpleQueryRow {
     c.simple_query(sql)

@@ -42,17 +42,7 @@ async fn first_value(c: &tokio_postgres::Client, sql: &str) -> String {
 /// A direct superuser connection to node `i`.
 async fn direct(i: usize) -> tokio_postgres::Client {
     let (su, pw) = cluster().superuser();
-    let (c, conn) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user={su} password={pw} dbname=postgres",
-            node_port(i)
-        ),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .expect("direct connection");
-    tokio::spawn(conn);
-    c
+    direct_to(i, su, pw, "postgres").await
 }
 
 /// Server connections of user `app` to database `db`, as the node sees them (pgfresh's

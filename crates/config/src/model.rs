@@ -316,6 +316,31 @@ pub enum OnStale {
     Error,
 }
 
+/// Whether pgfresh learns the writes it did not relay (straight to the primary, through
+/// another pgfresh instance) from the primary's WAL, through logical decoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WalFeed {
+    /// Only the writes pgfresh relays are known.
+    #[default]
+    Off,
+    /// Every commit the feed decodes marks what it wrote, a moment after it committed.
+    On,
+    /// As `on`, and a read goes to a replica only once the feed has decoded every commit
+    /// made before the read arrived; while the feed is down, to the primary.
+    Strict,
+}
+
+impl WalFeed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WalFeed::Off => "off",
+            WalFeed::On => "on",
+            WalFeed::Strict => "strict",
+        }
+    }
+}
+
 /// How reads are spread over eligible replicas.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -385,6 +410,11 @@ pub struct RoutingSection {
     /// A read carrying a position token (`pgfresh.min_lsn`) that no replica has replayed:
     /// `primary` (default) or `error` (SQLSTATE PF001).
     pub on_stale: OnStale,
+    /// Learn the writes pgfresh did not relay from the primary's WAL (see [`WalFeed`]).
+    pub wal_feed: WalFeed,
+    /// With `wal_feed = "strict"`: how long a read bound for a replica waits for the feed
+    /// to decode every commit made before it arrived, before it goes to the primary.
+    pub wal_feed_wait_ms: u64,
     /// Cap on concurrent reads that fell back to the primary.
     pub max_primary_fallbacks: usize,
     /// Retries of an idempotent autocommit read on another node after a replica failed,
@@ -425,6 +455,8 @@ impl Default for RoutingSection {
             dependency_notify_channel: String::new(),
             replica_wait_ms: 0,
             on_stale: OnStale::Primary,
+            wal_feed: WalFeed::Off,
+            wal_feed_wait_ms: 1_000,
             max_primary_fallbacks: 1_000,
             read_retry_budget: 1,
             resolve_lost_commits: false,

@@ -671,7 +671,7 @@ fn base_conf(dir: &Path, opts: &ClusterOptions) -> String {
          unix_socket_directories = '{}'\n\
          fsync = off\n\
          full_page_writes = off\n\
-         wal_level = replica\n\
+         wal_level = logical\n\
          hot_standby = on\n\
          max_wal_senders = 10\n\
          wal_keep_size = '256MB'\n\

@@ -412,6 +412,7 @@ pub const READ_REASONS: &[&str] = &[
     "token",
     "token_primary",
     "no_eligible_replica",
+    "wal_feed",
 ];
 
 /// One sample of a Prometheus text exposition: its labels and value.
@@ -602,6 +603,16 @@ pub fn status_json(proxy: &Proxy) -> Value {
         "config_reloads": { "ok": reloads_ok, "error": reloads_err },
         "pools": pools,
         "clients": shared.client_count(),
+        "wal_feed": {
+            "mode": config.routing.wal_feed.as_str(),
+            "databases": shared.wal_feeds.all().iter().map(|f| json!({
+                "database": f.db,
+                "streaming": f.streaming(),
+                "position": f.position().to_string(),
+                "commits": f.commits(),
+                "error": f.error(),
+            })).collect::<Vec<_>>(),
+        },
     })
 }
 

@@ -27,6 +27,7 @@ pub mod server;
 pub mod session;
 pub mod statements;
 pub mod tls;
+pub mod wal_feed;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -215,6 +216,7 @@ impl Proxy {
             passthrough: Default::default(),
             auth_file: Default::default(),
             auth_query: Default::default(),
+            wal_feeds: Default::default(),
         });
         shared.deps.attach(&shared);
         shared.client_tls.refresh(&c.tls);

@@ -77,6 +77,9 @@ pub enum Reason {
     /// A standby refused the read with an error the primary would not give (a write
     /// behind a view, serializable mode, an unlogged table): it runs again there.
     StandbyRefused,
+    /// `wal_feed = "strict"`: the feed could not tell that every commit made before the
+    /// read is known (not streaming, or not caught up within `wal_feed_wait_ms`).
+    WalFeed,
 }
 
 impl Reason {
@@ -106,6 +109,7 @@ impl Reason {
             Reason::Token => "token",
             Reason::TokenPrimary(_) => "token_primary",
             Reason::StandbyRefused => "standby_refused",
+            Reason::WalFeed => "wal_feed",
         }
     }
 

@@ -113,6 +113,41 @@ impl ServerConn {
         login_timeout: Duration,
         generation: u64,
     ) -> Result<ServerConn, ProxyError> {
+        Self::open(
+            target,
+            startup_params,
+            None,
+            (connect_timeout, login_timeout),
+            generation,
+        )
+        .await
+    }
+
+    /// A logical-replication connection to the target's database (`replication=database`:
+    /// replication commands and SQL), for pgfresh's own use ([`crate::wal_feed`]); a
+    /// client's startup parameters never open one.
+    pub async fn connect_replication(
+        target: Target,
+        connect_timeout: Duration,
+        login_timeout: Duration,
+    ) -> Result<ServerConn, ProxyError> {
+        Self::open(
+            target,
+            &[],
+            Some("database"),
+            (connect_timeout, login_timeout),
+            0,
+        )
+        .await
+    }
+
+    async fn open(
+        target: Target,
+        startup_params: &[(String, String)],
+        replication: Option<&str>,
+        (connect_timeout, login_timeout): (Duration, Duration),
+        generation: u64,
+    ) -> Result<ServerConn, ProxyError> {
         let err = |reason: String| ProxyError::ServerConnect {
             node: target.node_name.to_string(),
             reason,
@@ -156,13 +191,17 @@ impl ServerConn {
             tx: TxStatus::Idle,
             _tls_count: tls_count,
         };
-        tokio::time::timeout(login_timeout, conn.login(startup_params))
+        tokio::time::timeout(login_timeout, conn.login(startup_params, replication))
             .await
             .map_err(|_| err("login timed out".into()))??;
         Ok(conn)
     }
 
-    async fn login(&mut self, startup_params: &[(String, String)]) -> Result<(), ProxyError> {
+    async fn login(
+        &mut self,
+        startup_params: &[(String, String)],
+        replication: Option<&str>,
+    ) -> Result<(), ProxyError> {
         let mut params: Vec<(&str, &str)> = vec![
             ("user", &self.target.user),
             ("database", &self.target.database),
@@ -171,6 +210,9 @@ impl ServerConn {
             if !matches!(k.as_str(), "user" | "database" | "replication") {
                 params.push((k, v));
             }
+        }
+        if let Some(mode) = replication {
+            params.push(("replication", mode));
         }
         let startup = build::startup(&params);
         self.send(&startup).await?;

@@ -12,6 +12,8 @@
 //! * [`build`]: complete frames for everything the proxy sends.
 //! * [`sqlstate`] and [`ErrorResponse`]: errors in PostgreSQL's format.
 //! * [`auth`]: SCRAM-SHA-256 (server and client side) and md5.
+//! * [`replication`]: the streaming-replication messages inside CopyData and the
+//!   `pgoutput` messages a reader of written relations needs.
 //!
 //! Decoding never panics on any input and never allocates from a length or
 //! count that has not been checked against the bytes actually present.
@@ -28,6 +30,7 @@ mod cursor;
 pub mod error;
 pub mod framing;
 pub mod frontend;
+pub mod replication;
 pub mod sqlstate;
 mod startup;
 

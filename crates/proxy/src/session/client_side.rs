@@ -398,6 +398,7 @@ impl Session {
                     continue;
                 }
             };
+            let decision = self.after_wal_feed(&unit, token, decision).await;
             if decision.reason == Reason::HotRelation {
                 self.count_forced(&unit);
             }

@@ -411,6 +411,10 @@ impl Session {
     /// its dependencies to be learned, so its first statements are analysed with the
     /// catalog (see `Dependencies::first_load`).
     async fn learn_database(&mut self, deadline: std::time::Instant) {
+        // Its WAL feed too (idle while `wal_feed` is off).
+        self.shared
+            .wal_feeds
+            .feed(&self.shared, &self.login.database);
         let half_left = deadline.saturating_duration_since(std::time::Instant::now()) / 2;
         self.shared
             .deps

@@ -393,6 +393,41 @@ impl Session {
     /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
     /// to, so the read can still leave the primary. The wait is recorded in
     /// `pgfresh_replica_wait_seconds` with its outcome.
+    /// `wal_feed = "strict"`: a unit bound for a replica goes there only once the
+    /// database's feed has marked every commit made before now (routed again with what
+    /// it marked); otherwise to the primary.
+    pub(super) async fn after_wal_feed(
+        &mut self,
+        unit: &ClientUnit,
+        token: TokenNeed,
+        d: Decision,
+    ) -> Decision {
+        let routing = &self.config.routing;
+        if routing.wal_feed != pgfresh_config::WalFeed::Strict
+            || !matches!(d.target, Target::Replica { .. })
+        {
+            return d;
+        }
+        let limit = std::time::Duration::from_millis(routing.wal_feed_wait_ms);
+        let feed = self
+            .shared
+            .wal_feeds
+            .feed(&self.shared, &self.login.database);
+        let started = std::time::Instant::now();
+        let caught_up = feed.caught_up(limit).await;
+        let outcome = if caught_up { "caught_up" } else { "primary" };
+        metrics::histogram!("pgfresh_wal_feed_wait_seconds", "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+        if caught_up {
+            self.route(unit, token)
+        } else {
+            Decision {
+                target: Target::Primary,
+                reason: Reason::WalFeed,
+            }
+        }
+    }
+
     pub(super) async fn wait_for_replica(&self, lsn: pgfresh_lsn::Lsn) {
         let wait = self.config.routing.replica_wait_ms;
         if wait == 0 || self.shared.balancer.select_replica(Some(lsn)).is_some() {
