@@ -52,6 +52,10 @@ pub const PUBLICATION: &str = "pgfresh_feed";
 const RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(10);
 
+/// How long after a keepalive that did not answer a waiting request the feed asks for
+/// another.
+const PING_PACE: Duration = Duration::from_millis(1);
+
 /// How often the feed reports its position to the primary (so the slot releases WAL) and
 /// looks at the config.
 const STATUS_PERIOD: Duration = Duration::from_secs(1);
@@ -218,8 +222,15 @@ async fn stream(shared: &Arc<Shared>, feed: &Feed) -> Result<(), String> {
         feed.starts.fetch_add(1, Ordering::AcqRel);
         feed.streaming.store(true, Ordering::Release);
         tracing::info!(database = %feed.db, node = primary, "WAL feed streaming");
+        let geometry = WalGeometry::of(&sampler.client).await?;
+        if shared.config.snapshot().routing.wal_feed == WalFeed::Strict
+            && geometry.writer_delay_ms > STRICT_WRITER_DELAY_MS
+        {
+            tracing::warn!(database = %feed.db, wal_writer_delay_ms = geometry.writer_delay_ms,
+                "with wal_feed = \"strict\", a read can wait up to the primary's wal_writer_delay for WAL nothing else flushes (such as pruning by reads); set it to a few milliseconds");
+        }
         Decoder::new(shared, feed)
-            .run(&mut conn, &sampler.client)
+            .run(&mut conn, &sampler.client, geometry)
             .await
     }
     .await;
@@ -344,6 +355,8 @@ struct Decoder<'a> {
     pending: Vec<Pending>,
     /// A keepalive was asked for and has not come yet.
     pinged: bool,
+    /// When to ask for the next keepalive while a request waits (paced: see `ping`).
+    next_ping: Option<tokio::time::Instant>,
 }
 
 impl<'a> Decoder<'a> {
@@ -356,6 +369,7 @@ impl<'a> Decoder<'a> {
             in_transaction: false,
             pending: Vec::new(),
             pinged: false,
+            next_ping: None,
         }
     }
 
@@ -363,6 +377,7 @@ impl<'a> Decoder<'a> {
         mut self,
         conn: &mut ServerConn,
         sampler: &tokio_postgres::Client,
+        geometry: WalGeometry,
     ) -> Result<(), String> {
         let mut stop = self.shared.shutdown.clone();
         let mut status = tokio::time::interval(STATUS_PERIOD);
@@ -375,9 +390,13 @@ impl<'a> Decoder<'a> {
                 }
                 (request, position) = async { sample.as_mut().expect("guarded").await }, if sample.is_some() => {
                     sample = None;
-                    let position = position?;
+                    let position = geometry.record_end(position?);
                     self.pending.push(Pending { request, position });
                     self.settle();
+                    self.ping(conn).await?;
+                }
+                () = async { tokio::time::sleep_until(self.next_ping.expect("guarded")).await }, if self.next_ping.is_some() => {
+                    self.next_ping = None;
                     self.ping(conn).await?;
                 }
                 () = self.feed.asked.notified(), if sample.is_none() => {
@@ -414,7 +433,12 @@ impl<'a> Decoder<'a> {
                     if reply {
                         self.report(conn, false).await?;
                     }
-                    self.ping(conn).await
+                    if !self.pending.is_empty() {
+                        // Not there yet: ask again a moment later (asking at once would
+                        // keep both sides busy while the server is still decoding).
+                        self.next_ping = Some(tokio::time::Instant::now() + PING_PACE);
+                    }
+                    Ok(())
                 }
             },
             Some(b'E') => {
@@ -511,7 +535,9 @@ impl<'a> Decoder<'a> {
     }
 
     /// While a request waits, asks the server for a keepalive (it carries how far the
-    /// server has decoded, also past WAL with no commit in it); one at a time.
+    /// server has decoded, also past WAL with no commit in it); one at a time, and after a
+    /// keepalive that was not far enough, no sooner than [`PING_PACE`] later. (Under steady
+    /// writes the next decoded commit usually answers first.)
     async fn ping(&mut self, conn: &mut ServerConn) -> Result<(), String> {
         if self.pending.is_empty() || self.pinged {
             return Ok(());
@@ -525,6 +551,61 @@ impl<'a> Decoder<'a> {
         let update =
             pgfresh_wire::replication::standby_status(at, reply, std::time::SystemTime::now());
         conn.send(&update).await.map_err(|e| e.to_string())
+    }
+}
+
+/// The primary's WAL page and segment sizes, to compare the insert position it reports with
+/// the record ends the stream reports.
+#[derive(Clone, Copy)]
+struct WalGeometry {
+    page: u64,
+    segment: u64,
+    /// `wal_writer_delay`, in milliseconds: how long WAL that no commit flushes may wait.
+    writer_delay_ms: i64,
+}
+
+/// With `strict`, a `wal_writer_delay` above this is worth a warning.
+const STRICT_WRITER_DELAY_MS: i64 = 20;
+
+impl WalGeometry {
+    async fn of(client: &tokio_postgres::Client) -> Result<WalGeometry, String> {
+        let row = client
+            .query_one(
+                "SELECT current_setting('wal_block_size')::int8, \
+                 pg_catalog.pg_size_bytes(current_setting('wal_segment_size')), \
+                 (SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'wal_writer_delay')",
+                &[],
+            )
+            .await
+            .map_err(|e| format!("reading the WAL geometry: {}", crate::deps::pg_error(&e)))?;
+        let (page, segment): (i64, i64) = (row.get(0), row.get(1));
+        let writer_delay_ms: Option<i64> = row.get(2);
+        match (u64::try_from(page), u64::try_from(segment)) {
+            (Ok(page), Ok(segment)) if page > 0 && segment > 0 => Ok(WalGeometry {
+                page,
+                segment,
+                writer_delay_ms: writer_delay_ms.unwrap_or(0),
+            }),
+            _ => Err(format!(
+                "unexpected WAL geometry: page {page}, segment {segment}"
+            )),
+        }
+    }
+
+    /// The insert position `lsn` as the end of the record before it. PostgreSQL reports
+    /// where the next record will start: at the start of a page, past the page's header
+    /// (40 bytes at a segment's start, 24 elsewhere), where the stream reports the end of
+    /// the last record as the page's start. Any other position is both.
+    fn record_end(self, lsn: u64) -> u64 {
+        const LONG_HEADER: u64 = 40;
+        const SHORT_HEADER: u64 = 24;
+        if lsn % self.segment == LONG_HEADER {
+            lsn - LONG_HEADER
+        } else if lsn % self.page == SHORT_HEADER {
+            lsn - SHORT_HEADER
+        } else {
+            lsn
+        }
     }
 }
 
@@ -544,4 +625,33 @@ async fn insert_position(client: &tokio_postgres::Client) -> Result<u64, String>
     text.parse::<Lsn>()
         .map(|l| l.0)
         .map_err(|e| format!("the primary's WAL position {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WalGeometry;
+
+    #[test]
+    fn an_insert_position_past_a_page_header_is_the_end_of_the_record_before() {
+        let g = WalGeometry {
+            page: 8192,
+            segment: 16 * 1024 * 1024,
+            writer_delay_ms: 200,
+        };
+        // Past a segment's long header, past a page's short header: the page's start.
+        assert_eq!(g.record_end(3 * g.segment + 40), 3 * g.segment);
+        assert_eq!(
+            g.record_end(3 * g.segment + 5 * 8192 + 24),
+            3 * g.segment + 5 * 8192
+        );
+        // Anywhere else, itself (a record may end 16 bytes past a short header).
+        for lsn in [
+            8192 + 40,
+            8192 + 100,
+            3 * g.segment,
+            3 * g.segment + 8192 * 2 + 48,
+        ] {
+            assert_eq!(g.record_end(lsn), lsn, "{lsn}");
+        }
+    }
 }
