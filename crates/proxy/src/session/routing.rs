@@ -390,9 +390,6 @@ impl Session {
         self.shared.catalog.invalidate(&self.login.database);
     }
 
-    /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
-    /// to, so the read can still leave the primary. The wait is recorded in
-    /// `pgfresh_replica_wait_seconds` with its outcome.
     /// `wal_feed = "strict"`: a unit bound for a replica goes there only once the
     /// database's feed has marked every commit made before now (routed again with what
     /// it marked); otherwise to the primary.
@@ -414,7 +411,8 @@ impl Session {
             .wal_feeds
             .feed(&self.shared, &self.login.database);
         let started = std::time::Instant::now();
-        let caught_up = feed.caught_up(limit).await;
+        // Boxed: the wait's state is not kept in every session's future.
+        let caught_up = Box::pin(feed.caught_up(limit)).await;
         let outcome = if caught_up { "caught_up" } else { "primary" };
         metrics::histogram!("pgfresh_wal_feed_wait_seconds", "outcome" => outcome)
             .record(started.elapsed().as_secs_f64());
@@ -428,6 +426,9 @@ impl Session {
         }
     }
 
+    /// `replica_wait_ms`: when no replica has replayed `lsn` yet, wait (bounded) for one
+    /// to, so the read can still leave the primary. The wait is recorded in
+    /// `pgfresh_replica_wait_seconds` with its outcome.
     pub(super) async fn wait_for_replica(&self, lsn: pgfresh_lsn::Lsn) {
         let wait = self.config.routing.replica_wait_ms;
         if wait == 0 || self.shared.balancer.select_replica(Some(lsn)).is_some() {
