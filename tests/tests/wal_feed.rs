@@ -183,6 +183,10 @@ async fn a_strict_feed_reads_writes_made_elsewhere_fresh() {
         .unwrap();
     assert_eq!(app["streaming"], true, "{app}");
     assert!(app["commits"].as_u64().unwrap() >= ROUNDS as u64, "{app}");
+    // The console says the same (psql, as an operator would ask).
+    let (rows, _) = admin::console_ok(&p, "SHOW WAL_FEED");
+    let row = rows.iter().find(|r| r[0] == "app").expect("a row for app");
+    assert_eq!(&row[1..3], ["strict", "true"], "{rows:?}");
 }
 
 /// With `on`, a commit made past this pgfresh is marked once the feed has decoded it: a

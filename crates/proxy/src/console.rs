@@ -1,7 +1,7 @@
 //! The admin console: the virtual database `pgfresh`, for users with `admin = true`,
 //! in the manner of pgbouncer's console (`psql -d pgfresh -U admin`).
 //! Speaks the simple query protocol; answers SHOW NODES, SHOW POOLS, SHOW CLIENTS, SHOW SERVERS,
-//! SHOW HOT, SHOW CONFIG, SHOW STATS, SHOW DEPENDENCIES, SHOW HELP, RELOAD and
+//! SHOW HOT, SHOW WAL_FEED, SHOW CONFIG, SHOW STATS, SHOW DEPENDENCIES, SHOW HELP, RELOAD and
 //! SET recent_access_ttl_ms = N. Several `;`-separated commands may be sent at once;
 //! the first error ends the string.
 
@@ -148,6 +148,10 @@ const HELP: &[(&str, &str)] = &[
         "recently written relations with age, writes and forced reads",
     ),
     (
+        "SHOW WAL_FEED",
+        "the WAL feed of each database in use: streaming, decoded position, commits, error",
+    ),
+    (
         "SHOW CONFIG",
         "the effective config (secrets redacted) and how each key reloads",
     ),
@@ -230,6 +234,7 @@ fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
         ["show", "pools"] => show_pools(shared, out),
         ["show", "servers"] => show_servers(shared, out),
         ["show", "clients"] => show_clients(shared, out),
+        ["show", "wal_feed"] => show_wal_feed(shared, out),
         ["show", "hot"] => {
             let rows = shared
                 .recency
@@ -297,6 +302,38 @@ fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|x| x.to_string()).unwrap_or_default()
+}
+
+/// `SHOW WAL_FEED`: one row per database whose feed was started (`wal_feed`).
+fn show_wal_feed(shared: &Shared, out: &mut BytesMut) {
+    let mode = shared.config.snapshot().routing.wal_feed.as_str();
+    let rows = shared
+        .wal_feeds
+        .all()
+        .iter()
+        .map(|f| {
+            vec![
+                f.db.clone(),
+                mode.to_string(),
+                f.streaming().to_string(),
+                f.position().to_string(),
+                f.commits().to_string(),
+                f.error().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        &[
+            "database",
+            "mode",
+            "streaming",
+            "position",
+            "commits",
+            "error",
+        ],
+        rows,
+    );
 }
 
 fn show_nodes(shared: &Shared, out: &mut BytesMut) {
