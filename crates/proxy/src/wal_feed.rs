@@ -17,7 +17,11 @@
 //! ([`Feed::caught_up`]); the feed reads the primary's WAL insert position (one query
 //! serves every read waiting at that moment) and answers once it has decoded up to
 //! there. While the feed is not streaming, or does not catch up within
-//! `wal_feed_wait_ms`, such a read goes to the primary.
+//! `wal_feed_wait_ms`, such a read goes to the primary. The walsender decodes flushed WAL
+//! only, so WAL past the last flush that no commit flushes (pages pruned by reads) holds a
+//! read until the WAL writer flushes it (`wal_writer_delay`: the feed warns when it is
+//! above 20 ms); a keepalive asked for (paced, one a millisecond at most after one that
+//! fell short) carries how far decoding got past WAL with no commit in it.
 //!
 //! The feed costs the primary a walsender decoding its WAL and the proxy the decoded
 //! changes (row contents included: `pgoutput` sends them; pgfresh reads only the relation
@@ -25,7 +29,8 @@
 //! WAL sender, and a monitor role with the REPLICATION attribute (creating the
 //! publication needs a superuser; an operator can create it instead). A feed that cannot
 //! start or breaks logs the server's reason (once per reason) and starts again a second
-//! later, on whichever node is then the primary.
+//! later (backing off to ten seconds while it keeps failing), on whichever node is then
+//! the primary.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
