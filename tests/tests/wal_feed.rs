@@ -23,7 +23,15 @@ async fn direct_app() -> tokio_postgres::Client {
 
 /// A proxy with `wal_feed = mode` (recency on, LSN routing on) and a client of it.
 async fn reader(mode: &str) -> (ProxyHandle, tokio_postgres::Client) {
-    let p = start_proxy(&config_text(&format!("wal_feed = \"{mode}\"")));
+    reader_pooled(mode, "session").await
+}
+
+/// [`reader`] in `pool_mode` (session or transaction, 4 connections a node).
+async fn reader_pooled(mode: &str, pool_mode: &str) -> (ProxyHandle, tokio_postgres::Client) {
+    let p = start_proxy(&format!(
+        "{}\n[pool]\npool_mode = \"{pool_mode}\"\npool_size = 4\n",
+        config_text(&format!("wal_feed = \"{mode}\""))
+    ));
     let c = p.connect().await;
     (p, c)
 }
@@ -146,12 +154,14 @@ async fn feed_slots(su: &tokio_postgres::Client) -> Vec<String> {
 }
 
 /// With `strict`, a read right after a commit made past this pgfresh (on the primary, or
-/// through another pgfresh) sees it, every time, while a table no one wrote is still read
-/// on the standbys. The control: a pgfresh without the feed reads stale.
+/// through another pgfresh) sees it, every time, in session and in transaction mode, while
+/// a table no one wrote is still read on the standbys. The control: a pgfresh without the
+/// feed reads stale.
 #[tokio::test]
 async fn a_strict_feed_reads_writes_made_elsewhere_fresh() {
     let _g = SERIAL.lock().await;
     let control = table("strict_control").await;
+    let pooled = table("strict_pooled").await;
     let cold = table("strict_cold").await;
     let (t, other, p, c) = setup("strict", "strict").await;
     let read_cold = format!("SELECT inet_server_port() FROM {cold}");
@@ -168,6 +178,14 @@ async fn a_strict_feed_reads_writes_made_elsewhere_fresh() {
         let _delay = ApplyDelay::set(DELAY_MS);
         let stale = stale_reads(&t, &other, &c, || async {}).await;
         assert_eq!(stale, 0, "stale reads through a strict feed");
+        // The same in transaction mode.
+        let (tx, tx_client) = reader_pooled("strict", "transaction").await;
+        wait_streaming(&tx).await;
+        let stale = stale_reads(&pooled, &other, &tx_client, || async {}).await;
+        assert_eq!(
+            stale, 0,
+            "stale reads through a strict feed, transaction mode"
+        );
         let (_off, off) = reader("off").await;
         let stale = stale_reads(&control, &other, &off, || async {}).await;
         assert!(stale > 0, "the control read nothing stale");
