@@ -51,6 +51,8 @@ pub struct Shared {
     pub auth_query: crate::auth_query::AuthQuery,
     /// TLS toward clients, rebuilt when `[tls]` or its files change.
     pub client_tls: crate::tls::ClientTls,
+    /// Statements the standbys refused lately: straight to the primary.
+    pub refused: crate::refused::RefusedReads,
     /// The WAL feeds of the databases in use (`wal_feed`).
     pub wal_feeds: crate::wal_feed::WalFeeds,
     /// Faults integration tests arm ([`Shared::arm_fault`]).

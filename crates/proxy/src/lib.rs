@@ -20,6 +20,7 @@ pub mod listener;
 pub mod monitor_conn;
 pub mod name_map;
 pub mod pool;
+pub mod refused;
 pub mod router;
 pub mod schema_watch;
 pub mod schema_window;
@@ -217,6 +218,7 @@ impl Proxy {
             auth_file: Default::default(),
             auth_query: Default::default(),
             wal_feeds: Default::default(),
+            refused: Default::default(),
         });
         shared.deps.attach(&shared);
         shared.client_tls.refresh(&c.tls);

@@ -446,7 +446,15 @@ impl Session {
                 again.retries += 1;
                 again.skip_acks += u.acks;
                 match refusal {
-                    Refusal::Recovery => again.refused_by_standby = true,
+                    Refusal::Recovery => {
+                        again.refused_by_standby = true;
+                        // Its next runs go to the primary at once (see `refused`).
+                        self.shared.refused.remember(
+                            crate::refused::login_key(&self.login.database, &self.login.user.name),
+                            &again.parts,
+                            std::time::Instant::now(),
+                        );
+                    }
                     Refusal::Conflict => again.avoid = Some(node),
                 }
                 let code = ErrorFields::parse(b'E', error.get(5..).unwrap_or_default())

@@ -331,7 +331,27 @@ impl Session {
             route_primary: self.state.route_primary,
             token,
         };
-        decide(&parts, &view, &ctx)
+        let d = decide(&parts, &view, &ctx);
+        if matches!(d.target, Target::Replica { .. }) && self.refused_lately(unit) {
+            // A standby refused this statement of this login lately (see `refused`).
+            return Decision {
+                target: Target::Primary,
+                reason: Reason::StandbyRefused,
+            };
+        }
+        d
+    }
+
+    /// A standby refused one of `unit`'s statements, run by this session's user in its
+    /// database, within `refused::REMEMBER`.
+    fn refused_lately(&self, unit: &ClientUnit) -> bool {
+        let refused = &self.shared.refused;
+        !refused.is_empty()
+            && refused.refused(
+                crate::refused::login_key(&self.login.database, &self.login.user.name),
+                &unit.parts,
+                std::time::Instant::now(),
+            )
     }
 
     /// The PF001 error of `on_stale = "error"`, naming the position a read required and the
