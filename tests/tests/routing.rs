@@ -28,6 +28,16 @@ fn standby_ports() -> [u16; 2] {
     [node_port(1), node_port(2)]
 }
 
+/// Polls until `sql` (whose first column is `inet_server_port()`) runs on a standby.
+async fn on_a_standby(c: &tokio_postgres::Client, sql: &str, what: &str) {
+    poll(what, Duration::from_secs(60), || async {
+        standby_ports()
+            .contains(&port_of(c, sql).await)
+            .then_some(())
+    })
+    .await;
+}
+
 async fn wait_replicated(c: &tokio_postgres::Client) {
     wait_replicated_on(cluster(), c).await;
 }
@@ -1336,16 +1346,7 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
             assert_eq!(port_of(&c, sql).await, primary_port(), "{sql}");
         }
     }
-    poll(
-        "a logged table read on a standby",
-        Duration::from_secs(60),
-        || async {
-            standby_ports()
-                .contains(&port_of(&c, &logged).await)
-                .then_some(())
-        },
-    )
-    .await;
+    on_a_standby(&c, &logged, "a logged table read on a standby").await;
     drop(c);
     drop(p);
     // The control: without the catalog the read goes to a standby, which refuses it.
@@ -1388,16 +1389,7 @@ async fn a_stable_function_whose_body_writes_runs_on_the_primary() {
     wait_replicated(&c).await;
     // Until pg_proc is loaded the calls go to the primary; then the reader moves to a
     // standby, and the writer, once the graph has its body, stays.
-    poll(
-        "the reader on a standby",
-        Duration::from_secs(60),
-        || async {
-            standby_ports()
-                .contains(&port_of(&c, &reads).await)
-                .then_some(())
-        },
-    )
-    .await;
+    on_a_standby(&c, &reads, "the reader on a standby").await;
     poll(
         "the graph to have the writer",
         Duration::from_secs(60),
@@ -1439,16 +1431,7 @@ async fn a_serializable_default_keeps_the_session_s_reads_on_the_primary() {
         "SET default_transaction_isolation TO SERIALIZABLE",
         "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
     ] {
-        poll(
-            "a cold read on a standby",
-            Duration::from_secs(60),
-            || async {
-                standby_ports()
-                    .contains(&port_of(&c, &read).await)
-                    .then_some(())
-            },
-        )
-        .await;
+        on_a_standby(&c, &read, "a cold read on a standby").await;
         c.batch_execute(set).await.unwrap();
         for _ in 0..10 {
             assert_eq!(port_of(&c, &read).await, primary_port(), "{set}");
@@ -1457,16 +1440,7 @@ async fn a_serializable_default_keeps_the_session_s_reads_on_the_primary() {
             .await
             .unwrap();
     }
-    poll(
-        "reads back on a standby",
-        Duration::from_secs(60),
-        || async {
-            standby_ports()
-                .contains(&port_of(&c, &read).await)
-                .then_some(())
-        },
-    )
-    .await;
+    on_a_standby(&c, &read, "reads back on a standby").await;
     let s = p
         .connect_with_options("-c default_transaction_isolation=serializable")
         .await;

@@ -398,7 +398,11 @@ impl Session {
                     continue;
                 }
             };
-            let decision = self.after_wal_feed(&unit, token, decision).await;
+            let decision = if self.waits_for_wal_feed(&decision) {
+                self.after_wal_feed(&unit, token).await
+            } else {
+                decision
+            };
             if decision.reason == Reason::HotRelation {
                 self.count_forced(&unit);
             }

@@ -410,22 +410,18 @@ impl Session {
         self.shared.catalog.invalidate(&self.login.database);
     }
 
-    /// `wal_feed = "strict"`: a unit bound for a replica goes there only once the
+    /// `wal_feed = "strict"` and `d` sends a unit to a replica: it must wait for the feed
+    /// (see [`Session::after_wal_feed`]).
+    pub(super) fn waits_for_wal_feed(&self, d: &Decision) -> bool {
+        self.config.routing.wal_feed == pgfresh_config::WalFeed::Strict
+            && matches!(d.target, Target::Replica { .. })
+    }
+
+    /// A unit bound for a replica under `wal_feed = "strict"` goes there only once the
     /// database's feed has marked every commit made before now (routed again with what
     /// it marked); otherwise to the primary.
-    pub(super) async fn after_wal_feed(
-        &mut self,
-        unit: &ClientUnit,
-        token: TokenNeed,
-        d: Decision,
-    ) -> Decision {
-        let routing = &self.config.routing;
-        if routing.wal_feed != pgfresh_config::WalFeed::Strict
-            || !matches!(d.target, Target::Replica { .. })
-        {
-            return d;
-        }
-        let limit = std::time::Duration::from_millis(routing.wal_feed_wait_ms);
+    pub(super) async fn after_wal_feed(&mut self, unit: &ClientUnit, token: TokenNeed) -> Decision {
+        let limit = std::time::Duration::from_millis(self.config.routing.wal_feed_wait_ms);
         let feed = self
             .shared
             .wal_feeds
