@@ -877,3 +877,123 @@ async fn a_batch_left_open_by_flush_holds_its_connection_only_so_long() {
         String::from_utf8_lossy(body)
     );
 }
+
+/// The pids of the server connections to `db` that `app` holds on node `node`.
+async fn backend_pids(node: &tokio_postgres::Client, db: &str) -> Vec<i32> {
+    node.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND usename = 'app' AND backend_type = 'client backend'",
+        &[&db],
+    )
+    .await
+    .expect("list connections")
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_idle_too_long_are_closed_while_others_stay_busy() {
+    own_database("tpidle").await;
+    let p = start_proxy(&tx_config(10, "idle_timeout_ms = 500"));
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tpidle");
+    // Six transactions at once open six connections on the primary.
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute("BEGIN").await.unwrap();
+        first_value(&c, "/* pgfresh:primary */ SELECT pg_backend_pid()").await;
+        clients.push(c);
+    }
+    for c in &clients {
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    let primary = &direct(0).await;
+    assert_eq!(server_connections(primary, "tpidle").await, 6);
+    // One client keeps working: the connection it takes each time (the most recently
+    // returned) never idles long, and the five under it are never taken. They are still
+    // closed once idle longer than idle_timeout_ms.
+    let busy = &clients[0];
+    poll(
+        "the connections idle too long to be closed",
+        Duration::from_secs(30),
+        || async move {
+            assert_eq!(
+                first_value(busy, "/* pgfresh:primary */ SELECT 1").await,
+                "1"
+            );
+            (server_connections(primary, "tpidle").await == 1).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        first_value(busy, "/* pgfresh:primary */ SELECT 1").await,
+        "1"
+    );
+}
+
+#[tokio::test]
+async fn connections_older_than_server_lifetime_are_replaced_between_transactions() {
+    own_database("tplife").await;
+    let p = start_proxy(&tx_config(
+        2,
+        "server_lifetime_ms = 300\nidle_timeout_ms = 0",
+    ));
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tplife");
+    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let c = &c;
+    let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
+    let first = &first_value(c, pid).await;
+    poll(
+        "a connection past its lifetime to be replaced",
+        Duration::from_secs(30),
+        || async move { (first_value(c, pid).await != *first).then_some(()) },
+    )
+    .await;
+    // The old connection is closed, not kept idle; the pool stays within its size.
+    let primary = &direct(0).await;
+    let first: i32 = first.parse().unwrap();
+    poll(
+        "the old connection to be closed",
+        Duration::from_secs(30),
+        || async move { (!backend_pids(primary, "tplife").await.contains(&first)).then_some(()) },
+    )
+    .await;
+    assert!(server_connections(primary, "tplife").await <= 2);
+}
+
+#[tokio::test]
+async fn a_session_keeps_its_connection_past_server_lifetime_and_it_closes_after() {
+    own_database("tplifes").await;
+    // Session mode.
+    let p = start_proxy(&format!(
+        "{}\n[pool]\nserver_lifetime_ms = 300\n",
+        config_text("")
+    ));
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tplifes");
+    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
+    let first = first_value(&c, pid).await;
+    // Well past the lifetime: a connection a session holds is never taken from it.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(first_value(&c, pid).await, first);
+    drop(c);
+    let _ = driver.await;
+    // Given back past its lifetime: closed, not pooled.
+    let first: i32 = first.parse().unwrap();
+    let primary = &direct(0).await;
+    poll(
+        "the connection past its lifetime to be closed at the session's end",
+        Duration::from_secs(30),
+        || async move { (!backend_pids(primary, "tplifes").await.contains(&first)).then_some(()) },
+    )
+    .await;
+}

@@ -88,6 +88,9 @@ pub struct PoolSection {
     pub reset_query: String,
     /// Idle pooled server connections are closed after this long (0 = never).
     pub idle_timeout_ms: u64,
+    /// Server connections open longer than this are closed instead of being lent again
+    /// (0 = never); a session never loses the connection it holds.
+    pub server_lifetime_ms: u64,
     /// Transaction mode: how long a statement waits for a free server connection
     /// before it fails with SQLSTATE 57014 (the session goes on).
     pub query_wait_timeout_ms: u64,
@@ -262,6 +265,7 @@ impl Default for PoolSection {
             server_login_timeout_ms: 10_000,
             reset_query: "DISCARD ALL".into(),
             idle_timeout_ms: 600_000,
+            server_lifetime_ms: 3_600_000,
             query_wait_timeout_ms: 120_000,
             max_prepared_statements: 200,
             idle_transaction_timeout_ms: 0,

@@ -104,6 +104,7 @@ impl Shared {
             connect_timeout: Duration::from_millis(c.pool.connect_timeout_ms),
             login_timeout: Duration::from_millis(c.pool.server_login_timeout_ms),
             idle_timeout: Duration::from_millis(c.pool.idle_timeout_ms),
+            lifetime: Duration::from_millis(c.pool.server_lifetime_ms),
         }
     }
 

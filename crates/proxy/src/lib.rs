@@ -231,7 +231,8 @@ impl Proxy {
         proxy
     }
 
-    /// Tasks that live as long as the proxy: recency sweeping, role-change handling.
+    /// Tasks that live as long as the proxy: recency sweeping, closing pooled server
+    /// connections idle or open too long, role-change handling.
     fn spawn_background(&self) {
         let shared = self.shared.clone();
         let mut stop = self.shared.shutdown.clone();
@@ -249,6 +250,8 @@ impl Proxy {
                             let c = shared.config.snapshot();
                             shared.client_tls.refresh(&c.tls);
                             shared.auth_file.refresh(&c.auth.auth_file);
+                            // Pooled connections idle or open too long are closed.
+                            shared.pools.close_expired(&Shared::pool_settings(&c));
                         }
                         shared.recency.sweep(10_000);
                         let stats = shared.recency.stats();

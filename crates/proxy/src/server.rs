@@ -37,6 +37,8 @@ pub struct ServerConn {
     /// pgfresh's own number for this connection.
     pub id: u64,
     pub connected_at: std::time::SystemTime,
+    /// When it was opened, for `server_lifetime_ms`.
+    pub opened: std::time::Instant,
     pub target: Target,
     pub stream: ServerStream,
     pub rbuf: BytesMut,
@@ -178,6 +180,7 @@ impl ServerConn {
         let mut conn = ServerConn {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             connected_at: std::time::SystemTime::now(),
+            opened: std::time::Instant::now(),
             target: target.clone(),
             stream,
             rbuf: BytesMut::with_capacity(16 * 1024),

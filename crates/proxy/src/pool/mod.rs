@@ -42,6 +42,15 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     pub login_timeout: Duration,
     pub idle_timeout: Duration,
+    /// `server_lifetime_ms`: older connections are closed instead of lent again.
+    pub lifetime: Duration,
+}
+
+impl PoolSettings {
+    /// `conn` has been open longer than `server_lifetime_ms` at `now`.
+    fn past_lifetime(&self, conn: &ServerConn, now: Instant) -> bool {
+        !self.lifetime.is_zero() && now.saturating_duration_since(conn.opened) > self.lifetime
+    }
 }
 
 struct Idle {
@@ -49,6 +58,45 @@ struct Idle {
     /// transaction mode, and a pointer moves for less than the whole connection.
     conn: Box<ServerConn>,
     since: Instant,
+}
+
+impl Idle {
+    /// Why this pooled connection is to be closed at `now` rather than lent, if it is.
+    fn expiry(&self, s: &PoolSettings, now: Instant) -> Option<Expiry> {
+        if !s.idle_timeout.is_zero() && now.saturating_duration_since(self.since) > s.idle_timeout {
+            return Some(Expiry::IdleTimeout);
+        }
+        s.past_lifetime(&self.conn, now).then_some(Expiry::Lifetime)
+    }
+}
+
+/// Why pgfresh closes a server connection it could otherwise pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expiry {
+    /// Idle in the pool longer than `idle_timeout_ms`.
+    IdleTimeout,
+    /// Open longer than `server_lifetime_ms`.
+    Lifetime,
+}
+
+impl Expiry {
+    fn as_str(self) -> &'static str {
+        match self {
+            Expiry::IdleTimeout => "idle_timeout",
+            Expiry::Lifetime => "lifetime",
+        }
+    }
+
+    /// Closes `conn`, counted in `pgfresh_server_connections_closed_total`.
+    fn close(self, conn: Box<ServerConn>) {
+        metrics::counter!(
+            "pgfresh_server_connections_closed_total",
+            "node" => conn.target.node_name.to_string(),
+            "reason" => self.as_str()
+        )
+        .increment(1);
+        tokio::spawn(conn.terminate());
+    }
 }
 
 /// One pool's connections and the clients waiting for one.
@@ -310,9 +358,12 @@ impl Pools {
         loop {
             let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let Some(mut idle) = idle else { break };
-            let expired = !s.idle_timeout.is_zero() && idle.since.elapsed() > s.idle_timeout;
+            if let Some(why) = idle.expiry(s, Instant::now()) {
+                why.close(idle.conn);
+                continue;
+            }
             // Made with other server_tls_* settings than the node has now: not reused.
-            let expired = expired || idle.conn.target.tls != target.tls;
+            let expired = idle.conn.target.tls != target.tls;
             if idle.conn.generation == generation && !expired && idle.conn.still_open() {
                 return Ok(lease(idle.conn, permit));
             }
@@ -367,8 +418,13 @@ impl Pools {
     }
 
     /// Give a connection back after the session is done with it. It is reset first;
-    /// a connection that is not idle, is stale, or fails the reset is closed instead.
-    pub async fn release(&self, mut leased: Leased, reset_query: &str) {
+    /// a connection that is not idle, is stale, fails the reset, or is older than
+    /// `server_lifetime_ms` is closed instead.
+    pub async fn release(&self, mut leased: Leased, reset_query: &str, s: &PoolSettings) {
+        if s.past_lifetime(&leased.conn, Instant::now()) {
+            let Leased { conn, .. } = leased;
+            return Expiry::Lifetime.close(conn);
+        }
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
@@ -383,6 +439,43 @@ impl Pools {
             push_idle(leased);
         } else {
             leased.conn.terminate().await;
+        }
+    }
+
+    /// Closes the pooled connections idle longer than `idle_timeout_ms` or open longer
+    /// than `server_lifetime_ms` (run every second). Taking a connection checks the same
+    /// of the one it takes, but the pool lends its most recently returned connection
+    /// first: without this, those under it would stay open as long as the pool is busy.
+    pub fn close_expired(&self, s: &PoolSettings) {
+        let pools: Vec<Arc<Pool>> = self
+            .pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let now = Instant::now();
+        for pool in pools {
+            let expired: Vec<(Box<ServerConn>, Expiry)> = {
+                let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+                if idle.iter().all(|i| i.expiry(s, now).is_none()) {
+                    continue;
+                }
+                // In their order: the most recently returned stays last, lent first.
+                let mut kept = Vec::with_capacity(idle.len());
+                let mut expired = Vec::new();
+                for i in idle.drain(..) {
+                    match i.expiry(s, now) {
+                        Some(why) => expired.push((i.conn, why)),
+                        None => kept.push(i),
+                    }
+                }
+                *idle = kept;
+                expired
+            };
+            for (conn, why) in expired {
+                why.close(conn);
+            }
         }
     }
 
