@@ -997,3 +997,148 @@ async fn a_session_keeps_its_connection_past_server_lifetime_and_it_closes_after
     )
     .await;
 }
+
+/// A console connection (tokio-postgres: PAUSE waits, and the test goes on meanwhile).
+async fn console_client(p: &ProxyHandle) -> tokio_postgres::Client {
+    p.connect_as("admin", "admin-pass", "pgfresh")
+        .await
+        .expect("console login")
+}
+
+type PauseTask = tokio::task::JoinHandle<(
+    tokio_postgres::Client,
+    Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+)>;
+
+/// Sends PAUSE from a console connection of its own and returns once the pause is in
+/// force; the task ends with PAUSE's answer (and the connection, for RESUME).
+async fn start_pause(p: &ProxyHandle) -> PauseTask {
+    let admin = console_client(p).await;
+    let pause = tokio::spawn(async move {
+        let r = admin.simple_query("PAUSE").await;
+        (admin, r)
+    });
+    poll("pgfresh to be paused", Duration::from_secs(30), || async {
+        p.shared.pause.is_paused().then_some(())
+    })
+    .await;
+    pause
+}
+
+/// Polls until `app` holds no server connection to `db` on the primary.
+async fn no_server_connections(db: &str) {
+    let primary = &direct(0).await;
+    poll(
+        "the pooled connections to be closed",
+        Duration::from_secs(30),
+        || async move { (server_connections(primary, db).await == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_lets_open_transactions_finish_holds_new_ones_and_resume_lets_them_go() {
+    own_database("tppause").await;
+    let p = start_proxy(&tx_config(4, ""));
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tppause");
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    let a = connect().await;
+    let b = connect().await;
+    a.batch_execute("BEGIN").await.unwrap();
+    first_value(&a, "/* pgfresh:primary */ SELECT pg_backend_pid()").await;
+    // PAUSE waits: a's transaction holds its connection.
+    let pause = start_pause(&p).await;
+    // A second PAUSE is refused; b's next statement needs a connection and is held.
+    let other = console_client(&p).await;
+    let again = other.simple_query("PAUSE").await.unwrap_err();
+    assert_eq!(again.code().map(|c| c.code()), Some("55000"), "{again:?}");
+    let held = tokio::spawn(async move {
+        let v = first_value(&b, "/* pgfresh:primary */ SELECT 42").await;
+        (b, v)
+    });
+    // The open transaction goes on to its end.
+    assert_eq!(first_value(&a, "/* pgfresh:primary */ SELECT 2").await, "2");
+    assert!(
+        !pause.is_finished(),
+        "PAUSE answered while a transaction was open"
+    );
+    a.batch_execute("COMMIT").await.unwrap();
+    let (admin, paused) = pause.await.unwrap();
+    paused.expect("PAUSE answers once the transaction ended");
+    // Nothing is in use and the pooled connections are closed: the node could restart.
+    let primary = &direct(0).await;
+    no_server_connections("tppause").await;
+    assert!(!held.is_finished(), "a statement ran while paused");
+    assert_eq!(server_connections(primary, "tppause").await, 0);
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let (b, v) = held.await.unwrap();
+    assert_eq!(v, "42");
+    assert_eq!(first_value(&b, "SELECT 7").await, "7");
+    assert_eq!(first_value(&a, "/* pgfresh:primary */ SELECT 8").await, "8");
+    let not_paused = admin.simple_query("RESUME").await.unwrap_err();
+    assert_eq!(not_paused.code().map(|c| c.code()), Some("55000"));
+}
+
+#[tokio::test]
+async fn a_statement_held_by_pause_past_query_wait_timeout_fails_and_the_session_goes_on() {
+    own_database("tppausew").await;
+    let p = start_proxy(&tx_config(2, "query_wait_timeout_ms = 300"));
+    let c = p.connect_as("app", APP_PASSWORD, "tppausew").await.unwrap();
+    assert_eq!(first_value(&c, "SELECT 1").await, "1");
+    let admin = console_client(&p).await;
+    admin
+        .simple_query("PAUSE")
+        .await
+        .expect("PAUSE with nothing in use");
+    let err = c.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err:?}");
+    let msg = err
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    assert!(msg.contains("paused"), "{msg}");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    assert_eq!(first_value(&c, "SELECT 1").await, "1");
+}
+
+#[tokio::test]
+async fn in_session_mode_pause_waits_for_clients_to_leave_and_they_keep_working() {
+    own_database("tppauses").await;
+    let p = start_proxy(&format!("{}\n", config_text("")));
+    let s = p.connect_as("app", APP_PASSWORD, "tppauses").await.unwrap();
+    assert_eq!(first_value(&s, "SELECT 1").await, "1");
+    let pause = start_pause(&p).await;
+    // The session holds its connections: it goes on, and PAUSE waits for it to leave.
+    assert_eq!(first_value(&s, "/* pgfresh:primary */ SELECT 2").await, "2");
+    assert_eq!(first_value(&s, "SELECT 3").await, "3");
+    assert!(
+        !pause.is_finished(),
+        "PAUSE answered while a session held connections"
+    );
+    drop(s);
+    let (admin, paused) = pause.await.unwrap();
+    paused.expect("PAUSE answers once the session left");
+    // A new login needs a connection: it waits for RESUME.
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tppauses");
+    let login = tokio::spawn(async move {
+        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .expect("login after RESUME");
+        tokio::spawn(conn);
+        c
+    });
+    no_server_connections("tppauses").await;
+    assert!(
+        !login.is_finished(),
+        "a login got a connection while paused"
+    );
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let s = login.await.unwrap();
+    assert_eq!(first_value(&s, "SELECT 4").await, "4");
+}

@@ -602,6 +602,7 @@ pub fn status_json(proxy: &Proxy) -> Value {
         "parse_cache": { "hits": cache.hits, "misses": cache.misses, "entries": cache.entries },
         "config_reloads": { "ok": reloads_ok, "error": reloads_err },
         "pools": pools,
+        "paused": shared.pause.is_paused(),
         "clients": shared.client_count(),
         "wal_feed": {
             "mode": config.routing.wal_feed.as_str(),

@@ -100,7 +100,7 @@ pub async fn run(mut sock: ClientStream, mut buf: BytesMut, shared: Arc<Shared>,
         };
         let mut out = BytesMut::new();
         match parse_frontend(&frame) {
-            Ok(FrontendMessage::Query { sql }) => answer(&shared, sql, &mut out),
+            Ok(FrontendMessage::Query { sql }) => answer(&shared, sql, &mut out).await,
             Ok(FrontendMessage::Terminate) => return,
             Ok(_) => {
                 out.extend_from_slice(
@@ -168,6 +168,11 @@ const HELP: &[(&str, &str)] = &[
         "re-read the config file; an invalid file changes nothing",
     ),
     (
+        "PAUSE",
+        "hold every unit needing a server connection; answers once none is in use, pooled ones closed",
+    ),
+    ("RESUME", "end a PAUSE: the units it held go on"),
+    (
         "SET recent_access_ttl_ms = N",
         "set the recency TTL (clamped to recent_access_max_ttl_ms)",
     ),
@@ -190,7 +195,7 @@ fn kv(rows: &mut Vec<Vec<String>>, k: &str, v: impl ToString) {
 }
 
 /// Answer a query string (one or more `;`-separated commands) into `out`.
-pub fn answer(shared: &Shared, sql: &str, out: &mut BytesMut) {
+pub async fn answer(shared: &Shared, sql: &str, out: &mut BytesMut) {
     let commands: Vec<&str> = sql
         .split(';')
         .map(str::trim)
@@ -202,7 +207,12 @@ pub fn answer(shared: &Shared, sql: &str, out: &mut BytesMut) {
     }
     for cmd in commands {
         let before = out.len();
-        answer_one(shared, cmd, out);
+        if cmd.eq_ignore_ascii_case("pause") {
+            // The one command that waits (for the connections in use to come back).
+            pause(shared, out).await;
+        } else {
+            answer_one(shared, cmd, out);
+        }
         // Stop at the first error, as PostgreSQL does for a multi-statement string.
         if contains_error(&out[before..]) {
             return;
@@ -269,6 +279,14 @@ fn answer_one(shared: &Shared, sql: &str, out: &mut BytesMut) {
             table(out, &["command", "description"], rows);
         }
         ["reload"] => reload(shared, out),
+        ["resume"] => {
+            if shared.pause.resume() {
+                tracing::warn!("console RESUME: units held by the pause go on");
+                out.extend_from_slice(&build::command_complete("RESUME"));
+            } else {
+                error(out, sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, "pgfresh is not paused");
+            }
+        }
         ["set", "recent_access_ttl_ms", rest @ ..] => {
             let mut values = rest.iter().filter(|w| **w != "=" && **w != "to");
             let value = values.next().map(|w| w.trim_start_matches('=').trim_matches('\''));
@@ -641,6 +659,39 @@ fn show_stats(shared: &Shared, out: &mut BytesMut) {
     kv(&mut rows, "config_reloads_error", reload_err);
     kv(&mut rows, "client_connections", shared.client_count());
     table(out, &["stat", "value"], rows);
+}
+
+/// PAUSE (see [`crate::pause`]): answers once no server connection is in use.
+async fn pause(shared: &Shared, out: &mut BytesMut) {
+    if !shared.pause.pause() {
+        return error(
+            out,
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pgfresh is already paused",
+        );
+    }
+    tracing::warn!(
+        in_use = shared.pools.lent_now(),
+        "console PAUSE: holding new units until RESUME; waiting for the server connections in use"
+    );
+    match crate::pause::drain(shared).await {
+        crate::pause::Paused::Drained { closed } => {
+            tracing::warn!(
+                closed,
+                "paused: no server connection in use, pooled ones closed"
+            );
+            notice(
+                out,
+                format!("no server connection in use; {closed} pooled closed"),
+            );
+            out.extend_from_slice(&build::command_complete("PAUSE"));
+        }
+        crate::pause::Paused::Resumed => error(
+            out,
+            sqlstate::QUERY_CANCELED,
+            "RESUME came before every server connection in use was given back",
+        ),
+    }
 }
 
 fn reload(shared: &Shared, out: &mut BytesMut) {

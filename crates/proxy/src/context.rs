@@ -55,6 +55,8 @@ pub struct Shared {
     pub refused: crate::refused::RefusedReads,
     /// The WAL feeds of the databases in use (`wal_feed`).
     pub wal_feeds: crate::wal_feed::WalFeeds,
+    /// The console's PAUSE and RESUME.
+    pub pause: crate::pause::Pause,
     /// Faults integration tests arm ([`Shared::arm_fault`]).
     #[doc(hidden)]
     pub faults: crate::session::lost_commit::Faults,

@@ -32,6 +32,9 @@ pub enum ProxyError {
         waited_ms: u64,
         pool_size: usize,
     },
+    /// The console's PAUSE held the statement longer than the wait allows.
+    #[error("pgfresh is paused (console PAUSE) and was not resumed within {waited_ms} ms; the statement was not run")]
+    PausedTooLong { waited_ms: u64 },
     #[error("cannot connect to {node}: {reason}")]
     ServerConnect { node: String, reason: String },
     /// The server rejected our login; carries the server's own error fields.
@@ -113,7 +116,7 @@ impl ProxyError {
             UnknownUser(_) => sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
             Startup(_) => sqlstate::PROTOCOL_VIOLATION,
             TooManyClients | PoolTimeout { .. } => sqlstate::TOO_MANY_CONNECTIONS,
-            QueryWaitTimeout { .. } => sqlstate::QUERY_CANCELED,
+            QueryWaitTimeout { .. } | PausedTooLong { .. } => sqlstate::QUERY_CANCELED,
             ServerConnect { .. } | NoPrimary(_) => {
                 sqlstate::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION
             }
@@ -136,6 +139,7 @@ impl ProxyError {
             ClientGone | ClientIo(_) => Disposition::Silent,
             PoolTimeout { .. }
             | QueryWaitTimeout { .. }
+            | PausedTooLong { .. }
             | NoPrimary(_)
             | ServerConnect { .. }
             | FallbackLimit

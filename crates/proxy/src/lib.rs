@@ -19,6 +19,7 @@ pub mod io;
 pub mod listener;
 pub mod monitor_conn;
 pub mod name_map;
+pub mod pause;
 pub mod pool;
 pub mod refused;
 pub mod router;
@@ -218,6 +219,7 @@ impl Proxy {
             auth_file: Default::default(),
             auth_query: Default::default(),
             wal_feeds: Default::default(),
+            pause: Default::default(),
             refused: Default::default(),
         });
         shared.deps.attach(&shared);

@@ -62,28 +62,32 @@ struct Idle {
 
 impl Idle {
     /// Why this pooled connection is to be closed at `now` rather than lent, if it is.
-    fn expiry(&self, s: &PoolSettings, now: Instant) -> Option<Expiry> {
+    fn expiry(&self, s: &PoolSettings, now: Instant) -> Option<CloseReason> {
         if !s.idle_timeout.is_zero() && now.saturating_duration_since(self.since) > s.idle_timeout {
-            return Some(Expiry::IdleTimeout);
+            return Some(CloseReason::IdleTimeout);
         }
-        s.past_lifetime(&self.conn, now).then_some(Expiry::Lifetime)
+        s.past_lifetime(&self.conn, now)
+            .then_some(CloseReason::Lifetime)
     }
 }
 
 /// Why pgfresh closes a server connection it could otherwise pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expiry {
+enum CloseReason {
     /// Idle in the pool longer than `idle_timeout_ms`.
     IdleTimeout,
     /// Open longer than `server_lifetime_ms`.
     Lifetime,
+    /// The console's PAUSE (see [`crate::pause`]).
+    Pause,
 }
 
-impl Expiry {
+impl CloseReason {
     fn as_str(self) -> &'static str {
         match self {
-            Expiry::IdleTimeout => "idle_timeout",
-            Expiry::Lifetime => "lifetime",
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::Lifetime => "lifetime",
+            CloseReason::Pause => "pause",
         }
     }
 
@@ -423,7 +427,7 @@ impl Pools {
     pub async fn release(&self, mut leased: Leased, reset_query: &str, s: &PoolSettings) {
         if s.past_lifetime(&leased.conn, Instant::now()) {
             let Leased { conn, .. } = leased;
-            return Expiry::Lifetime.close(conn);
+            return CloseReason::Lifetime.close(conn);
         }
         let generation = self.generation(leased.conn.target.node);
         let reusable = leased.conn.generation == generation
@@ -447,16 +451,9 @@ impl Pools {
     /// of the one it takes, but the pool lends its most recently returned connection
     /// first: without this, those under it would stay open as long as the pool is busy.
     pub fn close_expired(&self, s: &PoolSettings) {
-        let pools: Vec<Arc<Pool>> = self
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
         let now = Instant::now();
-        for pool in pools {
-            let expired: Vec<(Box<ServerConn>, Expiry)> = {
+        for pool in self.all() {
+            let expired: Vec<(Box<ServerConn>, CloseReason)> = {
                 let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
                 if idle.iter().all(|i| i.expiry(s, now).is_none()) {
                     continue;
@@ -477,6 +474,37 @@ impl Pools {
                 why.close(conn);
             }
         }
+    }
+
+    /// Server connections lent out now, in every pool.
+    pub fn lent_now(&self) -> usize {
+        self.all()
+            .iter()
+            .map(|p| p.lent.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Closes every pooled (idle) connection; returns how many (PAUSE).
+    pub fn close_idle(&self) -> usize {
+        let mut closed = 0;
+        for pool in self.all() {
+            let idle = std::mem::take(&mut *pool.idle.lock().unwrap_or_else(|p| p.into_inner()));
+            closed += idle.len();
+            for i in idle {
+                CloseReason::Pause.close(i.conn);
+            }
+        }
+        closed
+    }
+
+    /// Every pool, taken out of the map's lock.
+    fn all(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Transaction mode: what a login with `settings` reported last time on this pool.

@@ -894,6 +894,20 @@ impl Session {
         // like one that stops mid-statement; polled second, so taking an idle pooled
         // connection costs no timer, and neither does waiting for a slot.
         let settings = Shared::pool_settings(&config);
+        if self.shared.pause.is_paused() && self.backends.iter().all(Option::is_none) {
+            // PAUSE: a session holding no connection takes none until RESUME, waiting
+            // as long as it would wait out a failover.
+            let limit = config.pool.query_wait_timeout_ms;
+            if !self
+                .shared
+                .pause
+                .wait_resumed(Duration::from_millis(limit))
+                .await
+            {
+                self.listed.info.set_state(before);
+                return Err(ProxyError::PausedTooLong { waited_ms: limit });
+            }
+        }
         let leased = match self.shared.pools.permit(&pool, &target, &settings).await {
             Ok(permit) => {
                 let interval = self.watch_interval();
