@@ -1142,3 +1142,26 @@ async fn in_session_mode_pause_waits_for_clients_to_leave_and_they_keep_working(
     let s = login.await.unwrap();
     assert_eq!(first_value(&s, "SELECT 4").await, "4");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_ends_the_wait_of_a_statement_held_by_pause() {
+    own_database("tppausex").await;
+    let p = start_proxy(&tx_config(2, "query_wait_timeout_ms = 600000"));
+    let c = p.connect_as("app", APP_PASSWORD, "tppausex").await.unwrap();
+    let admin = console_client(&p).await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let held = tokio::spawn(async move { c.simple_query("SELECT 1").await.map(drop) });
+    let listed = p.shared.client_list.clone();
+    poll("the statement to wait", Duration::from_secs(30), || {
+        let waiting = listed
+            .snapshot()
+            .iter()
+            .any(|c| c.state() == pgfresh_proxy::clients::ClientState::Waiting);
+        async move { waiting.then_some(()) }
+    })
+    .await;
+    // Stopping pgfresh tells the waiting session at once (57P01), not after the wait.
+    tokio::task::spawn_blocking(move || drop(p)).await.unwrap();
+    let err = held.await.unwrap().unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("57P01"), "{err:?}");
+}

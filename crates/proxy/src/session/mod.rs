@@ -889,40 +889,26 @@ impl Session {
         let (target, pool) = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
-        // A slot first, in the pool's fair queue (bounded by its own timeout; the node is
-        // not involved yet). Then a node that stops answering mid-login is given up on
-        // like one that stops mid-statement; polled second, so taking an idle pooled
-        // connection costs no timer, and neither does waiting for a slot.
         let settings = Shared::pool_settings(&config);
-        if self.shared.pause.is_paused() && self.backends.iter().all(Option::is_none) {
-            // PAUSE: a session holding no connection takes none until RESUME, waiting
-            // as long as it would wait out a failover.
-            let limit = config.pool.query_wait_timeout_ms;
-            if !self
-                .shared
-                .pause
-                .wait_resumed(Duration::from_millis(limit))
-                .await
-            {
-                self.listed.info.set_state(before);
-                return Err(ProxyError::PausedTooLong { waited_ms: limit });
-            }
-        }
-        let leased = match self.shared.pools.permit(&pool, &target, &settings).await {
-            Ok(permit) => {
-                let interval = self.watch_interval();
-                tokio::select! {
-                    biased;
-                    r = self.shared.pools.acquire_with(&pool, &target, &[], &settings, permit) => r,
-                    reason = watchdog::until_given_up(&self.shared, node, generation, interval) => {
-                        Err(ProxyError::ServerConnect {
-                            node: target.node_name.to_string(),
-                            reason,
-                        })
-                    }
+        // PAUSE holds a session that holds no connection (see `crate::pause`); one that
+        // began while this connection was being taken gets it back, unused.
+        let holds_none = self.backends.iter().all(Option::is_none);
+        let leased = loop {
+            if holds_none {
+                if let Err(e) = self.wait_out_pause(&config).await {
+                    self.listed.info.set_state(before);
+                    return Err(e);
                 }
             }
-            Err(e) => Err(e),
+            match self
+                .take_connection(node, generation, &target, &pool, &settings)
+                .await
+            {
+                Ok(l) if holds_none && self.shared.pause.is_paused() => {
+                    self.shared.pools.checkin(l, None);
+                }
+                taken => break taken,
+            }
         };
         let leased = match leased {
             Ok(l) => l,

@@ -1,5 +1,6 @@
-//! Transaction mode: when a session gives its server connections back to the pools,
-//! and the accounting of sessions that cannot (`pgfresh_pinned_sessions`).
+//! Taking a server connection (both modes; held while the console's PAUSE is in
+//! force), and in transaction mode when a session gives its connections back to the
+//! pools, and the accounting of sessions that cannot (`pgfresh_pinned_sessions`).
 //!
 //! A session checks its connections in when nothing of the client's is running or
 //! queued on them and no state lives on them that pgfresh cannot replay elsewhere:
@@ -16,6 +17,7 @@ use pgfresh_wire::TxStatus;
 
 use super::state::PinReason;
 use super::Session;
+use crate::error::ProxyError;
 
 /// The pin reasons a session is counted under in `pgfresh_pinned_sessions`.
 #[derive(Default)]
@@ -46,6 +48,55 @@ impl PinGauge {
 }
 
 impl Session {
+    /// A slot first, in the pool's fair queue (bounded by its own timeout; the node is not
+    /// involved yet). Then a node that stops answering mid-login is given up on like one
+    /// that stops mid-statement; polled second, so taking an idle pooled connection costs
+    /// no timer, and neither does waiting for a slot.
+    pub(super) async fn take_connection(
+        &self,
+        node: usize,
+        generation: u64,
+        target: &crate::server::Target,
+        pool: &crate::pool::PoolRef,
+        settings: &crate::pool::PoolSettings,
+    ) -> Result<crate::pool::Leased, ProxyError> {
+        let permit = self.shared.pools.permit(pool, target, settings).await?;
+        let interval = self.watch_interval();
+        tokio::select! {
+            biased;
+            r = self.shared.pools.acquire_with(pool, target, &[], settings, permit) => r,
+            reason = super::watchdog::until_given_up(&self.shared, node, generation, interval) => {
+                Err(ProxyError::ServerConnect {
+                    node: target.node_name.to_string(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// While the console's PAUSE is in force: waits for RESUME, as long as a statement
+    /// waits out a failover (`query_wait_timeout_ms`), or until pgfresh shuts down.
+    pub(super) async fn wait_out_pause(
+        &self,
+        config: &pgfresh_config::Config,
+    ) -> Result<(), ProxyError> {
+        if !self.shared.pause.is_paused() {
+            return Ok(());
+        }
+        let limit = config.pool.query_wait_timeout_ms;
+        let mut shutdown = self.shared.shutdown.clone();
+        tokio::select! {
+            resumed = self.shared.pause.wait_resumed(Duration::from_millis(limit)) => {
+                if resumed {
+                    Ok(())
+                } else {
+                    Err(ProxyError::PausedTooLong { waited_ms: limit })
+                }
+            }
+            _ = shutdown.wait_for(|stopping| *stopping) => Err(ProxyError::Shutdown),
+        }
+    }
+
     /// Nothing of the client's is on the connections it holds, and nothing it left there
     /// binds it to them.
     fn may_check_in(&self) -> bool {
