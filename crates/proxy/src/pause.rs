@@ -9,6 +9,7 @@
 //! leaves. PAUSE answers once no server connection is in use, after closing the pooled
 //! ones; RESUME lets the waiting units go, on new connections.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -16,13 +17,20 @@ use tokio::sync::watch;
 use crate::context::Shared;
 
 /// Whether pgfresh is paused, and a way to wait for the end of it.
+///
+/// `flag` is what every unit taking a connection reads (one load). It and the pools'
+/// count of connections lent out are sequentially consistent: a session that took a
+/// connection then reads the flag, PAUSE sets the flag then reads the count, so either
+/// the session sees the pause (and gives the connection back) or PAUSE sees it lent.
 pub struct Pause {
+    flag: AtomicBool,
     paused: watch::Sender<bool>,
 }
 
 impl Default for Pause {
     fn default() -> Self {
         Self {
+            flag: AtomicBool::new(false),
             paused: watch::Sender::new(false),
         }
     }
@@ -39,7 +47,7 @@ pub enum Paused {
 
 impl Pause {
     pub fn is_paused(&self) -> bool {
-        *self.paused.borrow()
+        self.flag.load(Ordering::SeqCst)
     }
 
     /// Starts a pause; false when one is in force already.
@@ -48,6 +56,7 @@ impl Pause {
             .paused
             .send_if_modified(|p| !std::mem::replace(p, true));
         if started {
+            self.flag.store(true, Ordering::SeqCst);
             metrics::gauge!("pgfresh_paused").set(1.0);
         }
         started
@@ -59,6 +68,7 @@ impl Pause {
             .paused
             .send_if_modified(|p| std::mem::replace(p, false));
         if ended {
+            self.flag.store(false, Ordering::SeqCst);
             metrics::gauge!("pgfresh_paused").set(0.0);
         }
         ended

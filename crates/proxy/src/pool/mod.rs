@@ -338,7 +338,8 @@ impl Pools {
         let pool = &pool.0;
         let generation = self.generation(target.node);
         let lease = |conn: Box<ServerConn>, permit: OwnedSemaphorePermit| {
-            pool.lent.fetch_add(1, Ordering::Relaxed);
+            // Sequentially consistent with the pause flag (see `crate::pause::Pause`).
+            pool.lent.fetch_add(1, Ordering::SeqCst);
             pool.lent_total.fetch_add(1, Ordering::Relaxed);
             pool.lent_conns
                 .lock()
@@ -480,7 +481,7 @@ impl Pools {
     pub fn lent_now(&self) -> usize {
         self.all()
             .iter()
-            .map(|p| p.lent.load(Ordering::Relaxed))
+            .map(|p| p.lent.load(Ordering::SeqCst))
             .sum()
     }
 

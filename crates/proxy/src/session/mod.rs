@@ -892,9 +892,8 @@ impl Session {
         let settings = Shared::pool_settings(&config);
         // PAUSE holds a session that holds no connection (see `crate::pause`); one that
         // began while this connection was being taken gets it back, unused.
-        let holds_none = self.backends.iter().all(Option::is_none);
         let leased = loop {
-            if holds_none {
+            if self.shared.pause.is_paused() && self.holds_no_connection() {
                 if let Err(e) = self.wait_out_pause(&config).await {
                     self.listed.info.set_state(before);
                     return Err(e);
@@ -904,7 +903,7 @@ impl Session {
                 .take_connection(node, generation, &target, &pool, &settings)
                 .await
             {
-                Ok(l) if holds_none && self.shared.pause.is_paused() => {
+                Ok(l) if self.shared.pause.is_paused() && self.holds_no_connection() => {
                     self.shared.pools.checkin(l, None);
                 }
                 taken => break taken,

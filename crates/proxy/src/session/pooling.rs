@@ -74,6 +74,11 @@ impl Session {
         }
     }
 
+    /// The session holds no server connection (PAUSE holds such a session).
+    pub(super) fn holds_no_connection(&self) -> bool {
+        self.backends.iter().all(Option::is_none)
+    }
+
     /// While the console's PAUSE is in force: waits for RESUME, as long as a statement
     /// waits out a failover (`query_wait_timeout_ms`), or until pgfresh shuts down.
     pub(super) async fn wait_out_pause(
