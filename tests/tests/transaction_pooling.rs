@@ -1165,3 +1165,28 @@ async fn a_shutdown_ends_the_wait_of_a_statement_held_by_pause() {
     let err = held.await.unwrap().unwrap_err();
     assert_eq!(err.code().map(|c| c.code()), Some("57P01"), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_login_held_by_pause_fails_within_its_own_time() {
+    own_database("tppausel").await;
+    // Session mode: a login needs a server connection. The statement wait is long, the
+    // login's own time short.
+    let text = config_text("").replacen(
+        "client_login_timeout_ms = 10000",
+        "client_login_timeout_ms = 1000",
+        1,
+    );
+    assert!(text.contains("client_login_timeout_ms = 1000\n"));
+    let p = start_proxy(&format!("{text}\n[pool]\nquery_wait_timeout_ms = 600000\n"));
+    let admin = console_client(&p).await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let err = p
+        .connect_as("app", APP_PASSWORD, "tppausel")
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.code().map(|c| c.code()), Some("57014"), "{err:?}");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let c = p.connect_as("app", APP_PASSWORD, "tppausel").await.unwrap();
+    assert_eq!(first_value(&c, "SELECT 1").await, "1");
+}

@@ -3,11 +3,12 @@
 //!
 //! While paused, a unit that needs a server connection in a session holding none waits
 //! for RESUME (transaction mode: every unit between transactions; session mode: a new
-//! session's login), at most `query_wait_timeout_ms`, as long as it would wait out a
-//! failover (a login, at most `client_login_timeout_ms`). A session that holds a connection goes on with it:
-//! a transaction runs to its end, and a session-mode client keeps its connections until it
-//! leaves. PAUSE answers once no server connection is in use, after closing the pooled
-//! ones; RESUME lets the waiting units go, on new connections.
+//! session's login), as long as it would wait out a failover: a statement at most
+//! `query_wait_timeout_ms`, a login within `client_login_timeout_ms`. A session that
+//! holds a connection goes on with it: a transaction runs to its end, and a session-mode
+//! client keeps its connections until it leaves. PAUSE answers once no server connection
+//! is in use, after closing the pooled ones; RESUME lets the waiting units go, on new
+//! connections.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -52,26 +53,29 @@ impl Pause {
 
     /// Starts a pause; false when one is in force already.
     pub fn pause(&self) -> bool {
-        let started = self
-            .paused
-            .send_if_modified(|p| !std::mem::replace(p, true));
-        if started {
-            self.flag.store(true, Ordering::SeqCst);
-            metrics::gauge!("pgfresh_paused").set(1.0);
-        }
-        started
+        self.set(true)
     }
 
     /// Ends the pause; false when there is none.
     pub fn resume(&self) -> bool {
-        let ended = self
-            .paused
-            .send_if_modified(|p| std::mem::replace(p, false));
-        if ended {
-            self.flag.store(false, Ordering::SeqCst);
-            metrics::gauge!("pgfresh_paused").set(0.0);
+        self.set(false)
+    }
+
+    /// Sets the state to `paused`; false when it was so already. The flag changes under
+    /// the channel's lock, so a PAUSE and a RESUME racing each other leave both alike.
+    fn set(&self, paused: bool) -> bool {
+        let changed = self.paused.send_if_modified(|p| {
+            if *p == paused {
+                return false;
+            }
+            *p = paused;
+            self.flag.store(paused, Ordering::SeqCst);
+            true
+        });
+        if changed {
+            metrics::gauge!("pgfresh_paused").set(if paused { 1.0 } else { 0.0 });
         }
-        ended
+        changed
     }
 
     /// Waits for RESUME, at most `limit`; false when the limit came first.

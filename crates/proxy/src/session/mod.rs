@@ -294,6 +294,9 @@ impl Session {
                 return self.send_login_reply(key, &params).await;
             }
         }
+        // PAUSE: a login that needs a connection waits for RESUME within its own time.
+        self.wait_out_pause(deadline.saturating_duration_since(std::time::Instant::now()))
+            .await?;
         let primary = self.attach_primary_for_login(primary, deadline).await?;
         // After the server took the login: a database that does not exist gets no entry.
         self.learn_database(deadline).await;
@@ -894,7 +897,8 @@ impl Session {
         // began while this connection was being taken gets it back, unused.
         let leased = loop {
             if self.shared.pause.is_paused() && self.holds_no_connection() {
-                if let Err(e) = self.wait_out_pause(&config).await {
+                let limit = Duration::from_millis(config.pool.query_wait_timeout_ms);
+                if let Err(e) = self.wait_out_pause(limit).await {
                     self.listed.info.set_state(before);
                     return Err(e);
                 }

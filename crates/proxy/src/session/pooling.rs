@@ -79,23 +79,19 @@ impl Session {
         self.backends.iter().all(Option::is_none)
     }
 
-    /// While the console's PAUSE is in force: waits for RESUME, as long as a statement
-    /// waits out a failover (`query_wait_timeout_ms`), or until pgfresh shuts down.
-    pub(super) async fn wait_out_pause(
-        &self,
-        config: &pgfresh_config::Config,
-    ) -> Result<(), ProxyError> {
+    /// While the console's PAUSE is in force: waits for RESUME, at most `limit` (as long
+    /// as a statement or a login waits out a failover), or until pgfresh shuts down.
+    pub(super) async fn wait_out_pause(&self, limit: Duration) -> Result<(), ProxyError> {
         if !self.shared.pause.is_paused() {
             return Ok(());
         }
-        let limit = config.pool.query_wait_timeout_ms;
         let mut shutdown = self.shared.shutdown.clone();
         tokio::select! {
-            resumed = self.shared.pause.wait_resumed(Duration::from_millis(limit)) => {
+            resumed = self.shared.pause.wait_resumed(limit) => {
                 if resumed {
                     Ok(())
                 } else {
-                    Err(ProxyError::PausedTooLong { waited_ms: limit })
+                    Err(ProxyError::PausedTooLong { waited_ms: limit.as_millis() as u64 })
                 }
             }
             _ = shutdown.wait_for(|stopping| *stopping) => Err(ProxyError::Shutdown),
