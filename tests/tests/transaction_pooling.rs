@@ -982,8 +982,23 @@ async fn a_session_keeps_its_connection_past_server_lifetime_and_it_closes_after
     let driver = tokio::spawn(conn);
     let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
     let first = first_value(&c, pid).await;
-    // Well past the lifetime: a connection a session holds is never taken from it.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Once the connection the session holds is well past its lifetime (as SHOW SERVERS
+    // sees it), it is still the session's: a held connection is never taken from it.
+    let held: i32 = first.parse().unwrap();
+    let shared = p.shared.clone();
+    eventually(
+        "the held connection to outlive server_lifetime_ms",
+        Duration::from_secs(30),
+        || {
+            shared.pools.servers().iter().any(|s| {
+                s.pid == held
+                    && s.connected_at
+                        .elapsed()
+                        .is_ok_and(|age| age > Duration::from_millis(600))
+            })
+        },
+    )
+    .await;
     assert_eq!(first_value(&c, pid).await, first);
     drop(c);
     let _ = driver.await;
