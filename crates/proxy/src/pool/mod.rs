@@ -58,9 +58,42 @@ struct Idle {
     /// transaction mode, and a pointer moves for less than the whole connection.
     conn: Box<ServerConn>,
     since: Instant,
+    /// When `idle_timeout_ms` or `server_lifetime_ms` (as they were when it came back)
+    /// ends its stay, and which, so that lending it compares two instants and nothing
+    /// more. A reload that shortens either is applied by [`Pools::close_expired`]
+    /// within a second.
+    expires: Option<(Instant, CloseReason)>,
 }
 
 impl Idle {
+    fn new(conn: Box<ServerConn>, s: &PoolSettings, now: Instant) -> Self {
+        let end =
+            |from: Instant, d: Duration| (!d.is_zero()).then(|| from.checked_add(d)).flatten();
+        let idle = end(now, s.idle_timeout).map(|t| (t, CloseReason::IdleTimeout));
+        let life = end(conn.opened, s.lifetime).map(|t| (t, CloseReason::Lifetime));
+        let expires = match (idle, life) {
+            (Some(a), Some(b)) => Some(if b.0 <= a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        };
+        Idle {
+            conn,
+            since: now,
+            expires,
+        }
+    }
+
+    /// Why this pooled connection is not to be lent for `target` at `now` (with the
+    /// node at `generation`), if it is not.
+    fn unfit(&mut self, target: &Target, generation: u64, now: Instant) -> Option<Unfit> {
+        if let Some((_, why)) = self.expires.filter(|(at, _)| now > *at) {
+            return Some(Unfit::Expired(why));
+        }
+        if self.conn.generation != generation || self.conn.target.tls != target.tls {
+            return Some(Unfit::Stale);
+        }
+        (!self.conn.still_open()).then_some(Unfit::ClosedByServer)
+    }
+
     /// Why this pooled connection is to be closed at `now` rather than lent, if it is.
     fn expiry(&self, s: &PoolSettings, now: Instant) -> Option<CloseReason> {
         if !s.idle_timeout.is_zero() && now.saturating_duration_since(self.since) > s.idle_timeout {
@@ -68,6 +101,32 @@ impl Idle {
         }
         s.past_lifetime(&self.conn, now)
             .then_some(CloseReason::Lifetime)
+    }
+}
+
+/// Why a pooled connection is not lent (see [`Idle::unfit`]).
+enum Unfit {
+    /// Past `idle_timeout_ms` or `server_lifetime_ms`.
+    Expired(CloseReason),
+    /// Made before its node changed role, or with other `server_tls_*` settings than
+    /// the node has now.
+    Stale,
+    /// Its server closed it meanwhile (restart, `pg_terminate_backend`, a timeout on
+    /// the server): replaced.
+    ClosedByServer,
+}
+
+impl Unfit {
+    fn dispose(self, conn: Box<ServerConn>, target: &Target) {
+        match self {
+            Unfit::Expired(why) => return why.close(conn),
+            Unfit::Stale => {}
+            Unfit::ClosedByServer => {
+                metrics::counter!("pgfresh_server_connections_replaced_total", "node" => target.node_name.to_string()).increment(1);
+                tracing::info!(node = %target.node_name, "a pooled server connection was closed by the server; replaced");
+            }
+        }
+        tokio::spawn(conn.terminate());
     }
 }
 
@@ -105,16 +164,19 @@ impl CloseReason {
 
 /// One pool's connections and the clients waiting for one.
 struct Pool {
-    idle: Mutex<Vec<Idle>>,
+    /// The connections, idle and lent, under one lock: lending one and taking it back
+    /// each lock once.
+    conns: Mutex<Conns>,
     slots: Arc<Semaphore>,
+    /// Its node's generation (see [`Pools::invalidate_node`]), shared with the pools of
+    /// the same node, read without a lock.
+    generation: Arc<AtomicU64>,
     /// The waits in progress, with their deadlines (also `cl_waiting`, `maxwait`).
     waiting: Arc<Waits>,
     /// Connections ever lent (for `sv_used`-style accounting and SHOW POOLS).
     lent_total: AtomicU64,
     /// Connections now lent out and running a unit or held by a session.
     lent: AtomicUsize,
-    /// The connections lent out now, by connection id (for SHOW SERVERS).
-    lent_conns: Mutex<HashMap<u64, LentConn, RandomState>>,
     /// Transaction mode: the ParameterStatus set a login with these settings got, so
     /// the next login with the same settings needs no connection (newest last).
     logins: Mutex<Vec<(SettingsList, LoginParams)>>,
@@ -122,7 +184,41 @@ struct Pool {
     wait_seconds: std::sync::OnceLock<metrics::Histogram>,
 }
 
+/// A pool's connections: those waiting in it, and a record of each one lent out (for
+/// SHOW SERVERS) in reused slots, which its lease knows.
+#[derive(Default)]
+struct Conns {
+    /// The most recently returned last, lent first.
+    idle: Vec<Idle>,
+    lent: Vec<Option<LentConn>>,
+    free: Vec<usize>,
+}
+
+impl Conns {
+    fn lend(&mut self, record: LentConn) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.lent[i] = Some(record);
+                i
+            }
+            None => {
+                self.lent.push(Some(record));
+                self.lent.len() - 1
+            }
+        }
+    }
+
+    fn returned(&mut self, slot: usize) {
+        self.lent[slot] = None;
+        self.free.push(slot);
+    }
+}
+
 impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Conns> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn wait_seconds(&self, mode: PoolMode) -> &metrics::Histogram {
         self.wait_seconds.get_or_init(
             || metrics::histogram!("pgfresh_pool_wait_seconds", "mode" => mode.as_str()),
@@ -143,6 +239,17 @@ struct LentConn {
     connected_at: std::time::SystemTime,
     tls: bool,
     since: Instant,
+}
+
+impl LentConn {
+    fn of(conn: &ServerConn, since: Instant) -> Self {
+        LentConn {
+            pid: conn.key.pid,
+            connected_at: conn.connected_at,
+            tls: conn.stream.is_tls(),
+            since,
+        }
+    }
 }
 
 /// One server connection, for SHOW SERVERS.
@@ -170,8 +277,9 @@ pub struct ServerRow {
 #[derive(Default)]
 pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>, RandomState>>,
-    /// Generation per node index (grown when a node is added).
-    generations: RwLock<Vec<AtomicU64>>,
+    /// Generation per node index (grown when a node is added), each shared with the
+    /// node's pools.
+    generations: RwLock<Vec<Arc<AtomicU64>>>,
 }
 
 /// A server connection lent to one client session.
@@ -186,17 +294,23 @@ pub struct Leased {
 #[derive(Clone)]
 pub struct PoolRef(Arc<Pool>);
 
-/// Counts a lease in its pool while it lasts (the pool and the connection's id).
-struct Lent(Arc<Pool>, u64);
+/// Counts a lease in its pool while it lasts, with its record's slot there (or
+/// [`RETURNED`] once the record is gone).
+struct Lent {
+    pool: Arc<Pool>,
+    slot: usize,
+}
+
+/// A lease whose record was removed with its connection's return to the idle list.
+const RETURNED: usize = usize::MAX;
 
 impl Drop for Lent {
     fn drop(&mut self) {
-        self.0.lent.fetch_sub(1, Ordering::Relaxed);
-        self.0
-            .lent_conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.1);
+        if self.slot != RETURNED {
+            self.pool.lock().returned(self.slot);
+        }
+        // Sequentially consistent with the pause flag (see `crate::pause::Pause`).
+        self.pool.lent.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -226,20 +340,31 @@ impl Pools {
         g.get(node).map_or(0, |c| c.load(Ordering::Acquire))
     }
 
+    /// The generation counter of `node`, made if new (shared with its pools).
+    fn node_generation(&self, node: usize) -> Arc<AtomicU64> {
+        if let Some(g) = self
+            .generations
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+        {
+            return g.clone();
+        }
+        let mut g = self.generations.write().unwrap_or_else(|p| p.into_inner());
+        if g.len() <= node {
+            g.resize_with(node + 1, Arc::default);
+        }
+        g[node].clone()
+    }
+
     /// Mark every connection to `node` as stale (role change, removal). Idle ones are
     /// dropped now; leased ones are dropped by their session at its next statement.
     pub fn invalidate_node(&self, node: usize) {
-        {
-            let mut g = self.generations.write().unwrap_or_else(|p| p.into_inner());
-            if g.len() <= node {
-                g.resize_with(node + 1, AtomicU64::default);
-            }
-            g[node].fetch_add(1, Ordering::AcqRel);
-        }
+        self.node_generation(node).fetch_add(1, Ordering::AcqRel);
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         for (key, pool) in pools.iter() {
             if key.node == node {
-                pool.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                pool.lock().idle.clear();
                 pool.logins
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -249,7 +374,7 @@ impl Pools {
     }
 
     /// The pool `target` belongs to (made with `size` slots if new), for
-    /// [`Pools::permit`] and [`Pools::acquire_with`]: a session keeps it with the target,
+    /// [`Pools::permit`] and [`Pools::take_idle`]: a session keeps it with the target,
     /// so a unit does not look the pool up again.
     pub fn pool_ref(&self, target: &Target, size: usize) -> PoolRef {
         PoolRef(self.pool(target, size))
@@ -264,27 +389,27 @@ impl Pools {
             database: target.database.clone(),
         };
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        pools
-            .entry(key)
-            .or_insert_with(|| {
-                Arc::new(Pool {
-                    idle: Mutex::new(Vec::new()),
-                    slots: Arc::new(Semaphore::new(size)),
-                    waiting: Arc::default(),
-                    lent_total: AtomicU64::new(0),
-                    lent: AtomicUsize::new(0),
-                    lent_conns: Mutex::new(HashMap::default()),
-                    logins: Mutex::new(Vec::new()),
-                    wait_seconds: Default::default(),
-                })
-            })
-            .clone()
+        if let Some(p) = pools.get(&key) {
+            return p.clone();
+        }
+        let pool = Arc::new(Pool {
+            conns: Mutex::default(),
+            slots: Arc::new(Semaphore::new(size)),
+            generation: self.node_generation(target.node),
+            waiting: Arc::default(),
+            lent_total: AtomicU64::new(0),
+            lent: AtomicUsize::new(0),
+            logins: Mutex::new(Vec::new()),
+            wait_seconds: Default::default(),
+        });
+        pools.insert(key, pool.clone());
+        pool
     }
 
     /// A slot in `pool`: at once if one is free, else in arrival order (the semaphore
     /// is fair) up to the acquire timeout. Only a wait (none was free) is recorded in
     /// `pgfresh_pool_wait_seconds`. Holding the slot entitles the holder to one
-    /// connection ([`Pools::acquire_with`]).
+    /// connection ([`Pools::take_idle`], [`Pools::connect`]).
     pub async fn permit(
         &self,
         pool: &PoolRef,
@@ -322,12 +447,48 @@ impl Pools {
         }
     }
 
-    /// With a slot held ([`Pools::permit`]): take an idle connection or open a new one.
-    /// An idle connection the server closed meanwhile (restart, `pg_terminate_backend`,
-    /// idle timeout on the server) is noticed here, before anything is sent on it, and
-    /// replaced. Only this step talks to the node (a caller watching the node for a
-    /// freeze watches this, not the wait for a slot).
-    pub async fn acquire_with(
+    /// With a slot held ([`Pools::permit`]): a pooled connection fit to lend, or the
+    /// slot back when there is none (then [`Pools::connect`] opens one). A pooled
+    /// connection past its time, made before its node changed role or with other
+    /// `server_tls_*` settings, or closed by its server meanwhile (restart,
+    /// `pg_terminate_backend`, idle timeout on the server) is noticed here, before
+    /// anything is sent on it, and closed. Talks to no node: it needs no watching.
+    pub fn take_idle(
+        &self,
+        pool: &PoolRef,
+        target: &Target,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Leased, OwnedSemaphorePermit> {
+        let pool = &pool.0;
+        let generation = pool.generation.load(Ordering::Acquire);
+        let now = Instant::now();
+        let mut unfit = Vec::new();
+        let taken = {
+            let mut conns = pool.lock();
+            loop {
+                let Some(mut idle) = conns.idle.pop() else {
+                    break None;
+                };
+                match idle.unfit(target, generation, now) {
+                    None => {
+                        let slot = conns.lend(LentConn::of(&idle.conn, now));
+                        break Some((idle.conn, slot));
+                    }
+                    Some(why) => unfit.push((idle.conn, why)),
+                }
+            }
+        };
+        for (conn, why) in unfit {
+            why.dispose(conn, target);
+        }
+        match taken {
+            Some((conn, slot)) => Ok(Leased::new(pool, conn, permit, slot)),
+            None => Err(permit),
+        }
+    }
+
+    /// With a slot held and no pooled connection fit to lend: open a new one.
+    pub async fn connect(
         &self,
         pool: &PoolRef,
         target: &Target,
@@ -336,48 +497,7 @@ impl Pools {
         permit: OwnedSemaphorePermit,
     ) -> Result<Leased, ProxyError> {
         let pool = &pool.0;
-        let generation = self.generation(target.node);
-        let lease = |conn: Box<ServerConn>, permit: OwnedSemaphorePermit| {
-            // Sequentially consistent with the pause flag (see `crate::pause::Pause`).
-            pool.lent.fetch_add(1, Ordering::SeqCst);
-            pool.lent_total.fetch_add(1, Ordering::Relaxed);
-            pool.lent_conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    conn.id,
-                    LentConn {
-                        pid: conn.key.pid,
-                        connected_at: conn.connected_at,
-                        tls: conn.stream.is_tls(),
-                        since: Instant::now(),
-                    },
-                );
-            let id = conn.id;
-            Leased {
-                conn,
-                permit,
-                lent: Lent(pool.clone(), id),
-            }
-        };
-        loop {
-            let idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let Some(mut idle) = idle else { break };
-            if let Some(why) = idle.expiry(s, Instant::now()) {
-                why.close(idle.conn);
-                continue;
-            }
-            // Made with other server_tls_* settings than the node has now: not reused.
-            let expired = idle.conn.target.tls != target.tls;
-            if idle.conn.generation == generation && !expired && idle.conn.still_open() {
-                return Ok(lease(idle.conn, permit));
-            }
-            if idle.conn.generation == generation && !expired {
-                metrics::counter!("pgfresh_server_connections_replaced_total", "node" => target.node_name.to_string()).increment(1);
-                tracing::info!(node = %target.node_name, "a pooled server connection was closed by the server; replaced");
-            }
-            tokio::spawn(idle.conn.terminate());
-        }
+        let generation = pool.generation.load(Ordering::Acquire);
         // Boxed: connecting is rare once the pool is warm, and its state (2 KiB) would
         // otherwise sit in every session's future.
         let conn = Box::pin(ServerConn::connect(
@@ -389,14 +509,15 @@ impl Pools {
         ))
         .await?;
         metrics::counter!("pgfresh_server_connections_opened_total", "node" => target.node_name.to_string()).increment(1);
-        Ok(lease(Box::new(conn), permit))
+        let slot = pool.lock().lend(LentConn::of(&conn, Instant::now()));
+        Ok(Leased::new(pool, Box::new(conn), permit, slot))
     }
 
     /// Transaction mode: give a connection back at the end of a unit of work. Only a
     /// connection that is idle, current and owes nothing is kept; `cleanup` (SQL the
     /// client left behind, such as its SQL-level prepared statements) runs first.
-    pub fn checkin(&self, mut leased: Leased, cleanup: Option<String>) {
-        let generation = self.generation(leased.conn.target.node);
+    pub fn checkin(&self, mut leased: Leased, cleanup: Option<String>, s: &PoolSettings) {
+        let generation = leased.lent.pool.generation.load(Ordering::Acquire);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
             && leased.conn.unsent() == 0
@@ -406,14 +527,15 @@ impl Pools {
             return;
         }
         match cleanup {
-            None => push_idle(leased),
+            None => leased.return_idle(s),
             Some(sql) => {
+                let s = s.clone();
                 tokio::spawn(async move {
                     if matches!(leased.conn.run_quiet(&sql).await, Ok(Ok(())))
                         && leased.conn.tx == pgfresh_wire::TxStatus::Idle
                     {
                         leased.conn.forget_sql_prepared();
-                        push_idle(leased);
+                        leased.return_idle(&s);
                     } else {
                         leased.conn.terminate().await;
                     }
@@ -430,7 +552,7 @@ impl Pools {
             let Leased { conn, .. } = leased;
             return CloseReason::Lifetime.close(conn);
         }
-        let generation = self.generation(leased.conn.target.node);
+        let generation = leased.lent.pool.generation.load(Ordering::Acquire);
         let reusable = leased.conn.generation == generation
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
             && leased.conn.unsent() == 0
@@ -441,34 +563,35 @@ impl Pools {
             // after anything else its settings are unknown and replayed before use.
             let reset = reset_query.to_ascii_uppercase().contains("DISCARD ALL");
             leased.conn.forget_session_state(reset);
-            push_idle(leased);
+            leased.return_idle(s);
         } else {
             leased.conn.terminate().await;
         }
     }
 
     /// Closes the pooled connections idle longer than `idle_timeout_ms` or open longer
-    /// than `server_lifetime_ms` (run every second). Taking a connection checks the same
-    /// of the one it takes, but the pool lends its most recently returned connection
-    /// first: without this, those under it would stay open as long as the pool is busy.
+    /// than `server_lifetime_ms` (run every second, with the settings in force now).
+    /// Taking a connection checks the same of the one it takes, but the pool lends its
+    /// most recently returned connection first: without this, those under it would stay
+    /// open as long as the pool is busy.
     pub fn close_expired(&self, s: &PoolSettings) {
         let now = Instant::now();
         for pool in self.all() {
             let expired: Vec<(Box<ServerConn>, CloseReason)> = {
-                let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-                if idle.iter().all(|i| i.expiry(s, now).is_none()) {
+                let mut conns = pool.lock();
+                if conns.idle.iter().all(|i| i.expiry(s, now).is_none()) {
                     continue;
                 }
                 // In their order: the most recently returned stays last, lent first.
-                let mut kept = Vec::with_capacity(idle.len());
+                let mut kept = Vec::with_capacity(conns.idle.len());
                 let mut expired = Vec::new();
-                for i in idle.drain(..) {
+                for i in conns.idle.drain(..) {
                     match i.expiry(s, now) {
                         Some(why) => expired.push((i.conn, why)),
                         None => kept.push(i),
                     }
                 }
-                *idle = kept;
+                conns.idle = kept;
                 expired
             };
             for (conn, why) in expired {
@@ -489,7 +612,7 @@ impl Pools {
     pub fn close_idle(&self) -> usize {
         let mut closed = 0;
         for pool in self.all() {
-            let idle = std::mem::take(&mut *pool.idle.lock().unwrap_or_else(|p| p.into_inner()));
+            let idle = std::mem::take(&mut pool.lock().idle);
             closed += idle.len();
             for i in idle {
                 CloseReason::Pause.close(i.conn);
@@ -559,12 +682,8 @@ impl Pools {
                 for_,
                 prepared,
             };
-            for l in p
-                .lent_conns
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-            {
+            let conns = p.lock();
+            for l in conns.lent.iter().flatten() {
                 rows.push(row(
                     "active",
                     l.pid,
@@ -574,7 +693,7 @@ impl Pools {
                     None,
                 ));
             }
-            for i in p.idle.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            for i in conns.idle.iter() {
                 rows.push(row(
                     "idle",
                     i.conn.key.pid,
@@ -597,7 +716,7 @@ impl Pools {
         pools
             .iter()
             .map(|(k, p)| {
-                let idle = p.idle.lock().unwrap_or_else(|p| p.into_inner()).len();
+                let idle = p.lock().idle.len();
                 let (waiting, max_wait) = p.waiting.count();
                 PoolCounts {
                     node: k.node,
@@ -615,18 +734,43 @@ impl Pools {
     }
 }
 
-fn push_idle(leased: Leased) {
-    let Leased { conn, permit, lent } = leased;
-    lent.0
-        .idle
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Idle {
+impl Leased {
+    fn new(
+        pool: &Arc<Pool>,
+        conn: Box<ServerConn>,
+        permit: OwnedSemaphorePermit,
+        slot: usize,
+    ) -> Self {
+        // Sequentially consistent with the pause flag (see `crate::pause::Pause`).
+        pool.lent.fetch_add(1, Ordering::SeqCst);
+        pool.lent_total.fetch_add(1, Ordering::Relaxed);
+        Leased {
             conn,
-            since: Instant::now(),
-        });
-    // The slot is freed after the connection is in the idle list, so the next waiter
-    // finds it there.
-    drop(permit);
-    drop(lent);
+            permit,
+            lent: Lent {
+                pool: pool.clone(),
+                slot,
+            },
+        }
+    }
+
+    /// Into the pool's idle list, its lease record gone under the same lock.
+    fn return_idle(self, s: &PoolSettings) {
+        let Leased {
+            conn,
+            permit,
+            mut lent,
+        } = self;
+        let idle = Idle::new(conn, s, Instant::now());
+        {
+            let mut conns = lent.pool.lock();
+            conns.idle.push(idle);
+            conns.returned(lent.slot);
+        }
+        lent.slot = RETURNED;
+        // The slot is freed after the connection is in the idle list, so the next waiter
+        // finds it there.
+        drop(permit);
+        drop(lent);
+    }
 }

@@ -152,6 +152,8 @@ pub struct Session {
     parser_enabled: bool,
     /// `pool_mode`, fixed for the session's life.
     mode: pgfresh_config::PoolMode,
+    /// The pool's timeouts and sizes in `config`, worked out when it changes.
+    pool_settings: crate::pool::PoolSettings,
     pin_gauge: pooling::PinGauge,
     state: SessionState,
     /// Position tokens: the session's `pgfresh.min_lsn`, commit positions reported.
@@ -256,6 +258,7 @@ impl Session {
             parser_enabled: true,
             lost: Default::default(),
             mode: config.pool.pool_mode,
+            pool_settings: Shared::pool_settings(&config),
             pin_gauge: Default::default(),
             due: Vec::new(),
             listed,
@@ -500,6 +503,7 @@ impl Session {
         let current = self.config_cache.load();
         if !Arc::ptr_eq(current, &self.config) {
             self.config = current.clone();
+            self.pool_settings = Shared::pool_settings(current);
             self.targets.clear();
         }
     }
@@ -888,16 +892,15 @@ impl Session {
         // Transaction mode: what the session holds on other nodes goes back first, so
         // sessions never wait for one node while holding another.
         self.checkin();
-        let config = self.config.clone();
         let (target, pool) = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);
-        let settings = Shared::pool_settings(&config);
+        let settings = self.pool_settings.clone();
         // PAUSE holds a session that holds no connection (see `crate::pause`); one that
         // began while this connection was being taken gets it back, unused.
         let leased = loop {
             if self.shared.pause.is_paused() && self.holds_no_connection() {
-                let limit = Duration::from_millis(config.pool.query_wait_timeout_ms);
+                let limit = Duration::from_millis(self.config.pool.query_wait_timeout_ms);
                 if let Err(e) = self.wait_out_pause(limit).await {
                     self.listed.info.set_state(before);
                     return Err(e);
@@ -908,7 +911,7 @@ impl Session {
                 .await
             {
                 Ok(l) if self.shared.pause.is_paused() && self.holds_no_connection() => {
-                    self.shared.pools.checkin(l, None);
+                    self.shared.pools.checkin(l, None, &settings);
                 }
                 taken => break taken,
             }

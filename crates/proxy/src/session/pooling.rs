@@ -27,9 +27,18 @@ pub(super) struct PinGauge {
 
 impl PinGauge {
     /// Move the gauges from the reasons counted so far to `now`; true if they changed.
+    #[inline]
     pub(super) fn sync(&mut self, now: &BTreeSet<PinReason>) -> bool {
         // Checked at every turn of the session loop: nearly always both are empty.
-        if (self.counted.is_empty() && now.is_empty()) || self.counted == *now {
+        if self.counted.is_empty() && now.is_empty() {
+            return false;
+        }
+        self.move_to(now)
+    }
+
+    #[cold]
+    fn move_to(&mut self, now: &BTreeSet<PinReason>) -> bool {
+        if self.counted == *now {
             return false;
         }
         for r in self.counted.difference(now) {
@@ -49,9 +58,10 @@ impl PinGauge {
 
 impl Session {
     /// A slot first, in the pool's fair queue (bounded by its own timeout; the node is not
-    /// involved yet). Then a node that stops answering mid-login is given up on like one
-    /// that stops mid-statement; polled second, so taking an idle pooled connection costs
-    /// no timer, and neither does waiting for a slot.
+    /// involved yet). Then a pooled connection, taken at once; or a new one, where a node
+    /// that stops answering mid-login is given up on like one that stops mid-statement
+    /// (polled second). Neither taking a pooled connection nor waiting for a slot costs
+    /// a timer.
     pub(super) async fn take_connection(
         &self,
         node: usize,
@@ -61,10 +71,14 @@ impl Session {
         settings: &crate::pool::PoolSettings,
     ) -> Result<crate::pool::Leased, ProxyError> {
         let permit = self.shared.pools.permit(pool, target, settings).await?;
+        let permit = match self.shared.pools.take_idle(pool, target, permit) {
+            Ok(leased) => return Ok(leased),
+            Err(permit) => permit,
+        };
         let interval = self.watch_interval();
         tokio::select! {
             biased;
-            r = self.shared.pools.acquire_with(pool, target, &[], settings, permit) => r,
+            r = self.shared.pools.connect(pool, target, &[], settings, permit) => r,
             reason = super::watchdog::until_given_up(&self.shared, node, generation, interval) => {
                 Err(ProxyError::ServerConnect {
                     node: target.node_name.to_string(),
@@ -141,7 +155,9 @@ impl Session {
                 continue;
             }
             let cleanup = leased.conn.sql_prepared_cleanup();
-            self.shared.pools.checkin(leased, cleanup);
+            self.shared
+                .pools
+                .checkin(leased, cleanup, &self.pool_settings);
         }
         self.listed
             .info
