@@ -43,6 +43,11 @@ impl Reader {
         self.view.load().primary
     }
 
+    /// The view's node-set generation, as [`crate::ClusterView::specs_generation`].
+    pub fn specs_generation(&mut self) -> u64 {
+        self.view.load().specs_generation
+    }
+
     /// A replica by the configured policy, as [`crate::Balancer::select_replica`].
     pub fn select_replica(&mut self, required: Option<Lsn>) -> Option<Selection> {
         // The view first: the live facts loaded after it cover every node it names.

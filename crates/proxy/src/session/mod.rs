@@ -478,7 +478,7 @@ impl Session {
         &mut self,
         node: usize,
     ) -> Option<(Arc<crate::server::Target>, crate::pool::PoolRef)> {
-        let generation = self.shared.balancer.view().specs_generation;
+        let generation = self.balancer.specs_generation();
         if let Some(Some((g, t, p))) = self.targets.get(node) {
             if *g == generation {
                 return Some((t.clone(), p.clone()));
