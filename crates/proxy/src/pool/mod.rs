@@ -294,6 +294,13 @@ pub struct Leased {
 #[derive(Clone)]
 pub struct PoolRef(Arc<Pool>);
 
+impl PoolRef {
+    /// Its node's generation now (see [`Pools::invalidate_node`]).
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Acquire)
+    }
+}
+
 /// Counts a lease in its pool while it lasts, with its record's slot there (or
 /// [`RETURNED`] once the record is gone).
 struct Lent {

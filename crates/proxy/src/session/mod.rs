@@ -859,7 +859,6 @@ impl Session {
             // A node added to the config since this session started.
             self.backends.resize_with(node + 1, || None);
         }
-        let generation = self.shared.pools.generation(node);
         if self.idle_conn_closed(node) {
             // Its server closed it while another node was active (a shutdown, a
             // terminated backend): nothing was sent on it, so a new one serves the unit.
@@ -867,7 +866,7 @@ impl Session {
             self.backends[node] = None;
         }
         if let Some(l) = &self.backends[node] {
-            if l.conn.generation == generation {
+            if l.conn.generation == self.shared.pools.generation(node) {
                 // Already active: the cancel slot names this connection (every change
                 // of `backends[node]` clears `active` or goes through `set_active`).
                 if self.active != Some(node) {
@@ -906,10 +905,7 @@ impl Session {
                     return Err(e);
                 }
             }
-            match self
-                .take_connection(node, generation, &target, &pool, &settings)
-                .await
-            {
+            match self.take_connection(node, &target, &pool, &settings).await {
                 Ok(l) if self.shared.pause.is_paused() && self.holds_no_connection() => {
                     self.shared.pools.checkin(l, None, &settings);
                 }

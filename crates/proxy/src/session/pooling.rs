@@ -65,7 +65,6 @@ impl Session {
     pub(super) async fn take_connection(
         &self,
         node: usize,
-        generation: u64,
         target: &crate::server::Target,
         pool: &crate::pool::PoolRef,
         settings: &crate::pool::PoolSettings,
@@ -75,6 +74,7 @@ impl Session {
             Ok(leased) => return Ok(leased),
             Err(permit) => permit,
         };
+        let generation = pool.generation();
         let interval = self.watch_interval();
         tokio::select! {
             biased;
@@ -131,15 +131,28 @@ impl Session {
     /// when the session may (see the module comment). A cancel of this client's that is
     /// still being forwarded means its connection is closed instead, so the cancel can
     /// never land on another client's query.
+    ///
+    /// Asked at every turn of the session loop: what nearly every turn needs is inlined,
+    /// the rest kept apart, so the loop's code stays short.
+    #[inline]
     pub(super) fn checkin(&mut self) {
         if self.pin_gauge.sync(&self.state.pins) {
-            let holding = self.state.pins.iter().find(|p| p.holds_connection());
-            self.listed.info.set_pinned(holding.map(PinReason::as_str));
+            self.pins_changed();
         }
-        if self.mode != PoolMode::Transaction
-            || self.backends.iter().all(Option::is_none)
-            || !self.may_check_in()
-        {
+        if self.mode == PoolMode::Transaction && !self.holds_no_connection() {
+            self.checkin_held();
+        }
+    }
+
+    #[cold]
+    fn pins_changed(&mut self) {
+        let holding = self.state.pins.iter().find(|p| p.holds_connection());
+        self.listed.info.set_pinned(holding.map(PinReason::as_str));
+    }
+
+    #[inline(never)]
+    fn checkin_held(&mut self) {
+        if !self.may_check_in() {
             return;
         }
         let cancel_in_flight = {
