@@ -67,14 +67,7 @@ struct Idle {
 
 impl Idle {
     fn new(conn: Box<ServerConn>, s: &PoolSettings, now: Instant) -> Self {
-        let end =
-            |from: Instant, d: Duration| (!d.is_zero()).then(|| from.checked_add(d)).flatten();
-        let idle = end(now, s.idle_timeout).map(|t| (t, CloseReason::IdleTimeout));
-        let life = end(conn.opened, s.lifetime).map(|t| (t, CloseReason::Lifetime));
-        let expires = match (idle, life) {
-            (Some(a), Some(b)) => Some(if b.0 <= a.0 { b } else { a }),
-            (a, b) => a.or(b),
-        };
+        let expires = expiry_of(now, conn.opened, s);
         Idle {
             conn,
             since: now,
@@ -101,6 +94,19 @@ impl Idle {
         }
         s.past_lifetime(&self.conn, now)
             .then_some(CloseReason::Lifetime)
+    }
+}
+
+/// When a connection opened at `opened` and pooled at `now` is to be closed rather than
+/// lent, and why: the earlier of the end of its `idle_timeout_ms` and of its
+/// `server_lifetime_ms` (`0`: never).
+fn expiry_of(now: Instant, opened: Instant, s: &PoolSettings) -> Option<(Instant, CloseReason)> {
+    let end = |from: Instant, d: Duration| (!d.is_zero()).then(|| from.checked_add(d)).flatten();
+    let idle = end(now, s.idle_timeout).map(|t| (t, CloseReason::IdleTimeout));
+    let life = end(opened, s.lifetime).map(|t| (t, CloseReason::Lifetime));
+    match (idle, life) {
+        (Some(a), Some(b)) => Some(if b.0 <= a.0 { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
@@ -779,5 +785,55 @@ impl Leased {
         // finds it there.
         drop(permit);
         drop(lent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(idle_ms: u64, lifetime_ms: u64) -> PoolSettings {
+        PoolSettings {
+            mode: PoolMode::Transaction,
+            pool_size: 1,
+            acquire_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            login_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_millis(idle_ms),
+            lifetime: Duration::from_millis(lifetime_ms),
+        }
+    }
+
+    #[test]
+    fn a_pooled_connection_expires_at_the_earlier_of_its_two_limits() {
+        let opened = Instant::now();
+        let now = opened + Duration::from_secs(50);
+        // The lifetime ends first: 60 s after opening, before 50 s + 20 s idle.
+        assert_eq!(
+            expiry_of(now, opened, &settings(20_000, 60_000)),
+            Some((opened + Duration::from_secs(60), CloseReason::Lifetime))
+        );
+        assert_eq!(
+            expiry_of(now, opened, &settings(5_000, 60_000)),
+            Some((now + Duration::from_secs(5), CloseReason::IdleTimeout))
+        );
+        // Zero is never.
+        assert_eq!(
+            expiry_of(now, opened, &settings(0, 60_000)),
+            Some((opened + Duration::from_secs(60), CloseReason::Lifetime))
+        );
+        assert_eq!(
+            expiry_of(now, opened, &settings(5_000, 0)),
+            Some((now + Duration::from_secs(5), CloseReason::IdleTimeout))
+        );
+        assert_eq!(expiry_of(now, opened, &settings(0, 0)), None);
+    }
+
+    #[test]
+    fn the_longest_limits_the_config_allows_do_not_overflow() {
+        let now = Instant::now();
+        let far = now + Duration::from_secs(86_400 * 365 * 100);
+        let e = expiry_of(now, now, &settings(u64::MAX, u64::MAX));
+        assert!(e.is_none_or(|(at, _)| at > far), "{e:?}");
     }
 }
