@@ -1205,3 +1205,79 @@ async fn a_login_held_by_pause_fails_within_its_own_time() {
     let c = p.connect_as("app", APP_PASSWORD, "tppausel").await.unwrap();
     assert_eq!(first_value(&c, "SELECT 1").await, "1");
 }
+
+/// SHOW SERVERS' rows as (state, remote_pid), from a console connection.
+async fn show_servers(admin: &tokio_postgres::Client) -> Vec<(String, i32)> {
+    admin
+        .simple_query("SHOW SERVERS")
+        .await
+        .expect("SHOW SERVERS")
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some((
+                r.get("state").unwrap().to_string(),
+                r.get("remote_pid").unwrap().parse().unwrap(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_servers_follows_each_connection_between_lent_and_pooled() {
+    own_database("tpshow").await;
+    let p = start_proxy(&tx_config(3, ""));
+    let admin = &console_client(&p).await;
+    let conninfo = p.conninfo("app", APP_PASSWORD, "tpshow");
+    let connect = || async {
+        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    };
+    let a = connect().await;
+    a.batch_execute("CREATE TABLE shown (id int)")
+        .await
+        .unwrap();
+    // An open transaction holds its connection: listed as active, under its pid.
+    a.batch_execute("BEGIN; INSERT INTO shown VALUES (1)")
+        .await
+        .unwrap();
+    let pid: i32 = first_value(&a, "SELECT pg_backend_pid()")
+        .await
+        .parse()
+        .unwrap();
+    let rows = show_servers(admin).await;
+    assert_eq!(
+        rows.iter()
+            .filter(|(s, _)| s == "active")
+            .collect::<Vec<_>>(),
+        vec![&("active".to_string(), pid)],
+        "{rows:?}"
+    );
+    // Its end gives it back: the same connection, now idle, and nothing lent.
+    a.batch_execute("COMMIT").await.unwrap();
+    let rows = show_servers(admin).await;
+    assert!(rows.contains(&("idle".to_string(), pid)), "{rows:?}");
+    assert!(rows.iter().all(|(s, _)| s == "idle"), "{rows:?}");
+    // Many units from several clients over three connections a node: each lease's
+    // record goes with its return, and a record's slot is reused.
+    let clients = futures_util::future::join_all((0..6).map(|_| connect())).await;
+    futures_util::future::join_all(clients.iter().enumerate().map(|(i, c)| async move {
+        for n in 0..40 {
+            c.execute("INSERT INTO shown VALUES ($1)", &[&(i as i32 * 100 + n)])
+                .await
+                .unwrap();
+            c.query_one("SELECT count(*) FROM shown", &[])
+                .await
+                .unwrap();
+        }
+    }))
+    .await;
+    let rows = show_servers(admin).await;
+    assert!(rows.iter().all(|(s, _)| s == "idle"), "{rows:?}");
+    assert!(!rows.is_empty() && rows.len() <= 9, "{rows:?}");
+    let pools = p.shared.pools.counts();
+    assert!(pools.iter().all(|c| c.lent == 0), "{pools:?}");
+}
