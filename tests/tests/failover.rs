@@ -572,6 +572,27 @@ async fn a_primary_restarted_between_pause_and_resume_costs_no_client_an_error()
         .await
         .expect("console login");
     admin.simple_query("PAUSE").await.expect("PAUSE");
+    // A transaction whose connection went back before PAUSE answered may reach its
+    // worker's count after it: the count is read once every worker waits, held, with
+    // its next transaction.
+    let admin = &admin;
+    poll(
+        "every worker to be held by the pause",
+        Duration::from_secs(60),
+        || async move {
+            let held = admin
+                .simple_query("SHOW CLIENTS")
+                .await
+                .expect("SHOW CLIENTS")
+                .iter()
+                .filter(|m| {
+                    matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("state") == Some("waiting"))
+                })
+                .count();
+            (held == 4).then_some(())
+        },
+    )
+    .await;
     let paused_at = done.load(Ordering::Relaxed);
     cluster.stop_node(0).unwrap();
     cluster.start_node(0).unwrap();
