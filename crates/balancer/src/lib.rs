@@ -350,6 +350,7 @@ impl Balancer {
             &settings,
             required,
             timeline,
+            &mut rand::rng(),
         )
     }
 

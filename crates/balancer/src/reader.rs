@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, Cache};
 use pgfresh_lsn::Lsn;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 
 use crate::demand::ReplayDemand;
 use crate::live::NodeLive;
@@ -26,6 +28,10 @@ pub struct Reader {
     view: Cached<ClusterView>,
     live: Cached<Vec<Arc<NodeLive>>>,
     settings: Cached<MonitorSettings>,
+    /// The weighted random choice's generator, the reader's own (seeded from the
+    /// thread's): a read draws one number, without the thread-local lookup and the
+    /// block cipher of `rand::rng()`.
+    rng: SmallRng,
 }
 
 impl Reader {
@@ -35,6 +41,7 @@ impl Reader {
             view: Cache::new(inner.view.clone()),
             live: Cache::new(inner.live.clone()),
             settings: Cache::new(inner.settings.clone()),
+            rng: SmallRng::from_rng(&mut rand::rng()),
         }
     }
 
@@ -54,7 +61,15 @@ impl Reader {
         let view = self.view.load();
         let live = self.live.load();
         let settings = self.settings.load();
-        let (node, counter) = pick_among(&self.inner.demand, view, live, settings, required, None)?;
+        let (node, counter) = pick_among(
+            &self.inner.demand,
+            view,
+            live,
+            settings,
+            required,
+            None,
+            &mut self.rng,
+        )?;
         Some(Selection::counted(node, counter))
     }
 }
@@ -69,6 +84,7 @@ pub(crate) fn pick_among(
     settings: &MonitorSettings,
     required: Option<Lsn>,
     timeline: Option<u32>,
+    rng: &mut impl rand::Rng,
 ) -> Option<(NodeId, Arc<NodeLive>)> {
     // On the stack for up to eight nodes: this runs for every read. (Filled in place:
     // `collect` would return the whole array by value, a copy of it a read.)
@@ -104,7 +120,7 @@ pub(crate) fn pick_among(
         &candidates,
         settings.load_balance,
         settings.prefer_lower_delay_standby,
-        &mut rand::rng(),
+        rng,
     )?;
     Some((node, counters.get(node)?.clone()))
 }

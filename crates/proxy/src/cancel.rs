@@ -20,7 +20,9 @@ pub struct CancelTarget {
 /// Where one client's cancels go, and how many are being forwarded there now.
 #[derive(Default, Debug)]
 pub struct SlotState {
-    pub target: Option<CancelTarget>,
+    /// Shared with the server connection, which builds it once (see
+    /// `ServerConn::cancel_target`).
+    pub target: Option<Arc<CancelTarget>>,
     /// Cancels read from `target` and not yet delivered: the connection they go to
     /// must not run another client's query before they land (see `Session::checkin`).
     pub forwarding: u32,

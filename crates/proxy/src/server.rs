@@ -45,6 +45,9 @@ pub struct ServerConn {
     /// Bytes queued for the server that it has not accepted yet (see [`ServerConn::queue`]).
     pub wbuf: BytesMut,
     pub key: CancelKey,
+    /// Where a cancel of this connection's query goes, built the first time it is
+    /// asked for ([`ServerConn::cancel_target`]).
+    cancel_target: Option<Arc<crate::cancel::CancelTarget>>,
     /// ParameterStatus values the server reported, kept current.
     pub params: HashMap<String, String>,
     /// Session mode: named prepared statements that exist on this connection, by the
@@ -186,6 +189,7 @@ impl ServerConn {
             rbuf: BytesMut::with_capacity(16 * 1024),
             wbuf: BytesMut::new(),
             key: CancelKey { pid: 0, secret: 0 },
+            cancel_target: None,
             params: HashMap::new(),
             prepared: Default::default(),
             statements: Default::default(),
@@ -485,6 +489,22 @@ impl ServerConn {
         } else {
             None
         };
+    }
+
+    /// Where a cancel of this connection's query goes (once logged in), built once:
+    /// a session names it each time this connection becomes its active one.
+    pub fn cancel_target(&mut self) -> Arc<crate::cancel::CancelTarget> {
+        let (target, key) = (&self.target, self.key);
+        self.cancel_target
+            .get_or_insert_with(|| {
+                Arc::new(crate::cancel::CancelTarget {
+                    host: target.host.clone(),
+                    port: target.port,
+                    tls: target.tls.clone(),
+                    key,
+                })
+            })
+            .clone()
     }
 
     /// The client's SQL-level prepared statements were deallocated.

@@ -748,6 +748,12 @@ impl Pools {
 }
 
 impl Leased {
+    /// Made since its node last changed role (see [`Pools::invalidate_node`]); read
+    /// from its pool without a lock.
+    pub fn is_current(&self) -> bool {
+        self.conn.generation == self.lent.pool.generation.load(Ordering::Acquire)
+    }
+
     fn new(
         pool: &Arc<Pool>,
         conn: Box<ServerConn>,

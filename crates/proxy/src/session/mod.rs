@@ -30,7 +30,7 @@ use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, CancelKey, Limits, TxStatus};
 use tokio::io::AsyncWriteExt;
 
-use crate::cancel::{CancelSlot, CancelTarget};
+use crate::cancel::CancelSlot;
 use crate::client::Login;
 use crate::clients::ClientState;
 use crate::context::{FallbackSlot, Shared};
@@ -106,6 +106,9 @@ pub struct Session {
     /// The balancer's answers for this session's reads, from cached snapshots (a read
     /// asks for the primary and a replica; arc-swap's guarded loads cost more).
     balancer: pgfresh_balancer::Reader,
+    /// The function lists in force (`Shared::policy`), one atomic read a unit while they
+    /// stay the same.
+    policy: routing::PolicyCache,
     /// `pgfresh_routed_total` handles this session has used.
     routed: Vec<(bool, &'static str, metrics::Counter)>,
     client: ClientStream,
@@ -227,6 +230,7 @@ impl Session {
             graph: Default::default(),
             deps_entry: Default::default(),
             balancer: shared.balancer.reader(),
+            policy: routing::PolicyCache::new(&shared),
             routed: Vec::new(),
             targets: Vec::new(),
             texts: Default::default(),
@@ -728,7 +732,7 @@ impl Session {
     /// An autocommit read bound for a replica: if the replica fails before answering
     /// (or refuses the connection), the read may go to another node.
     fn retryable_read(
-        &self,
+        &mut self,
         target: &crate::router::Target,
         unit: &ClientUnit,
         node: usize,
@@ -736,7 +740,7 @@ impl Session {
         matches!(target, crate::router::Target::Replica { .. })
             && unit.synced
             && self.tx.is_idle()
-            && Some(node) != self.shared.balancer.primary()
+            && Some(node) != self.balancer.primary()
     }
 
     /// Send `unit`, a read `node` failed, to another node next (the caller checked the
@@ -866,7 +870,7 @@ impl Session {
             self.backends[node] = None;
         }
         if let Some(l) = &self.backends[node] {
-            if l.conn.generation == self.shared.pools.generation(node) {
+            if l.is_current() {
                 // Already active: the cancel slot names this connection (every change
                 // of `backends[node]` clears `active` or goes through `set_active`).
                 if self.active != Some(node) {
@@ -960,21 +964,21 @@ impl Session {
         self.backends
             .get(node)
             .and_then(Option::as_ref)
-            .is_some_and(|l| l.conn.generation != self.shared.pools.generation(node))
+            .is_some_and(|l| !l.is_current())
     }
 
     fn set_active(&mut self, node: usize) {
         self.active = Some(node);
-        if let Some(l) = &self.backends[node] {
-            self.cancel_slot
+        if let Some(l) = self.backends[node].as_mut() {
+            let target = l.conn.cancel_target();
+            let old = self
+                .cancel_slot
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .target = Some(CancelTarget {
-                host: l.conn.target.host.clone(),
-                port: l.conn.target.port,
-                tls: l.conn.target.tls.clone(),
-                key: l.conn.key,
-            });
+                .target
+                .replace(target);
+            // Released outside the lock.
+            drop(old);
         }
     }
 

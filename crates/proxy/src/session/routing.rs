@@ -10,7 +10,7 @@ use pgfresh_wire::{build, TxStatus};
 use super::state::PinReason;
 use super::unit::ClientUnit;
 use super::{DeferredBegin, Session, TxPhase};
-use crate::context::FallbackSlot;
+use crate::context::{FallbackSlot, Shared};
 use crate::error::ProxyError;
 use crate::router::{decide, Decision, Reason, RouteCtx, SessionView, Target, TokenNeed};
 
@@ -296,7 +296,7 @@ impl Session {
             };
         }
         let config = self.config.clone();
-        let policy = self.shared.policy.load();
+        let policy = self.policy.load().clone();
         let deps = self.dep_graph();
         // Only units that call functions need the catalog.
         let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
@@ -625,4 +625,30 @@ fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, Option<u8>)>
         return None;
     }
     Some((sql?, described))
+}
+
+/// A session's cache of [`Shared::policy`] (see [`PolicyCache::load`]).
+pub(super) struct PolicyCache(arc_swap::Cache<PolicyOf, Arc<pgfresh_sql::FunctionPolicy>>);
+
+/// `Shared::policy`, reached through an owned `Shared`, for [`PolicyCache`].
+#[derive(Clone)]
+struct PolicyOf(Arc<Shared>);
+
+impl std::ops::Deref for PolicyOf {
+    type Target = arc_swap::ArcSwap<pgfresh_sql::FunctionPolicy>;
+    fn deref(&self) -> &Self::Target {
+        &self.0.policy
+    }
+}
+
+impl PolicyCache {
+    pub(super) fn new(shared: &Arc<Shared>) -> Self {
+        PolicyCache(arc_swap::Cache::new(PolicyOf(shared.clone())))
+    }
+
+    /// The function lists in force: one atomic read while they stay the same (a guarded
+    /// load of `Shared::policy` costs about a hundred instructions).
+    pub(super) fn load(&mut self) -> &Arc<pgfresh_sql::FunctionPolicy> {
+        self.0.load()
+    }
 }

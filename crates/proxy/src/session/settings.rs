@@ -215,7 +215,8 @@ impl Pending {
     /// Outside a transaction, what is still staged belonged to the implicit transaction
     /// that just ended: committed unless it failed.
     pub fn on_ready(&mut self, status: TxStatus, failed: bool) -> Vec<SettingChange> {
-        if status != TxStatus::Idle {
+        // Asked at every ReadyForQuery: nearly always nothing is staged.
+        if status != TxStatus::Idle || self.staged.is_empty() {
             return Vec::new();
         }
         if failed {
