@@ -895,14 +895,10 @@ async fn backend_pids(node: &tokio_postgres::Client, db: &str) -> Vec<i32> {
 async fn pooled_connections_idle_too_long_are_closed_while_others_stay_busy() {
     own_database("tpidle").await;
     let p = start_proxy(&tx_config(10, "idle_timeout_ms = 500"));
-    let conninfo = p.conninfo("app", APP_PASSWORD, "tpidle");
     // Six transactions at once open six connections on the primary.
     let mut clients = Vec::new();
     for _ in 0..6 {
-        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
+        let c = p.connect_as("app", APP_PASSWORD, "tpidle").await.unwrap();
         c.batch_execute("BEGIN").await.unwrap();
         first_value(&c, "/* pgfresh:primary */ SELECT pg_backend_pid()").await;
         clients.push(c);
@@ -941,12 +937,7 @@ async fn connections_older_than_server_lifetime_are_replaced_between_transaction
         2,
         "server_lifetime_ms = 300\nidle_timeout_ms = 0",
     ));
-    let conninfo = p.conninfo("app", APP_PASSWORD, "tplife");
-    let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let c = &c;
+    let c = &p.connect_as("app", APP_PASSWORD, "tplife").await.unwrap();
     let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
     let first = &first_value(c, pid).await;
     poll(
@@ -1055,14 +1046,7 @@ async fn no_server_connections(db: &str) {
 async fn pause_lets_open_transactions_finish_holds_new_ones_and_resume_lets_them_go() {
     own_database("tppause").await;
     let p = start_proxy(&tx_config(4, ""));
-    let conninfo = p.conninfo("app", APP_PASSWORD, "tppause");
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    };
+    let connect = || async { p.connect_as("app", APP_PASSWORD, "tppause").await.unwrap() };
     let a = connect().await;
     let b = connect().await;
     a.batch_execute("BEGIN").await.unwrap();
@@ -1228,14 +1212,7 @@ async fn show_servers_follows_each_connection_between_lent_and_pooled() {
     own_database("tpshow").await;
     let p = start_proxy(&tx_config(3, ""));
     let admin = &console_client(&p).await;
-    let conninfo = p.conninfo("app", APP_PASSWORD, "tpshow");
-    let connect = || async {
-        let (c, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    };
+    let connect = || async { p.connect_as("app", APP_PASSWORD, "tpshow").await.unwrap() };
     let a = connect().await;
     a.batch_execute("CREATE TABLE shown (id int)")
         .await

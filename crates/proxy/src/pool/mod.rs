@@ -87,13 +87,12 @@ impl Idle {
         (!self.conn.still_open()).then_some(Unfit::ClosedByServer)
     }
 
-    /// Why this pooled connection is to be closed at `now` rather than lent, if it is.
+    /// Why this pooled connection is to be closed at `now` rather than lent, by the
+    /// settings `s` in force now (the sweep; lending uses `expires`, set on return).
     fn expiry(&self, s: &PoolSettings, now: Instant) -> Option<CloseReason> {
-        if !s.idle_timeout.is_zero() && now.saturating_duration_since(self.since) > s.idle_timeout {
-            return Some(CloseReason::IdleTimeout);
-        }
-        s.past_lifetime(&self.conn, now)
-            .then_some(CloseReason::Lifetime)
+        expiry_of(self.since, self.conn.opened, s)
+            .filter(|(at, _)| now > *at)
+            .map(|(_, why)| why)
     }
 }
 
@@ -530,8 +529,7 @@ impl Pools {
     /// connection that is idle, current and owes nothing is kept; `cleanup` (SQL the
     /// client left behind, such as its SQL-level prepared statements) runs first.
     pub fn checkin(&self, mut leased: Leased, cleanup: Option<String>, s: &PoolSettings) {
-        let generation = leased.lent.pool.generation.load(Ordering::Acquire);
-        let reusable = leased.conn.generation == generation
+        let reusable = leased.is_current()
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
             && leased.conn.unsent() == 0
             && leased.conn.rbuf.is_empty();
@@ -565,8 +563,7 @@ impl Pools {
             let Leased { conn, .. } = leased;
             return CloseReason::Lifetime.close(conn);
         }
-        let generation = leased.lent.pool.generation.load(Ordering::Acquire);
-        let reusable = leased.conn.generation == generation
+        let reusable = leased.is_current()
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
             && leased.conn.unsent() == 0
             && (reset_query.is_empty()

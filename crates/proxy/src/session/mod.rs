@@ -984,14 +984,14 @@ impl Session {
 
     async fn release_all(&mut self) {
         let reset = self.config.pool.reset_query.clone();
-        let settings = Shared::pool_settings(&self.config);
+        let settings = &self.pool_settings;
         for slot in self.backends.iter_mut() {
             if let Some(mut leased) = slot.take() {
                 if self.active == leased.conn.target.node.into() && !self.inflight.is_empty() {
                     // Mid-query: the connection's state is unknown; close it.
                     leased.conn.tx = TxStatus::Failed;
                 }
-                self.shared.pools.release(leased, &reset, &settings).await;
+                self.shared.pools.release(leased, &reset, settings).await;
             }
         }
         self.cancel_slot
