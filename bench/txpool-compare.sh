@@ -9,29 +9,36 @@
 #     -s SCALE       pgbench scale factor (default 10)
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
+#     -R ROUNDS      rounds (default 2); see below
 #     -B             skip `cargo build --release -p pgfresh`
+#
+# Both proxies run for the whole comparison, and each (workload, client count) cell runs on one
+# and then the other, the order swapped every round, so a machine whose speed drifts during the
+# comparison weighs on both alike. The summary gives each cell's medians over the rounds and
+# their ratios, pgfresh over PgBouncer.
 #
 # Workloads: select-only (`-S -M extended`) and TPC-B-like (`-N -M extended`; unnamed statements,
 # which PgBouncer 1.18 handles in transaction mode), pgbench with two
 # threads. Recorded per run: tps, average and 99th-percentile latency (from pgbench's
 # per-transaction log), failed transactions, the proxy's CPU time per statement (utime + stime
 # from /proc/PID/stat before and after, over the statements run: 1 per select-only transaction,
-# 5 per TPC-B-like one: BEGIN, UPDATE, SELECT, INSERT, END), and the most server connections of the benchmark user seen on any node
-# (pg_stat_activity, sampled twice a second). pgbench, the proxy and the three servers share the
+# 5 per TPC-B-like one: BEGIN, UPDATE, SELECT, INSERT, END), and the most server connections the proxy held to any one node
+# (its sockets, sampled twice a second). pgbench, the proxy and the three servers share the
 # machine: read CPU figures as relative within one run.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SECS=15 COUNTS="8 64 500" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "T:c:s:d:o:B" opt; do
+SECS=15 COUNTS="8 64 500" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1 ROUNDS=2
+while getopts "T:c:s:d:o:R:B" opt; do
     case $opt in
         T) SECS=$OPTARG ;;
         c) COUNTS=$OPTARG ;;
         s) SCALE=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
+        R) ROUNDS=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,19p "$0"; exit 2 ;;
+        *) sed -n 2,26p "$0"; exit 2 ;;
     esac
 done
 
@@ -44,12 +51,20 @@ bench_cluster
 
 bench_pgbench_init
 
-# Most connections of user app seen on any node while the file $1 exists.
+# Most server connections of the benchmark user the proxy under test ($PROXY_PID) holds to any
+# one node while the file $1 exists: the node's backends of user app whose client port is one of
+# the proxy's sockets to it (`ss -p`), so neither the other proxy's connections, up for the
+# whole comparison, nor pgfresh's monitor count.
 sample_connections() {
-    local flag=$1 out=$2 max=0 n port
+    local flag=$1 out=$2 pid=$PROXY_PID max=0 n port ports
     while [ -e "$flag" ]; do
         for port in "$PRIMARY_PORT" "$STANDBY1_PORT" "$STANDBY2_PORT"; do
-            n=$(psql_node "$port" "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND backend_type = 'client backend'" 2>/dev/null || echo 0)
+            ports=$(ss -tnpH state established "( dport = :$port )" 2>/dev/null |
+                awk -v p="pid=$pid," 'index($0, p) { n = split($3, a, ":"); printf "%s%s", sep, a[n]; sep = "," }')
+            n=0
+            if [ -n "$ports" ]; then
+                n=$(psql_node "$port" "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app' AND client_port IN ($ports)" 2>/dev/null || echo 0)
+            fi
             if [ "${n:-0}" -gt "$max" ]; then max=$n; fi
         done
         echo "$max" >"$out"
@@ -128,36 +143,86 @@ run_pgbench() {
     echo "   machine busy=${busy}% pgbench=${bench_per}us/stmt servers=${servers_per}us/stmt"
 }
 
-run_suite() {
-    local target=$1 port=$2 c
-    for c in $COUNTS; do
-        run_pgbench "$target" "$port" select "$c" -S
-        run_pgbench "$target" "$port" tpcb "$c" -N
-    done
+# 1. pgfresh, transaction mode, 20 connections per node; 2. PgBouncer, transaction mode, in
+# front of the primary (it refuses to run as root). Both stay up until the end.
+PGFRESH_TX_PID="" BOUNCER_PID=""
+stop_both() {
+    if [ -n "$PGFRESH_TX_PID" ]; then stop_pid "$PGFRESH_TX_PID"; fi
+    if [ -n "$BOUNCER_PID" ]; then stop_pid "$BOUNCER_PID"; fi
+    PROXY_PID=""
+    bench_cleanup
 }
-
-# 1. pgfresh, transaction mode, 20 connections per node.
-port=$(free_port); admin=$(free_port)
+trap stop_both EXIT
+fresh_port=$(free_port); admin=$(free_port)
 PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
-    write_pgfresh_conf "$OUTDIR/pgfresh.toml" "$port" "$admin" true
+    write_pgfresh_conf "$OUTDIR/pgfresh.toml" "$fresh_port" "$admin" true
 start_pgfresh "$OUTDIR/pgfresh.toml" "$OUTDIR/pgfresh.server.log"
-PROXY_PID=$PGFRESH_PID
-wait_accepting "$port"
-wait_replica_reads "$port"
-run_suite pgfresh-tx "$port"
-curl -fsS "http://127.0.0.1:$admin/metrics" >"$OUTDIR/pgfresh.metrics.txt" 2>/dev/null || true
-stop_pid "$PROXY_PID"; PROXY_PID=""
-
-# 2. PgBouncer, transaction mode, in front of the primary. It refuses to run as root.
+PGFRESH_TX_PID=$PGFRESH_PID
+wait_accepting "$fresh_port"
+wait_replica_reads "$fresh_port"
 if command -v pgbouncer >/dev/null; then
-    port=$(free_port)
-    start_pgbouncer "$CLUSTER_DIR/pgbouncer" "$port" transaction
-    run_suite pgbouncer-tx "$port"
-    stop_pid "$PROXY_PID"; PROXY_PID=""
+    bouncer_port=$(free_port)
+    start_pgbouncer "$CLUSTER_DIR/pgbouncer" "$bouncer_port" transaction
+    BOUNCER_PID=$PROXY_PID
 else
     echo "pgbouncer is not installed (apt-get install -y pgbouncer): skipped"
 fi
 
+# One cell on one target: run_cell TARGET WORKLOAD CLIENTS
+run_cell() {
+    local flag
+    flag=$([ "$2" = select ] && echo -S || echo -N)
+    case $1 in
+        pgfresh-tx) PROXY_PID=$PGFRESH_TX_PID; run_pgbench pgfresh-tx "$fresh_port" "$2" "$3" "$flag" ;;
+        pgbouncer-tx) PROXY_PID=$BOUNCER_PID; run_pgbench pgbouncer-tx "$bouncer_port" "$2" "$3" "$flag" ;;
+    esac
+    PROXY_PID=""
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+    echo "== round $round of $ROUNDS"
+    for c in $COUNTS; do
+        for w in select tpcb; do
+            if [ -z "$BOUNCER_PID" ]; then
+                run_cell pgfresh-tx "$w" "$c"
+            elif [ $((round % 2)) -eq 1 ]; then
+                run_cell pgfresh-tx "$w" "$c"; run_cell pgbouncer-tx "$w" "$c"
+            else
+                run_cell pgbouncer-tx "$w" "$c"; run_cell pgfresh-tx "$w" "$c"
+            fi
+        done
+    done
+done
+curl -fsS "http://127.0.0.1:$admin/metrics" >"$OUTDIR/pgfresh.metrics.txt" 2>/dev/null || true
+
 echo
 echo "results: $RESULTS"
 column -t -s $'\t' "$RESULTS"
+
+# Medians over the rounds, per cell: tps, p99, proxy CPU a statement, and pgfresh / PgBouncer.
+SUMMARY="$OUTDIR/summary.tsv"
+printf "workload\tclients\tpgfresh_tps\tpgbouncer_tps\ttps_ratio\tpgfresh_p99_ms\tpgbouncer_p99_ms\tpgfresh_cpu_us\tpgbouncer_cpu_us\tcpu_ratio\n" >"$SUMMARY"
+awk -F'\t' '
+    function median(list,    n, v, i, j, t) {
+        n = split(list, v, " ")
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        if (n == 0) return "n/a"
+        return (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+    }
+    NR == 1 { next }
+    {
+        k = $2 "\t" $3; cells[k] = 1
+        tps[$1, k] = tps[$1, k] " " $6; p99[$1, k] = p99[$1, k] " " $8; cpu[$1, k] = cpu[$1, k] " " $9
+    }
+    END {
+        for (k in cells) {
+            ft = median(tps["pgfresh-tx", k]); bt = median(tps["pgbouncer-tx", k])
+            fc = median(cpu["pgfresh-tx", k]); bc = median(cpu["pgbouncer-tx", k])
+            tr = (bt + 0 > 0) ? sprintf("%.2f", ft / bt) : "n/a"
+            cr = (bc + 0 > 0) ? sprintf("%.2f", fc / bc) : "n/a"
+            printf "%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t%s\n", k, ft, bt, tr, median(p99["pgfresh-tx", k]), median(p99["pgbouncer-tx", k]), fc, bc, cr
+        }
+    }' "$RESULTS" | sort -t$'\t' -k1,1 -k2,2n >>"$SUMMARY"
+echo
+echo "medians over $ROUNDS rounds: $SUMMARY"
+column -t -s $'\t' "$SUMMARY"
