@@ -10,6 +10,11 @@
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -R ROUNDS      rounds (default 2); see below
+#     -P             also pgfresh in front of the primary alone (target pgfresh-tx-primary, the
+#                    same settings with no standby in its config: every read a counted
+#                    fallback to the primary), to tell the proxy's own throughput apart from
+#                    what spreading the reads over standbys that share the machine's cores
+#                    costs the servers
 #     -B             skip `cargo build --release -p pgfresh`
 #
 # Both proxies run for the whole comparison, and each (workload, client count) cell runs on one
@@ -28,8 +33,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SECS=15 COUNTS="8 64 500" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1 ROUNDS=2
-while getopts "T:c:s:d:o:R:B" opt; do
+SECS=15 COUNTS="8 64 500" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1 ROUNDS=2 PRIMARY_ONLY=0
+while getopts "T:c:s:d:o:R:PB" opt; do
     case $opt in
         T) SECS=$OPTARG ;;
         c) COUNTS=$OPTARG ;;
@@ -37,8 +42,9 @@ while getopts "T:c:s:d:o:R:B" opt; do
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         R) ROUNDS=$OPTARG ;;
+        P) PRIMARY_ONLY=1 ;;
         B) BUILD=0 ;;
-        *) sed -n 2,26p "$0"; exit 2 ;;
+        *) sed -n 2,31p "$0"; exit 2 ;;
     esac
 done
 
@@ -143,39 +149,49 @@ run_pgbench() {
     echo "   machine busy=${busy}% pgbench=${bench_per}us/stmt servers=${servers_per}us/stmt"
 }
 
-# 1. pgfresh, transaction mode, 20 connections per node; 2. PgBouncer, transaction mode, in
-# front of the primary (it refuses to run as root). Both stay up until the end.
-PGFRESH_TX_PID="" BOUNCER_PID=""
-stop_both() {
-    if [ -n "$PGFRESH_TX_PID" ]; then stop_pid "$PGFRESH_TX_PID"; fi
-    if [ -n "$BOUNCER_PID" ]; then stop_pid "$BOUNCER_PID"; fi
+# 1. pgfresh, transaction mode, 20 connections per node; with -P, 2. the same in front of the
+# primary alone; 3. PgBouncer, transaction mode, in front of the primary (it refuses to run as
+# root). All stay up until the end. TARGETS lists "NAME PORT PID" per target.
+TARGETS=()
+stop_all() {
+    local t
+    for t in "${TARGETS[@]}"; do stop_pid "${t##* }"; done
     PROXY_PID=""
     bench_cleanup
 }
-trap stop_both EXIT
+trap stop_all EXIT
 fresh_port=$(free_port); admin=$(free_port)
 PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
     write_pgfresh_conf "$OUTDIR/pgfresh.toml" "$fresh_port" "$admin" true
 start_pgfresh "$OUTDIR/pgfresh.toml" "$OUTDIR/pgfresh.server.log"
-PGFRESH_TX_PID=$PGFRESH_PID
+TARGETS+=("pgfresh-tx $fresh_port $PGFRESH_PID")
 wait_accepting "$fresh_port"
 wait_replica_reads "$fresh_port"
+if [ "$PRIMARY_ONLY" = 1 ]; then
+    port=$(free_port)
+    PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+        write_pgfresh_conf "$OUTDIR/pgfresh-primary.toml" "$port" "$(free_port)" true
+    # Without the standbys' [[nodes]] entries (paragraphs).
+    awk 'BEGIN { RS = ""; ORS = "\n\n" } !/name = "pg[12]"/' "$OUTDIR/pgfresh-primary.toml" >"$OUTDIR/pgfresh-primary.tmp"
+    mv "$OUTDIR/pgfresh-primary.tmp" "$OUTDIR/pgfresh-primary.toml"
+    start_pgfresh "$OUTDIR/pgfresh-primary.toml" "$OUTDIR/pgfresh-primary.server.log"
+    TARGETS+=("pgfresh-tx-primary $port $PGFRESH_PID")
+    wait_accepting "$port"
+fi
 if command -v pgbouncer >/dev/null; then
-    bouncer_port=$(free_port)
-    start_pgbouncer "$CLUSTER_DIR/pgbouncer" "$bouncer_port" transaction
-    BOUNCER_PID=$PROXY_PID
+    port=$(free_port)
+    start_pgbouncer "$CLUSTER_DIR/pgbouncer" "$port" transaction
+    TARGETS+=("pgbouncer-tx $port $PROXY_PID")
 else
     echo "pgbouncer is not installed (apt-get install -y pgbouncer): skipped"
 fi
 
-# One cell on one target: run_cell TARGET WORKLOAD CLIENTS
+# One cell on one target: run_cell "NAME PORT PID" WORKLOAD CLIENTS
 run_cell() {
-    local flag
+    local name port flag
+    read -r name port PROXY_PID <<<"$1"
     flag=$([ "$2" = select ] && echo -S || echo -N)
-    case $1 in
-        pgfresh-tx) PROXY_PID=$PGFRESH_TX_PID; run_pgbench pgfresh-tx "$fresh_port" "$2" "$3" "$flag" ;;
-        pgbouncer-tx) PROXY_PID=$BOUNCER_PID; run_pgbench pgbouncer-tx "$bouncer_port" "$2" "$3" "$flag" ;;
-    esac
+    run_pgbench "$name" "$port" "$2" "$3" "$flag"
     PROXY_PID=""
 }
 
@@ -183,13 +199,14 @@ for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round of $ROUNDS"
     for c in $COUNTS; do
         for w in select tpcb; do
-            if [ -z "$BOUNCER_PID" ]; then
-                run_cell pgfresh-tx "$w" "$c"
-            elif [ $((round % 2)) -eq 1 ]; then
-                run_cell pgfresh-tx "$w" "$c"; run_cell pgbouncer-tx "$w" "$c"
-            else
-                run_cell pgbouncer-tx "$w" "$c"; run_cell pgfresh-tx "$w" "$c"
-            fi
+            # The targets in order, reversed every other round.
+            for i in "${!TARGETS[@]}"; do
+                if [ $((round % 2)) -eq 1 ]; then
+                    run_cell "${TARGETS[$i]}" "$w" "$c"
+                else
+                    run_cell "${TARGETS[$((${#TARGETS[@]} - 1 - i))]}" "$w" "$c"
+                fi
+            done
         done
     done
 done
@@ -199,9 +216,10 @@ echo
 echo "results: $RESULTS"
 column -t -s $'\t' "$RESULTS"
 
-# Medians over the rounds, per cell: tps, p99, proxy CPU a statement, and pgfresh / PgBouncer.
+# Medians over the rounds, per target and cell: tps, p99, proxy CPU a statement, and the ratios
+# of tps and CPU to PgBouncer's.
 SUMMARY="$OUTDIR/summary.tsv"
-printf "workload\tclients\tpgfresh_tps\tpgbouncer_tps\ttps_ratio\tpgfresh_p99_ms\tpgbouncer_p99_ms\tpgfresh_cpu_us\tpgbouncer_cpu_us\tcpu_ratio\n" >"$SUMMARY"
+printf "target\tworkload\tclients\ttps\tp99_ms\tproxy_cpu_us\ttps_vs_pgbouncer\tcpu_vs_pgbouncer\n" >"$SUMMARY"
 awk -F'\t' '
     function median(list,    n, v, i, j, t) {
         n = split(list, v, " ")
@@ -211,18 +229,18 @@ awk -F'\t' '
     }
     NR == 1 { next }
     {
-        k = $2 "\t" $3; cells[k] = 1
-        tps[$1, k] = tps[$1, k] " " $6; p99[$1, k] = p99[$1, k] " " $8; cpu[$1, k] = cpu[$1, k] " " $9
+        k = $1 "\t" $2 "\t" $3; cells[k] = 1
+        tps[k] = tps[k] " " $6; p99[k] = p99[k] " " $8; cpu[k] = cpu[k] " " $9
     }
     END {
         for (k in cells) {
-            ft = median(tps["pgfresh-tx", k]); bt = median(tps["pgbouncer-tx", k])
-            fc = median(cpu["pgfresh-tx", k]); bc = median(cpu["pgbouncer-tx", k])
-            tr = (bt + 0 > 0) ? sprintf("%.2f", ft / bt) : "n/a"
-            cr = (bc + 0 > 0) ? sprintf("%.2f", fc / bc) : "n/a"
-            printf "%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.1f\t%.1f\t%s\n", k, ft, bt, tr, median(p99["pgfresh-tx", k]), median(p99["pgbouncer-tx", k]), fc, bc, cr
+            split(k, f, "\t"); b = "pgbouncer-tx\t" f[2] "\t" f[3]
+            t = median(tps[k]); c = median(cpu[k])
+            bt = (b in cells) ? median(tps[b]) : 0; bc = (b in cells) ? median(cpu[b]) : 0
+            printf "%s\t%.0f\t%s\t%.1f\t%s\t%s\n", k, t, median(p99[k]), c,
+                (bt + 0 > 0) ? sprintf("%.2f", t / bt) : "n/a", (bc + 0 > 0) ? sprintf("%.2f", c / bc) : "n/a"
         }
-    }' "$RESULTS" | sort -t$'\t' -k1,1 -k2,2n >>"$SUMMARY"
+    }' "$RESULTS" | sort -t$'\t' -k2,2 -k3,3n -k1,1 >>"$SUMMARY"
 echo
 echo "medians over $ROUNDS rounds: $SUMMARY"
 column -t -s $'\t' "$SUMMARY"
