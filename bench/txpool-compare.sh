@@ -79,7 +79,7 @@ sample_connections() {
 }
 
 RESULTS="$OUTDIR/results.tsv"
-printf "target\tworkload\tclients\ttransactions\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_us_per_stmt\tmax_server_conns_per_node\tloadavg_1m\tmachine_busy_pct\tpgbench_cpu_us_per_stmt\tservers_cpu_us_per_stmt\n" >"$RESULTS"
+printf "target\tworkload\tclients\ttransactions\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_us_per_stmt\tmax_server_conns_per_node\tloadavg_1m\tmachine_busy_pct\tpgbench_cpu_us_per_stmt\tservers_cpu_us_per_stmt\tproxy_user_us_per_stmt\n" >"$RESULTS"
 
 # Busy and total ticks of the whole machine, from /proc/stat: "BUSY TOTAL".
 machine_ticks() {
@@ -99,7 +99,7 @@ servers_ticks() {
 
 run_pgbench() {
     local target=$1 port=$2 workload=$3 clients=$4; shift 4
-    local tag="${target}_${workload}_${clients}" before=0 after=0 rc=0
+    local tag="${target}_${workload}_${clients}" before=0 after=0 ubefore=0 uafter=0 rc=0
     local log="$OUTDIR/$tag.log" txlog="$OUTDIR/txlog_$tag"
     echo "== $target: $workload, $clients clients ($SECS s)"
     psql_node "$PRIMARY_PORT" "CHECKPOINT" >/dev/null
@@ -108,20 +108,20 @@ run_pgbench() {
     local sampler=$!
     local m0 m1 s0 s1 b0 b1
     m0=$(machine_ticks); s0=$(servers_ticks)
-    before=$(cpu_ticks_tree "$PROXY_PID")
+    before=$(cpu_ticks_tree "$PROXY_PID"); ubefore=$(cpu_user_ticks_tree_reaped "$PROXY_PID")
     # pgbench's CPU: it is a child (through timeout) of this shell, which has reaped it by then.
     b0=$(awk '{ print $16 + $17 }' /proc/$$/stat)
     timeout $((SECS + 120)) "$PG_BINDIR/pgbench" -n -c "$clients" -j 2 -T "$SECS" -M extended \
         -l --log-prefix="$txlog" -h 127.0.0.1 -p "$port" -U app "$@" app >"$log" 2>&1 || rc=$?
     b1=$(awk '{ print $16 + $17 }' /proc/$$/stat)
-    after=$(cpu_ticks_tree "$PROXY_PID")
+    after=$(cpu_ticks_tree "$PROXY_PID"); uafter=$(cpu_user_ticks_tree_reaped "$PROXY_PID")
     m1=$(machine_ticks); s1=$(servers_ticks)
     rm -f "$flag"; wait "$sampler" 2>/dev/null || true
     local load; load=$(cut -d' ' -f1 /proc/loadavg)
     if [ $rc -ne 0 ]; then
         echo "   pgbench exited with $rc (log: $log):"; tail -5 "$log" | sed 's/^/   | /'
     fi
-    local tx failed tps lat p99 stmts per conns
+    local tx failed tps lat p99 stmts per user conns
     tx=$(awk -F': ' '/number of transactions actually processed/ { split($2, a, "/"); print a[1] }' "$log")
     failed=$(awk -F': ' '/number of failed transactions/ { split($2, a, " "); print a[1] }' "$log")
     tps=$(awk '/^tps = / { print $3 }' "$log")
@@ -133,6 +133,7 @@ run_pgbench() {
     # pgbench -N (simple-update): BEGIN, UPDATE, SELECT, INSERT, END.
     stmts=$([ "$workload" = select ] && echo 1 || echo 5)
     per=$(awk -v d=$((after - before)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.1f", d / hz / (n * k) * 1e6; else print "n/a" }')
+    user=$(awk -v d=$((uafter - ubefore)) -v hz="$CLK_TCK" -v n="$tx" -v k="$stmts" 'BEGIN { if (n > 0) printf "%.2f", d / hz / (n * k) * 1e6; else print "n/a" }')
     conns=$(cat "$OUTDIR/$tag.conns" 2>/dev/null || echo "?")
     local busy bench_per servers_per
     busy=$(awk -v a="$m0" -v b="$m1" 'BEGIN { split(a, x, " "); split(b, y, " "); if (y[2] > x[2]) printf "%.0f", (y[1] - x[1]) / (y[2] - x[2]) * 100; else print "n/a" }')
@@ -143,9 +144,9 @@ run_pgbench() {
         if (n == 0) { print "n/a"; exit }
         for (i = 1; i <= 3; i++) { d[i] = (y[i] - x[i]) / hz / (n * k) * 1e6; t += d[i] }
         printf "%.1f (%.1f / %.1f / %.1f)", t, d[1], d[2], d[3] }')
-    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$clients" "$tx" "$failed" \
-        "$tps" "$lat" "$p99" "$per" "$conns" "$load" "$busy" "$bench_per" "$servers_per" >>"$RESULTS"
-    echo "   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed proxy_cpu=${per}us/stmt server_conns<=$conns load=$load"
+    printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$target" "$workload" "$clients" "$tx" "$failed" \
+        "$tps" "$lat" "$p99" "$per" "$conns" "$load" "$busy" "$bench_per" "$servers_per" "$user" >>"$RESULTS"
+    echo "   tps=$tps latency=${lat}ms p99=${p99}ms failed=$failed proxy_cpu=${per}us/stmt (user ${user}) server_conns<=$conns load=$load"
     echo "   machine busy=${busy}% pgbench=${bench_per}us/stmt servers=${servers_per}us/stmt"
 }
 
@@ -216,10 +217,11 @@ echo
 echo "results: $RESULTS"
 column -t -s $'\t' "$RESULTS"
 
-# Medians over the rounds, per target and cell: tps, p99, proxy CPU a statement, and the ratios
+# Medians over the rounds, per target and cell: tps, p99, proxy CPU a statement (all, user space
+# only), the servers' CPU a statement, and the ratios
 # of tps and CPU to PgBouncer's.
 SUMMARY="$OUTDIR/summary.tsv"
-printf "target\tworkload\tclients\ttps\tp99_ms\tproxy_cpu_us\ttps_vs_pgbouncer\tcpu_vs_pgbouncer\n" >"$SUMMARY"
+printf "target\tworkload\tclients\ttps\tp99_ms\tproxy_cpu_us\tproxy_user_us\tservers_cpu_us\ttps_vs_pgbouncer\tcpu_vs_pgbouncer\n" >"$SUMMARY"
 awk -F'\t' '
     function median(list,    n, v, i, j, t) {
         n = split(list, v, " ")
@@ -230,14 +232,15 @@ awk -F'\t' '
     NR == 1 { next }
     {
         k = $1 "\t" $2 "\t" $3; cells[k] = 1
-        tps[k] = tps[k] " " $6; p99[k] = p99[k] " " $8; cpu[k] = cpu[k] " " $9
+        tps[k] = tps[k] " " $6; p99[k] = p99[k] " " $8; cpu[k] = cpu[k] " " $9; usr[k] = usr[k] " " $15
+        split($14, sv, " "); srv[k] = srv[k] " " sv[1]
     }
     END {
         for (k in cells) {
             split(k, f, "\t"); b = "pgbouncer-tx\t" f[2] "\t" f[3]
             t = median(tps[k]); c = median(cpu[k])
             bt = (b in cells) ? median(tps[b]) : 0; bc = (b in cells) ? median(cpu[b]) : 0
-            printf "%s\t%.0f\t%s\t%.1f\t%s\t%s\n", k, t, median(p99[k]), c,
+            printf "%s\t%.0f\t%s\t%.1f\t%s\t%s\t%s\t%s\n", k, t, median(p99[k]), c, median(usr[k]), median(srv[k]),
                 (bt + 0 > 0) ? sprintf("%.2f", t / bt) : "n/a", (bc + 0 > 0) ? sprintf("%.2f", c / bc) : "n/a"
         }
     }' "$RESULTS" | sort -t$'\t' -k2,2 -k3,3n -k1,1 >>"$SUMMARY"
