@@ -11,8 +11,8 @@
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -R ROUNDS      rounds (default 2); see below
 #     -P             also pgfresh in front of the primary alone (target pgfresh-tx-primary, the
-#                    same settings with no standby in its config: every read a counted
-#                    fallback to the primary), to tell the proxy's own throughput apart from
+#                    same settings with no standby in its config: every read goes to the
+#                    primary, a counted fallback once the start-up window is over), to tell the proxy's own throughput apart from
 #                    what spreading the reads over standbys that share the machine's cores
 #                    costs the servers
 #     -B             skip `cargo build --release -p pgfresh`
