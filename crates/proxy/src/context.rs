@@ -75,23 +75,21 @@ impl Shared {
     /// Count a read forced to the primary by a recent write to `relation`.
     pub fn count_forced(&self, relation: &str) {
         let mut labels = self.forced_labels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(counter) = labels.get(relation) {
-            counter.increment(1);
-            return;
-        }
-        // One label per relation up to the cap, then "other" (which does not count
-        // towards it).
-        let label = if labels.len() < FORCED_LABEL_CAP {
+        // One label per relation up to the cap, then "other" (kept with the rest once
+        // used, so a relation past the cap costs a lookup, not a registration).
+        let label = if labels.contains_key(relation) || labels.len() < FORCED_LABEL_CAP {
             relation
         } else {
             "other"
         };
+        if let Some(counter) = labels.get(label) {
+            counter.increment(1);
+            return;
+        }
         let counter =
             metrics::counter!("pgfresh_recency_forced_total", "relation" => label.to_string());
         counter.increment(1);
-        if label == relation {
-            labels.insert(relation.to_string(), counter);
-        }
+        labels.insert(label.to_string(), counter);
     }
 
     pub fn pool_settings(c: &Config) -> PoolSettings {

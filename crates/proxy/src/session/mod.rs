@@ -111,6 +111,9 @@ pub struct Session {
     policy: routing::PolicyCache,
     /// `pgfresh_routed_total` handles this session has used.
     routed: Vec<(bool, &'static str, metrics::Counter)>,
+    /// The `pgfresh_primary_fallbacks_total{reason="no_eligible_replica"}` handle, once
+    /// used: with no replica in the pool every read counts there.
+    no_replica_fallbacks: Option<metrics::Counter>,
     client: ClientStream,
     cbuf: BytesMut,
     limits: Limits,
@@ -232,6 +235,7 @@ impl Session {
             balancer: shared.balancer.reader(),
             policy: routing::PolicyCache::new(&shared),
             routed: Vec::new(),
+            no_replica_fallbacks: None,
             targets: Vec::new(),
             texts: Default::default(),
             config: config.clone(),

@@ -469,8 +469,12 @@ impl Session {
             if let pgfresh_recency::Hotness::Hot { relation, .. } =
                 self.shared.recency.lookup(db, &key)
             {
-                self.shared
-                    .count_forced(relation.as_deref().unwrap_or(&name.to_string()));
+                // The name is written out only when the answer does not name the relation
+                // (a cold start).
+                match relation.as_deref() {
+                    Some(r) => self.shared.count_forced(r),
+                    None => self.shared.count_forced(&name.to_string()),
+                }
                 return;
             }
         }
@@ -535,7 +539,11 @@ impl Session {
                         return Err(ProxyError::FallbackLimit);
                     };
                     self.fallback_slot = Some(slot);
-                    metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica").increment(1);
+                    self.no_replica_fallbacks
+                        .get_or_insert_with(|| {
+                            metrics::counter!("pgfresh_primary_fallbacks_total", "reason" => "no_eligible_replica")
+                        })
+                        .increment(1);
                     (primary()?, Reason::NoEligibleReplica)
                 }
             },
