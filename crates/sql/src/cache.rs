@@ -185,10 +185,16 @@ impl Analyzer {
 
 /// Estimated bytes one cache entry holds: key text, analysis, bookkeeping.
 /// Whether an analysis holds for every text of the same literal shape: not when it
-/// failed to parse (a literal may be what is malformed) and not when it carries session
-/// effects, whose replay uses the literal values and text positions of the exact text.
+/// failed to parse (a literal may be what is malformed), not when it carries session
+/// effects, whose replay uses the literal values and text positions of the exact text,
+/// and not when a literal names what it writes (`nextval('s')`, `setval('s', …)`).
 fn shareable(a: &Analysis) -> bool {
-    a.kind != crate::Kind::Unclassified && a.statements.iter().all(|s| s.session.is_none())
+    a.kind != crate::Kind::Unclassified
+        && a.statements.iter().all(|s| s.session.is_none())
+        && !a.functions.iter().any(|f| {
+            matches!(f.schema.as_deref(), None | Some("pg_catalog"))
+                && matches!(&*f.name, "nextval" | "setval")
+        })
 }
 
 pub fn entry_weight(key: &str, value: &Analysis) -> usize {

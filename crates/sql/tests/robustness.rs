@@ -419,6 +419,16 @@ fn texts_differing_only_in_literals_share_an_analysis_but_session_effects_do_not
     let s1 = a.analyze("SET statement_timeout = 1000");
     let s2 = a.analyze("SET statement_timeout = 2000");
     assert!(!std::sync::Arc::ptr_eq(&s1, &s2));
+    // A literal that names the sequence written is not a value: never shared.
+    let n1 = a.analyze("SELECT nextval('seq_a')");
+    let n2 = a.analyze("SELECT nextval('seq_b')");
+    assert_eq!(
+        n2.writes,
+        pgfresh_sql::analyze_uncached("SELECT nextval('seq_b')").writes
+    );
+    assert!(!std::sync::Arc::ptr_eq(&n1, &n2));
+    let v2 = a.analyze("SELECT setval('seq_b', 5)");
+    assert_eq!(v2.writes, n2.writes);
     // A malformed literal is the parser's business: no sharing with a valid one.
     let ok = a.analyze("SELECT 1");
     let bad = a.analyze("SELECT 1e");
