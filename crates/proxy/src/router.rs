@@ -208,11 +208,36 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
     if !r.enable_query_parser {
         return decision(Target::Primary, Reason::ParserDisabled);
     }
+    // The unit's kind: what its statements do, session-state statements (SET, PREPARE,
+    // EXECUTE, DISCARD, ...) left out when others come with them. A transaction whose
+    // first statement is a `SET LOCAL` is a transaction; an `EXECUTE` is the statement it
+    // runs (whose analysis is a part of the unit too); a `SET` sent with a read is that
+    // read. Only a unit of session-state statements alone runs where the session is: any
+    // other would skip the checks below, recency's included.
     let mut kind = Kind::Read;
     let mut any_statement = false;
+    let mut session_state = false;
+    let mut other = false;
     for a in parts {
-        kind = kind.combine(a.kind);
-        any_statement |= !a.statements.is_empty() || a.kind == Kind::Unclassified;
+        if a.statements.is_empty() {
+            // Nothing parsed: an unparseable text (unclassified) or an empty query.
+            kind = kind.combine(a.kind);
+            any_statement |= a.kind == Kind::Unclassified;
+            other |= a.kind == Kind::Unclassified;
+            continue;
+        }
+        any_statement = true;
+        for st in &a.statements {
+            if st.kind == Kind::Session {
+                session_state = true;
+            } else {
+                kind = kind.combine(st.kind);
+                other = true;
+            }
+        }
+    }
+    if session_state && !other {
+        return decision(Target::Current, Reason::SessionState);
     }
     match kind {
         Kind::Unclassified => return decision(Target::Primary, Reason::Unclassified),
@@ -221,9 +246,17 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         Kind::Utility => return decision(Target::Primary, Reason::Utility),
         Kind::Transaction => {
             // A transaction starting here (BEGIN sent with or without statements).
-            let read_only = parts.iter().flat_map(|a| &a.statements).any(|s| {
-                matches!(&s.tx, Some(TxEffect::Begin(m)) | Some(TxEffect::SetTransaction(m)) if m.read_only == Some(true))
-            }) || session.read_only_txn;
+            // The mode the transaction names (the last one named), else the session's
+            // default: `BEGIN READ WRITE` is write-capable in a read-only session.
+            let named = parts
+                .iter()
+                .rev()
+                .flat_map(|a| a.statements.iter().rev())
+                .find_map(|s| match &s.tx {
+                    Some(TxEffect::Begin(m)) | Some(TxEffect::SetTransaction(m)) => m.read_only,
+                    _ => None,
+                });
+            let read_only = named.unwrap_or(session.read_only_txn);
             let serializable = parts
                 .iter()
                 .any(|a| a.must_primary.contains(&MustPrimary::SerializableTxn));
@@ -232,8 +265,8 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
             }
             // A read-only transaction: its reads decide below, like any read.
         }
-        Kind::Session => return decision(Target::Current, Reason::SessionState),
-        Kind::Read => {}
+        // (Left out above: a unit of session-state statements alone has returned.)
+        Kind::Session | Kind::Read => {}
     }
     if !any_statement {
         // Empty query: answer from wherever the session is.

@@ -70,6 +70,15 @@ fn error_message(e: pg_query::Error) -> String {
     }
 }
 
+/// What a SQL `EXECUTE` of a statement pgfresh has no analysis of runs (one prepared
+/// over the extended protocol, or by a function): it may write anything, so it is a write
+/// of the whole database.
+pub fn unknown_prepared_statement() -> Analysis {
+    let mut s = Statement::new(Kind::Write, (0, 0));
+    s.writes_unnamed = true;
+    combine(vec![s])
+}
+
 /// Builds the combined analysis from the per-statement ones.
 pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
     if statements.is_empty() {

@@ -1,6 +1,6 @@
 //! Client frames → units → routed and sent.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use pgfresh_config::PoolMode;
@@ -40,6 +40,30 @@ fn portal_event(p: &Prepared) -> StmtEvent {
     event_of(stmt, text)
 }
 
+/// The analysis of what a SQL `EXECUTE` of a statement pgfresh never saw prepared runs.
+static UNKNOWN_PREPARED: LazyLock<Arc<Analysis>> =
+    LazyLock::new(|| Arc::new(pgfresh_sql::unknown_prepared_statement()));
+
+/// The statements the SQL `EXECUTE`s in `analysis` run become parts of `unit` (over the
+/// simple protocol and the extended one alike), and are prepared where it runs. One
+/// pgfresh never saw prepared (over the extended protocol, or by a function) may write
+/// anything.
+fn add_sql_executes(
+    sql_prepared: &foldhash::HashMap<String, (String, Arc<Analysis>)>,
+    analysis: &Analysis,
+    unit: &mut ClientUnit,
+) {
+    for name in analysis.executes() {
+        match sql_prepared.get(name) {
+            Some((_, inner)) => {
+                unit.parts.push(inner.clone());
+                unit.sql_executes.push(name.to_string());
+            }
+            None => unit.parts.push(UNKNOWN_PREPARED.clone()),
+        }
+    }
+}
+
 impl Session {
     /// The analysis of `sql`, or a stand-in when the parser is off (everything then goes
     /// to the primary and nothing needs parsing).
@@ -71,12 +95,7 @@ impl Session {
                     self.close_batch_early();
                     let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
-                    for name in analysis.executes() {
-                        if let Some((_, inner)) = self.state.sql_prepared.get(name) {
-                            unit.parts.push(inner.clone());
-                            unit.sql_executes.push(name.to_string());
-                        }
-                    }
+                    add_sql_executes(&self.state.sql_prepared, &analysis, &mut unit);
                     // DEALLOCATE needs the statement where it runs, as EXECUTE does.
                     for s in &analysis.statements {
                         if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
@@ -144,6 +163,7 @@ impl Session {
                             self.batch.parts.push(p.analysis.clone());
                         }
                         event = portal_event(p);
+                        add_sql_executes(&self.state.sql_prepared, &p.analysis, &mut self.batch);
                     }
                     if self.mode == PoolMode::Transaction && !statement.is_empty() {
                         // The statement as it is now: a later Close or Parse in the same
@@ -338,6 +358,16 @@ impl Session {
         }
     }
 
+    /// Transaction control is not pipelined. Whether a unit runs inside a transaction
+    /// (and so when its writes are marked), which node a transaction starts on and what
+    /// that node must have replayed are decided from the transaction state, which only
+    /// the ReadyForQuery of the units ahead settles. So a unit that begins or ends a
+    /// transaction waits for the client's units ahead of it (a BEGIN is then deferred to
+    /// its first statement, as usual), and a unit behind one that does waits for it.
+    fn waits_for_transaction_state(&self, unit: &ClientUnit) -> bool {
+        unit.controls_transaction() || self.inflight.iter().any(|u| u.tx_control)
+    }
+
     fn push_batch(&mut self, raw: Bytes) {
         self.batch.frames.push(raw);
         if self.batch.bytes() > MAX_BATCH_BYTES {
@@ -371,6 +401,11 @@ impl Session {
                 self.send_unit(node, unit, None, Reason::InTransaction)
                     .await?;
                 continue;
+            }
+            if self.client_busy() && self.waits_for_transaction_state(&unit) {
+                // The replies to the units ahead settle the transaction state first.
+                self.ready.push_front(unit);
+                return Ok(());
             }
             match self.answer_locally(&unit) {
                 Local::Answered => {

@@ -540,12 +540,17 @@ impl Session {
             // them too before waiting, or the server would wait for them forever.
             // (Each step only when it has something to do: a turn that relays a reply
             // has no client bytes and no units, and one that sends a unit has no output.)
+            // (A unit that waited for the replies ahead of it, and goes now, also lets
+            // the frames behind it be taken: they are buffered, and no readiness of the
+            // client's socket will announce them again.)
             loop {
                 let consumed = !self.cbuf.is_empty() && self.process_client()?;
-                if !self.ready.is_empty() {
+                let waiting = self.ready.len();
+                if waiting > 0 {
                     self.dispatch_ready().await?;
                 }
-                if !(consumed && self.ready.is_empty() && !self.cbuf.is_empty()) {
+                let dispatched = self.ready.len() < waiting;
+                if !((consumed || dispatched) && self.ready.is_empty() && !self.cbuf.is_empty()) {
                     break;
                 }
             }

@@ -225,6 +225,12 @@ impl Session {
             u.owed = u.owed.saturating_sub(1);
             u.owed == 0 && u.closed
         });
+        if done && self.inflight.front().is_some_and(|u| u.mark_at_ready) {
+            // A write marked before its batch's Sync commits here: marked again, before
+            // the client hears of it (with the position probe that follows, see
+            // `open_batch_commits`).
+            self.mark_autocommit_write();
+        }
         let unit = if done {
             self.inflight.pop_front()
         } else {
@@ -263,7 +269,11 @@ impl Session {
                     }
                     self.tx_writes = super::TxWrites::default();
                 } else {
-                    let wrote = !u.autocommit && !u.error;
+                    // A unit that failed counts too: what it wrote before its error
+                    // stays once a ROLLBACK TO SAVEPOINT undoes the error, and commits
+                    // with the transaction. (Once nothing is kept, nothing commits and
+                    // nothing is marked: a rolled-back transaction marks nothing.)
+                    let wrote = !u.autocommit;
                     self.tx_writes.absorb(&mut u, wrote);
                 }
                 self.tx = super::TxPhase::from_server(status);
@@ -532,12 +542,14 @@ impl Session {
     /// The front unit, outside a transaction, wrote: its writes are committed with its
     /// statement, so they are marked now.
     fn mark_autocommit_write(&mut self) {
-        let Some(u) = self.inflight.front() else {
+        let Some(u) = self.inflight.front_mut() else {
             return;
         };
         if u.autocommit && (!u.writes.is_empty() || u.whole_db) {
-            let whole = u.whole_db || self.schema_changed_since(u.schema_stamp);
-            let w = u.writes.clone();
+            // Before its Sync the write has not committed: it is marked again when it has.
+            u.mark_at_ready |= !u.closed;
+            let (whole_db, stamp, w) = (u.whole_db, u.schema_stamp, u.writes.clone());
+            let whole = whole_db || self.schema_changed_since(stamp);
             self.mark(w, whole);
         }
     }

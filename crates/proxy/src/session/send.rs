@@ -313,7 +313,8 @@ impl Session {
             schema_change,
         } = self.unit_writes(unit);
         let probe =
-            self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db);
+            self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db)
+                || (continuing && self.open_batch_commits(node, unit));
         // A read on a standby while reads wait on replay positions: the standby's position
         // is asked for right after it (at most once per replay_check_period per standby).
         let sample = retryable
@@ -528,8 +529,10 @@ impl Session {
         // Moved, not copied: a unit kept for a retry is a replica read, whose statements
         // change no settings.
         let events = std::mem::take(&mut unit.events);
+        let tx_control = unit.controls_transaction();
         let leftover = if continuing {
             if let Some(last) = self.inflight.back_mut() {
+                last.tx_control |= tx_control;
                 last.events.extend(events);
                 last.writes.extend(writes);
                 last.whole_db |= whole_db;
@@ -561,6 +564,8 @@ impl Session {
                 autocommit,
                 error: false,
                 committed: false,
+                tx_control,
+                mark_at_ready: false,
                 replied: false,
                 reason: Some(reason),
                 closed: synced,
@@ -631,6 +636,18 @@ impl Session {
                             .inflight
                             .iter()
                             .any(|u| !u.writes.is_empty() || u.whole_db))))
+    }
+
+    /// `unit` is the Sync that closes a batch left open by a Flush, in which an
+    /// autocommit write ran: the write commits now, and the position probe follows, as
+    /// it follows any committing unit.
+    fn open_batch_commits(&mut self, node: usize, unit: &ClientUnit) -> bool {
+        unit.synced
+            && (self.config.routing.lsn_routing || self.tokens.track)
+            && Some(node) == self.balancer.primary()
+            && self.inflight.back().is_some_and(|u| {
+                !u.is_injected() && u.autocommit && (!u.writes.is_empty() || u.whole_db)
+            })
     }
 
     /// The relations a unit writes: those its statements name, and what the catalog

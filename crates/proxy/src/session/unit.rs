@@ -88,6 +88,15 @@ impl ClientUnit {
         }
     }
 
+    /// A statement of the unit begins, ends or sets up a transaction (BEGIN, COMMIT,
+    /// ROLLBACK, SAVEPOINT, SET TRANSACTION, ...).
+    pub fn controls_transaction(&self) -> bool {
+        self.parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| s.tx.is_some())
+    }
+
     /// The SQL of a simple Query unit, read back from its frame (checked as UTF-8 when
     /// it arrived; kept as the frame only, so a statement costs no copy of its text).
     pub fn simple_sql(&self) -> Option<&str> {
@@ -259,6 +268,12 @@ pub struct InFlight {
     pub error: bool,
     /// Saw CommandComplete "COMMIT".
     pub committed: bool,
+    /// A statement of the unit begins, ends or sets up a transaction: the units behind
+    /// it wait for its ReadyForQuery (see `Session::waits_for_transaction_state`).
+    pub tx_control: bool,
+    /// An autocommit write marked before the Sync that commits it was sent (a batch left
+    /// open by a Flush): marked again at its ReadyForQuery, with the commit's position.
+    pub mark_at_ready: bool,
     /// Rows or other replies already reached the client (retry is no longer possible).
     pub replied: bool,
     /// The unit was routed for this reason (for logs).
@@ -434,6 +449,8 @@ impl InFlight {
             autocommit: false,
             error: false,
             committed: false,
+            tx_control: false,
+            mark_at_ready: false,
             replied: false,
             reason: None,
             closed: true,

@@ -1,0 +1,464 @@
+//! Stale reads that came from how a unit's statements were combined or ordered, not from
+//! what a statement touches behind its text (that is `stale_holes.rs`): a session-state
+//! statement sent with others, a SQL `EXECUTE`, writes whose transaction state changed
+//! in the same unit or pipeline. Each test writes, waits for the acknowledgement, then
+//! reads through pgfresh while both standbys replay `DELAY_MS` behind; a read that
+//! misses the acknowledged write is stale, and none may be.
+//!
+//! Tests here change replication delays, so they run one at a time.
+
+use std::time::Duration;
+
+use pgfresh_tests::*;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// Replay delay of both standbys while a test writes and reads.
+const DELAY_MS: u64 = 400;
+/// Write-then-read rounds per test.
+const ROUNDS: i64 = 5;
+
+/// (server port, `count(*)` of `t`) through `c`, over the simple protocol.
+async fn port_count(c: &tokio_postgres::Client, sql: &str) -> (u16, i64) {
+    let r = simple_row(c, sql).await;
+    let port = r.get(0).expect("port").parse().expect("a port");
+    let n = r.get(1).expect("count").parse().expect("a count");
+    (port, n)
+}
+
+fn count_sql(t: &str) -> String {
+    format!("SELECT inet_server_port(), count(*) FROM {t}")
+}
+
+/// A proxy, a table `t` holding one row, the client under test and a writer, with the
+/// standbys replaying `DELAY_MS` behind.
+struct Setup {
+    _proxy: ProxyHandle,
+    setup: tokio_postgres::Client,
+    t: String,
+    c: tokio_postgres::Client,
+    writer: tokio_postgres::Client,
+    _delay: ApplyDelay,
+}
+
+impl Setup {
+    async fn new(prefix: &str) -> Setup {
+        let p = start_proxy(&config_text(""));
+        let setup = p.connect().await;
+        let t = p.cold_table(&setup, prefix).await;
+        let c = p.connect().await;
+        let writer = p.connect().await;
+        let _delay = ApplyDelay::set(DELAY_MS);
+        Setup {
+            _proxy: p,
+            setup,
+            t,
+            c,
+            writer,
+            _delay,
+        }
+    }
+
+    /// Round `i`: the client's last statement runs on a replica (a cold read), then the
+    /// writer adds a row; the client must see `2 + i` rows from here on.
+    async fn write(&self, i: i64) {
+        port_count(&self.c, &count_sql(&self.t)).await;
+        self.writer
+            .batch_execute(&format!("INSERT INTO {} VALUES ({})", self.t, 10 + i))
+            .await
+            .unwrap();
+    }
+
+    /// The standbys caught up, for the next round.
+    async fn caught_up(&self) {
+        wait_replicated_on(cluster(), &self.setup).await;
+    }
+}
+
+/// A SQL `EXECUTE` of a prepared read is that read: it must not run on whatever node the
+/// session used last without the recency check (it did: `EXECUTE` is a session-state
+/// statement, and those ran where the session was).
+#[tokio::test]
+async fn an_sql_execute_of_a_read_is_routed_as_the_read() {
+    let _g = SERIAL.lock().await;
+    let s = Setup::new("uh_exec").await;
+    s.c.batch_execute(&format!("PREPARE uh_q AS {}", count_sql(&s.t)))
+        .await
+        .unwrap();
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        s.write(i).await;
+        let (port, n) = port_count(&s.c, "EXECUTE uh_q").await;
+        if n < 2 + i {
+            stale.push((port, n));
+        }
+        s.caught_up().await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// A transaction whose first statement is a `SET LOCAL` is a transaction: a write-capable
+/// one starts on the primary (it started on the session's last node, a replica included,
+/// where it read stale rows and its writes were refused); a read-only one on a node that
+/// has replayed every write acknowledged before it.
+#[tokio::test]
+async fn a_transaction_opened_by_set_local_starts_where_it_should() {
+    let _g = SERIAL.lock().await;
+    let s = Setup::new("uh_setlocal").await;
+    let primary = node_port(0);
+    let mut wrong = Vec::new();
+    for i in 0..ROUNDS {
+        for read_only in [false, true] {
+            s.write(2 * i + i64::from(read_only)).await;
+            let begin = if read_only {
+                "BEGIN READ ONLY"
+            } else {
+                "BEGIN"
+            };
+            s.c.batch_execute(begin).await.unwrap();
+            s.c.batch_execute("SET LOCAL statement_timeout = '10s'")
+                .await
+                .unwrap();
+            let (port, n) = port_count(&s.c, &count_sql(&s.t)).await;
+            let wrote = if read_only {
+                Ok(())
+            } else {
+                s.c.batch_execute(&format!("INSERT INTO {} VALUES (-1)", s.t))
+                    .await
+                    .map_err(|e| e.as_db_error().map(|d| d.message().to_owned()))
+            };
+            s.c.batch_execute("ROLLBACK").await.unwrap();
+            let want = 2 + 2 * i + i64::from(read_only);
+            if (!read_only && port != primary) || n < want || wrote.is_err() {
+                wrong.push((begin, port, n, wrote));
+            }
+            s.caught_up().await;
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "write-capable transactions off the primary, stale reads or refused writes \
+         (begin, port, count, insert): {wrong:?}"
+    );
+}
+
+/// A `SET` sent in one query with a read is that read (recency checked), and the setting
+/// still follows the session.
+#[tokio::test]
+async fn a_set_sent_with_a_read_is_routed_as_the_read() {
+    let _g = SERIAL.lock().await;
+    let s = Setup::new("uh_setread").await;
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        s.write(i).await;
+        let sql = format!("SET application_name = 'uh_{i}'; {}", count_sql(&s.t));
+        let msgs = s.c.simple_query(&sql).await.unwrap();
+        let row = msgs
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .expect("a row");
+        let port: u16 = row.get(0).unwrap().parse().unwrap();
+        let n: i64 = row.get(1).unwrap().parse().unwrap();
+        if n < 2 + i {
+            stale.push((port, n));
+        }
+        let name = simple_row(&s.c, "SHOW application_name").await;
+        assert_eq!(name.get(0), Some(format!("uh_{i}").as_str()));
+        s.caught_up().await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// Transaction mode, 10 connections a node.
+fn tx_config() -> String {
+    format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 10\n",
+        config_text("")
+    )
+}
+
+/// A simple Query frame.
+fn q(sql: &str) -> Vec<u8> {
+    raw::msg(b'Q', &raw::cstr(sql))
+}
+
+/// Sends `frames` in one write and reads until `n` ReadyForQuery came back; the tags seen.
+async fn pipeline(s: &mut tokio::net::TcpStream, frames: &[Vec<u8>], n: usize) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&frames.concat())
+        .await
+        .expect("write to pgfresh");
+    let mut tags = Vec::new();
+    for _ in 0..n {
+        tags.extend(raw::tags(&raw::read_until(s, b'Z').await));
+    }
+    tags
+}
+
+/// Reads `t` through `c` a few times right after a write acknowledged to the client:
+/// the reads that saw fewer than `expected` rows, as (port, count).
+async fn stale_after(c: &tokio_postgres::Client, t: &str, expected: i64) -> Vec<(u16, i64)> {
+    let mut stale = Vec::new();
+    for _ in 0..ROUNDS {
+        let (port, n) = port_count(c, &count_sql(t)).await;
+        if n < expected {
+            stale.push((port, n));
+        }
+    }
+    stale
+}
+
+/// What a unit wrote before its error stays once a ROLLBACK TO SAVEPOINT undoes the
+/// error, and commits with the transaction: its relations are marked at COMMIT (a failed
+/// unit's writes were left out).
+#[tokio::test]
+async fn writes_kept_by_a_rollback_to_savepoint_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&tx_config());
+    let setup = p.connect().await;
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        let t = p.cold_table(&setup, "uh_svp").await;
+        writer.batch_execute("BEGIN").await.unwrap();
+        let failed = writer
+            .simple_query(&format!(
+                "INSERT INTO {t} VALUES ({i}); SAVEPOINT s; SELECT 1/0"
+            ))
+            .await;
+        assert!(failed.is_err(), "the division fails");
+        writer
+            .batch_execute("ROLLBACK TO SAVEPOINT s")
+            .await
+            .unwrap();
+        writer.batch_execute("COMMIT").await.unwrap();
+        stale.extend(stale_after(&reader, &t, 2).await);
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// A write pipelined right behind a COMMIT runs outside the transaction: it is marked
+/// (it was taken for part of the transaction, which the COMMIT's ReadyForQuery then
+/// forgot).
+#[tokio::test]
+async fn a_write_pipelined_behind_a_commit_is_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&tx_config());
+    let setup = p.connect().await;
+    let reader = p.connect().await;
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut s = raw::connect(p.addr).await;
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        let t = p.cold_table(&setup, "uh_pipec").await;
+        pipeline(&mut s, &[q("BEGIN"), q("SELECT 1")], 2).await;
+        let tags = pipeline(
+            &mut s,
+            &[q("COMMIT"), q(&format!("INSERT INTO {t} VALUES ({i})"))],
+            2,
+        )
+        .await;
+        assert!(!tags.contains(&b'E'), "an error: {tags:?}");
+        stale.extend(stale_after(&reader, &t, 2).await);
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// A write pipelined right behind a BEGIN that came while another unit was in flight
+/// belongs to the transaction: it is marked when the transaction commits, with the
+/// commit's position (it was taken for an autocommit write, marked with a position from
+/// inside the transaction, and left out of what the COMMIT marks).
+#[tokio::test]
+async fn a_write_pipelined_behind_a_begin_is_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&tx_config());
+    let setup = p.connect().await;
+    let reader = p.connect().await;
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut s = raw::connect(p.addr).await;
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        let a = p.cold_table(&setup, "uh_pipeb_a").await;
+        let t = p.cold_table(&setup, "uh_pipeb_t").await;
+        let tags = pipeline(
+            &mut s,
+            &[
+                q(&format!("INSERT INTO {a} VALUES ({i})")),
+                q("BEGIN"),
+                q(&format!("INSERT INTO {t} VALUES ({i})")),
+            ],
+            3,
+        )
+        .await;
+        assert!(!tags.contains(&b'E'), "an error: {tags:?}");
+        // The standbys replay the INSERT's record meanwhile; its commit is held back by
+        // the replay delay.
+        tokio::time::sleep(Duration::from_millis(DELAY_MS * 3 / 4)).await;
+        pipeline(&mut s, &[q("COMMIT")], 1).await;
+        // Read while the commit's replay is held back on the standbys.
+        let until = std::time::Instant::now() + Duration::from_millis(DELAY_MS);
+        while std::time::Instant::now() < until {
+            stale.extend(stale_after(&reader, &t, 2).await);
+        }
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// A read-only transaction whose BEGIN is pipelined behind a read starts where every
+/// write acknowledged before its first statement has been replayed (its node was fixed,
+/// and checked, at the BEGIN).
+#[tokio::test]
+async fn a_read_only_begin_pipelined_behind_a_read_reads_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&tx_config());
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "uh_robegin").await;
+    let writer = p.connect().await;
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut s = raw::connect(p.addr).await;
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        pipeline(&mut s, &[q("SELECT 1"), q("BEGIN READ ONLY")], 2).await;
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES ({})", 10 + i))
+            .await
+            .unwrap();
+        use tokio::io::AsyncWriteExt;
+        s.write_all(&q(&format!("SELECT count(*)::text FROM {t}")))
+            .await
+            .unwrap();
+        let msgs = raw::read_until(&mut s, b'Z').await;
+        let (_, row) = msgs.iter().find(|(tag, _)| *tag == b'D').expect("a row");
+        // One column: its length (4 bytes) after the column count (2), then the text.
+        let len = i32::from_be_bytes(row[2..6].try_into().unwrap()) as usize;
+        let n: i64 = String::from_utf8_lossy(&row[6..6 + len]).parse().unwrap();
+        if n < 2 + i {
+            stale.push(n);
+        }
+        pipeline(&mut s, &[q("COMMIT")], 1).await;
+        wait_replicated_on(cluster(), &setup).await;
+    }
+    assert!(stale.is_empty(), "stale counts: {stale:?}");
+}
+
+/// A SQL `EXECUTE` sent over the extended protocol (tokio-postgres `execute`, psycopg,
+/// JDBC) runs the prepared statement as over the simple protocol: a write is marked
+/// (only a simple Query's `EXECUTE` was looked up), and one prepared where pgfresh could
+/// not see its text (over the extended protocol) counts as a write of the whole database.
+#[tokio::test]
+async fn sql_executes_over_the_extended_protocol_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "uh_execw").await;
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    writer
+        .batch_execute(&format!(
+            "PREPARE uh_ins(int) AS INSERT INTO {t} VALUES ($1)"
+        ))
+        .await
+        .unwrap();
+    writer
+        .execute(
+            &format!("PREPARE uh_ins2(int) AS INSERT INTO {t} VALUES ($1)"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut stale = Vec::new();
+    let mut rows = 1;
+    for i in 0..ROUNDS {
+        writer.execute("EXECUTE uh_ins(2)", &[]).await.unwrap();
+        rows += 1;
+        stale.extend(stale_after(&reader, &t, rows).await);
+        writer
+            .batch_execute(&format!("EXECUTE uh_ins2({i})"))
+            .await
+            .unwrap();
+        rows += 1;
+        stale.extend(stale_after(&reader, &t, rows).await);
+        wait_replicated_on(cluster(), &setup).await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// `BEGIN READ WRITE` is write-capable in a session whose default is read-only: it starts
+/// on the primary, where its writes are taken (the session's default won over the mode
+/// the transaction named, and it started on a replica).
+#[tokio::test]
+async fn begin_read_write_in_a_read_only_session_starts_on_the_primary() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "uh_rw").await;
+    let c = p.connect().await;
+    c.batch_execute("SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    for _ in 0..ROUNDS {
+        c.batch_execute("BEGIN READ WRITE").await.unwrap();
+        let (port, _) = port_count(&c, &count_sql(&t)).await;
+        let wrote = c
+            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+            .await
+            .map_err(|e| e.as_db_error().map(|d| d.message().to_owned()));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            (port, wrote),
+            (node_port(0), Ok(())),
+            "BEGIN READ WRITE ran on the primary and could write"
+        );
+    }
+}
+
+/// An unnamed Parse of `sql` (no parameter types).
+fn parse(sql: &str) -> Vec<u8> {
+    let mut body = raw::cstr("");
+    body.extend_from_slice(&raw::cstr(sql));
+    body.extend_from_slice(&0u16.to_be_bytes());
+    raw::msg(b'P', &body)
+}
+
+/// An autocommit write in an extended batch left open by a Flush commits at the client's
+/// later Sync, which may come after the recency window of a mark made at its
+/// CommandComplete: it is marked again when it commits (psycopg's `executemany(...,
+/// returning=True)` reads the rows before it syncs).
+#[tokio::test]
+async fn a_write_committed_by_a_later_sync_is_read_fresh() {
+    use tokio::io::AsyncWriteExt;
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&tx_config());
+    let setup = p.connect().await;
+    let reader = p.connect().await;
+    let ttl = p.shared.recency.ttl_ms();
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut s = raw::connect(p.addr).await;
+    let mut stale = Vec::new();
+    for i in 0..3 {
+        let t = p.cold_table(&setup, "uh_flush").await;
+        let batch = [
+            parse(&format!("INSERT INTO {t} VALUES ({i})")),
+            raw::bind("", &[]),
+            raw::execute(),
+            raw::msg(b'H', &[]),
+        ];
+        s.write_all(&batch.concat()).await.unwrap();
+        raw::read_until(&mut s, b'C').await;
+        // The client takes longer than the recency window before it commits.
+        tokio::time::sleep(Duration::from_millis(ttl + 100)).await;
+        pipeline(&mut s, &[raw::msg(b'S', &[])], 1).await;
+        let until = std::time::Instant::now() + Duration::from_millis(DELAY_MS);
+        while std::time::Instant::now() < until {
+            stale.extend(stale_after(&reader, &t, 2).await);
+        }
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
