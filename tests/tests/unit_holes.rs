@@ -462,3 +462,75 @@ async fn a_write_committed_by_a_later_sync_is_read_fresh() {
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
+
+/// A Bind of a statement made by SQL `PREPARE` (the server has one namespace for both
+/// kinds) runs its write, which is marked (the unit carried no analysis: it ran where the
+/// session was, as an empty query, and marked nothing).
+#[tokio::test]
+async fn a_bind_of_an_sql_prepared_write_is_read_fresh() {
+    use tokio::io::AsyncWriteExt;
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let reader = p.connect().await;
+    let t = p.cold_table(&setup, "uh_bindsql").await;
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut s = raw::connect(p.addr).await;
+    let prepare = format!("PREPARE uh_w(int) AS INSERT INTO {t} VALUES ($1)");
+    let tags = pipeline(&mut s, &[q(&prepare)], 1).await;
+    assert!(!tags.contains(&b'E'), "PREPARE: {tags:?}");
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        let frames = [
+            raw::bind("uh_w", &[&i.to_string()]),
+            raw::execute(),
+            raw::msg(b'S', &[]),
+        ];
+        s.write_all(&frames.concat()).await.unwrap();
+        let tags = raw::tags(&raw::read_until(&mut s, b'Z').await);
+        assert!(!tags.contains(&b'E'), "Bind/Execute: {tags:?}");
+        stale.extend(stale_after(&reader, &t, 2 + i).await);
+        wait_replicated_on(cluster(), &setup).await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}
+
+/// `CREATE TABLE … AS EXECUTE p` runs the prepared statement `p`: what `p` writes (here
+/// through a volatile function) is marked, as for `EXECUTE p` alone (only the new table
+/// was).
+#[tokio::test]
+async fn create_table_as_execute_marks_what_the_statement_writes() {
+    let _g = SERIAL.lock().await;
+    // The objects exist before the proxy starts: its first dependency load has them.
+    let t = unique("uh_ctasx");
+    let f = format!("{t}_bump");
+    let first = proxy().connect().await;
+    first
+        .batch_execute(&format!(
+            "CREATE TABLE {t}(id int); INSERT INTO {t} VALUES (1); \
+             CREATE FUNCTION {f}() RETURNS int LANGUAGE sql VOLATILE AS \
+             $$ INSERT INTO {t} VALUES (7) RETURNING 1 $$"
+        ))
+        .await
+        .unwrap();
+    wait_replicated_on(cluster(), &first).await;
+    let p = start_proxy(&config_text(""));
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    p.wait_cold(&[&t]).await;
+    writer
+        .batch_execute(&format!("PREPARE uh_p AS SELECT {f}() AS x"))
+        .await
+        .unwrap();
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        writer
+            .batch_execute(&format!("CREATE TABLE {t}_c{i} AS EXECUTE uh_p"))
+            .await
+            .unwrap();
+        stale.extend(stale_after(&reader, &t, 2 + i).await);
+        wait_replicated_on(cluster(), &writer).await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}

@@ -227,6 +227,12 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
             continue;
         }
         any_statement = true;
+        if a.kind < Kind::Session {
+            // No session-state statement in it: its kind is its most constraining one.
+            kind = kind.combine(a.kind);
+            other = true;
+            continue;
+        }
         for st in &a.statements {
             if st.kind == Kind::Session {
                 session_state = true;

@@ -131,8 +131,23 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         NodeEnum::CopyStmt(c) => copy(&mut w, c),
         NodeEnum::ExplainStmt(e) => return explain(e, range),
         NodeEnum::CreateTableAsStmt(c) => {
-            if let Some(q) = c.query.as_deref() {
-                w.query(q, false);
+            match c
+                .query
+                .as_deref()
+                .and_then(|q| q.node.as_ref().map(|n| (q, n)))
+            {
+                // `CREATE TABLE … AS EXECUTE p`: what it reads and writes is what `p` does,
+                // which the caller looks up as for `EXECUTE p` alone.
+                Some((_, NodeEnum::ExecuteStmt(e))) => {
+                    for p in &e.params {
+                        w.expr(p);
+                    }
+                    w.session = Some(SessionEffect::Execute {
+                        name: e.name.clone(),
+                    });
+                }
+                Some((q, _)) => w.query(q, false),
+                None => {}
             }
             if c.is_select_into {
                 w.reasons.push(MustPrimary::SelectInto);

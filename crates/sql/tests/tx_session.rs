@@ -337,6 +337,11 @@ fn prepare_carries_the_inner_classification() {
     }
     let a = analyze_uncached("EXECUTE a; EXECUTE b(1)");
     assert_eq!(a.executes().collect::<Vec<_>>(), ["a", "b"]);
+    // CREATE TABLE … AS EXECUTE runs the prepared statement too: the caller looks it up.
+    let a = analyze_uncached("CREATE TABLE x AS EXECUTE p(1)");
+    assert_eq!(a.executes().collect::<Vec<_>>(), ["p"]);
+    assert_eq!(a.kind, Kind::Write);
+    assert_eq!(a.writes, vec![RelName::parse("x").unwrap()]);
     let a = analyze_uncached("EXECUTE p(nextval('s'))");
     assert_eq!(
         a.must_primary,

@@ -54,13 +54,25 @@ fn add_sql_executes(
     unit: &mut ClientUnit,
 ) {
     for name in analysis.executes() {
-        match sql_prepared.get(name) {
-            Some((_, inner)) => {
-                unit.parts.push(inner.clone());
-                unit.sql_executes.push(name.to_string());
-            }
-            None => unit.parts.push(UNKNOWN_PREPARED.clone()),
+        add_bound_sql_statement(sql_prepared, name, unit);
+    }
+}
+
+/// `unit` runs the SQL-level prepared statement `name` (by `EXECUTE`, or by a Bind of a
+/// name no Parse of the client's made: the server has one namespace for both): its
+/// analysis is a part of the unit and it is prepared where the unit runs; one pgfresh
+/// never saw prepared may write anything.
+fn add_bound_sql_statement(
+    sql_prepared: &foldhash::HashMap<String, (String, Arc<Analysis>)>,
+    name: &str,
+    unit: &mut ClientUnit,
+) {
+    match sql_prepared.get(name) {
+        Some((_, inner)) => {
+            unit.parts.push(inner.clone());
+            unit.sql_executes.push(name.to_string());
         }
+        None => unit.parts.push(UNKNOWN_PREPARED.clone()),
     }
 }
 
@@ -164,6 +176,15 @@ impl Session {
                         }
                         event = portal_event(p);
                         add_sql_executes(&self.state.sql_prepared, &p.analysis, &mut self.batch);
+                    } else {
+                        // The server has one namespace for protocol-level and SQL-level
+                        // prepared statements: a Bind may run one made by SQL PREPARE. It is
+                        // then what the unit runs; one pgfresh never saw may write anything.
+                        add_bound_sql_statement(
+                            &self.state.sql_prepared,
+                            statement,
+                            &mut self.batch,
+                        );
                     }
                     if self.mode == PoolMode::Transaction && !statement.is_empty() {
                         // The statement as it is now: a later Close or Parse in the same
