@@ -534,3 +534,31 @@ async fn create_table_as_execute_marks_what_the_statement_writes() {
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
+
+/// A write older than the TTL stays recent while a replica the read pool still takes may
+/// lack it: with the defaults (`recent_access_ttl_ms` 1000, `delay_threshold_by_time`
+/// 2000) and standbys 1.5 s behind, a read 1.2 s after the write went to one of them and
+/// missed it.
+#[tokio::test]
+async fn a_write_older_than_the_ttl_is_read_fresh_inside_the_lag_budget() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(""));
+    let setup = p.connect().await;
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = p.cold_table(&setup, "uh_ttl").await;
+    let ttl = p.shared.recency.ttl_ms();
+    let _delay = ApplyDelay::set(ttl * 3 / 2);
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        writer
+            .batch_execute(&format!("INSERT INTO {t} VALUES ({i})"))
+            .await
+            .unwrap();
+        // Past the TTL, inside the standbys' lag.
+        tokio::time::sleep(Duration::from_millis(ttl + ttl / 5)).await;
+        stale.extend(stale_after(&reader, &t, 2 + i).await);
+        wait_replicated_on(cluster(), &setup).await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}

@@ -190,6 +190,7 @@ impl Proxy {
             recency_config(&c),
             Arc::new(SystemClock::new()),
         ));
+        recency.set_window_floor_ms(recency_window_floor(&c));
         let analyzer = Analyzer::new(AnalyzerOptions {
             cache_max_entries: c.routing.parse_cache_entries,
             cache_max_bytes: c.routing.parse_cache_bytes,
@@ -288,6 +289,7 @@ impl Proxy {
         let r = &c.routing;
         shared.recency.set_max_ttl_ms(r.recent_access_max_ttl_ms);
         shared.recency.set_ttl_ms(r.recent_access_ttl_ms);
+        shared.recency.set_window_floor_ms(recency_window_floor(&c));
         shared.recency.set_max_staleness_ms(r.max_staleness_ms);
         shared.recency.set_cold_start_ms(r.cold_start_ms);
         shared.recency.set_max_entries(r.recency_max_entries);
@@ -413,4 +415,15 @@ async fn wait_for_clients(shared: &Shared, until: tokio::time::Instant) {
     while shared.client_count() > 0 && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The shortest window a write stays recent (see `RecencyMap::set_window_floor_ms`): a
+/// replica stays in the read pool up to `delay_threshold_by_time` behind, as the monitor
+/// last measured it, one `sr_check_period_ms` ago at most. A read outside the window may
+/// go to any of them, so the window must cover that. (With no time threshold the TTL
+/// alone is the window: size it to the replicas' lag.)
+fn recency_window_floor(c: &pgfresh_config::Config) -> u64 {
+    c.routing
+        .delay_threshold_by_time
+        .map_or(0, |lag| lag.saturating_add(c.monitor.sr_check_period_ms))
 }

@@ -80,7 +80,7 @@ impl RecencyMap {
     /// window, or after a whole-database mark or an overflow. The always-hot list is
     /// not consulted (it names relations; check the statements that read them).
     pub fn lookup_database(&self, db: &str) -> Hotness {
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         if ttl == 0 {
             return Hotness::Cold;
         }

@@ -107,7 +107,7 @@ impl RecencyMap {
         if let Some(hot) = self.always_hot(rels) {
             return hot;
         }
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         if ttl == 0 {
             return Hotness::Cold;
         }

@@ -168,6 +168,9 @@ pub(crate) struct Lists {
 pub struct RecencyMap {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) ttl_ms: AtomicU64,
+    /// The shortest window a write stays recent, whatever the TTL (see
+    /// [`RecencyMap::set_window_floor_ms`]).
+    pub(crate) window_floor_ms: AtomicU64,
     pub(crate) max_ttl_ms: AtomicU64,
     pub(crate) max_staleness_ms: AtomicU64,
     pub(crate) cold_start_ms: AtomicU64,
@@ -208,6 +211,7 @@ impl RecencyMap {
         let map = RecencyMap {
             clock,
             ttl_ms: AtomicU64::new(cfg.ttl_ms.min(cfg.max_ttl_ms)),
+            window_floor_ms: AtomicU64::new(0),
             max_ttl_ms: AtomicU64::new(cfg.max_ttl_ms),
             max_staleness_ms: AtomicU64::new(cfg.max_staleness_ms.unwrap_or(NO_STALENESS_CAP)),
             cold_start_ms: AtomicU64::new(cfg.cold_start_ms),
@@ -245,6 +249,24 @@ impl RecencyMap {
     /// The TTL in effect.
     pub fn ttl_ms(&self) -> u64 {
         self.ttl_ms.load(Ordering::Acquire)
+    }
+
+    /// Sets the shortest window a write stays recent, whatever the TTL: how far behind
+    /// a replica in the read pool may be. A write older than the TTL but younger than
+    /// that may be missing on a replica the pool takes for any read; kept recent, its
+    /// reads go where it has been replayed (its position known) or to the primary. A
+    /// TTL of 0 (recency routing off for reads) stays 0.
+    pub fn set_window_floor_ms(&self, ms: u64) {
+        self.window_floor_ms.store(ms, Ordering::Release);
+    }
+
+    /// How long a write stays recent: the TTL, at least the window floor (0 when the TTL
+    /// is 0).
+    pub fn window_ms(&self) -> u64 {
+        match self.ttl_ms.load(Ordering::Acquire) {
+            0 => 0,
+            ttl => ttl.max(self.window_floor_ms.load(Ordering::Acquire)),
+        }
     }
 
     /// Sets the cap on the TTL; a TTL above the new cap is lowered to it. Returns
@@ -393,7 +415,7 @@ impl RecencyMap {
 
     fn mark_with(&self, db: &str, rels: &[RelKey<'_>], lsn: u64) -> u64 {
         let seq = self.mark_seq.fetch_add(1, Ordering::AcqRel) + 1;
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         if ttl == 0 || rels.is_empty() {
             return seq;
         }
@@ -505,7 +527,7 @@ impl RecencyMap {
         lsn: u64,
         reason: crate::hotness::HotReason,
     ) {
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         let update = |st: &mut OverflowState| {
             if now.saturating_sub(st.last_drop_ms) >= ttl {
                 st.lsn = lsn;

@@ -27,7 +27,7 @@ impl RecencyMap {
     /// `done`). Also forgets overflow records older than one TTL.
     pub fn sweep(&self, max_batch: usize) -> SweepStats {
         let now = self.clock.now_ms();
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         let mut stats = SweepStats::default();
         let stripes = self.queue.len();
         let mut i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) % stripes;
@@ -105,7 +105,7 @@ impl RecencyMap {
     /// whole map, so keep it off the request path.
     pub fn hot_relations(&self, db: Option<&str>, limit: usize) -> Vec<HotEntry> {
         let now = self.clock.now_ms();
-        let ttl = self.ttl_ms.load(Ordering::Acquire);
+        let ttl = self.window_ms();
         let staleness = self.max_staleness_ms.load(Ordering::Acquire);
         let mut out = Vec::new();
         for slot in self.slots.iter() {

@@ -140,6 +140,31 @@ fn ttl_changes_apply_to_existing_entries() {
 }
 
 #[test]
+fn the_window_floor_keeps_writes_recent_past_a_shorter_ttl() {
+    let (clock, map) = map(500);
+    map.set_window_floor_ms(2_000);
+    assert_eq!(map.window_ms(), 2_000);
+    map.mark("db", &[U("orders")], None);
+    clock.advance(1_500);
+    assert!(
+        hot(&map, "db", &[U("orders")]),
+        "past the TTL, inside the floor"
+    );
+    map.sweep(usize::MAX);
+    assert!(
+        hot(&map, "db", &[U("orders")]),
+        "not swept inside the floor"
+    );
+    clock.advance(500);
+    assert!(!hot(&map, "db", &[U("orders")]), "past the floor");
+    // A TTL of 0 turns recency off for reads, floor or not; a longer TTL is the window.
+    map.set_ttl_ms(0);
+    assert_eq!(map.window_ms(), 0);
+    map.set_ttl_ms(3_000);
+    assert_eq!(map.window_ms(), 3_000);
+}
+
+#[test]
 fn max_ttl_clamps() {
     let (_clock, map) = map_with(RecencyConfig {
         ttl_ms: 90_000,
