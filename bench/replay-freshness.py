@@ -164,6 +164,8 @@ def main():
     ap.add_argument("--mix", required=True, help="pgbench script to run through pgfresh")
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rate", type=int, default=0,
+                    help="pgbench transactions a second (-R); 0: as fast as they go")
     ap.add_argument("--sample-ms", type=float, default=1.0, help="pause between two direct replay samples")
     ap.add_argument("--status-ms", type=float, default=2.0, help="pause between two /v1/status samples")
     ap.add_argument("--label", default="")
@@ -181,8 +183,9 @@ def main():
     t0 = time.time()
     bench = subprocess.run(
         [os.path.join(env["PG_BINDIR"], "pgbench"), "-n", "-c", str(args.clients), "-j", "2",
-         "-T", str(args.seconds), "-M", "extended", "-f", args.mix,
-         "-h", "127.0.0.1", "-p", str(args.port), "-U", "app", "app"],
+         "-T", str(args.seconds), "-M", "extended", "-f", args.mix]
+        + (["-R", str(args.rate)] if args.rate else [])
+        + ["-h", "127.0.0.1", "-p", str(args.port), "-U", "app", "app"],
         capture_output=True, text=True, check=False)
     t1 = time.time()
     for s in list(replay.values()) + [known]:

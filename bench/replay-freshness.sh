@@ -10,6 +10,8 @@
 #     -c CLIENTS     pgbench clients (default 8)
 #     -p "MS MS"     replay_check_period_ms values (default "0 5 2"; 0: full polls only)
 #     -s SCALE       pgbench scale factor (default 10)
+#     -R RATE        pgbench transactions a second (-R; default: as fast as they go). The
+#                    share of the ideal falls as the rate rises: compare builds at one rate
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one, remove it after)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
@@ -31,17 +33,18 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SECS=20 CLIENTS=8 PERIODS="0 5 2" SCALE=10 CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "T:c:p:s:d:o:B" opt; do
+SECS=20 CLIENTS=8 PERIODS="0 5 2" SCALE=10 RATE=0 CLUSTER_DIR="" OUTDIR="" BUILD=1
+while getopts "T:c:p:s:R:d:o:B" opt; do
     case $opt in
         T) SECS=$OPTARG ;;
         c) CLIENTS=$OPTARG ;;
         p) PERIODS=$OPTARG ;;
         s) SCALE=$OPTARG ;;
+        R) RATE=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,22p "$0"; exit 2 ;;
+        *) sed -n 2,24p "$0"; exit 2 ;;
     esac
 done
 
@@ -91,7 +94,7 @@ for period in $PERIODS; do
     polls=$(counter_sum "$admin" pgfresh_replay_polls_total)
     samples=$(counter_sum "$admin" pgfresh_replay_samples_total); ticks=$(cpu_ticks "$PROXY_PID")
     python3 "$HERE/replay-freshness.py" -d "$CLUSTER_DIR" --port "$port" --admin "$admin" \
-        --mix "$OUTDIR/mix.sql" --seconds "$SECS" --clients "$CLIENTS" \
+        --mix "$OUTDIR/mix.sql" --seconds "$SECS" --clients "$CLIENTS" --rate "$RATE" \
         --label "replay_check_period_ms=$period" --json "$OUTDIR/p$period.json"
     polls=$(( $(counter_sum "$admin" pgfresh_replay_polls_total) - polls ))
     samples=$(( $(counter_sum "$admin" pgfresh_replay_samples_total) - samples ))
