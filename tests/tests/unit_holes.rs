@@ -1,13 +1,14 @@
 //! Stale reads that came from how a unit's statements were combined or ordered, not from
 //! what a statement touches behind its text (that is `stale_holes.rs`): a session-state
 //! statement sent with others, a SQL `EXECUTE`, writes whose transaction state changed
-//! in the same unit or pipeline. Each test writes, waits for the acknowledgement, then
-//! reads through pgfresh while both standbys replay `DELAY_MS` behind; a read that
-//! misses the acknowledged write is stale, and none may be.
+//! in the same unit or pipeline, and a write older than the TTL on a replica the pool
+//! still takes. Each test writes, waits for the acknowledgement, then reads through
+//! pgfresh while both standbys replay `DELAY_MS` behind, until they have replayed it; a
+//! read that misses the acknowledged write is stale, and none may be.
 //!
 //! Tests here change replication delays, so they run one at a time.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgfresh_tests::*;
 use tokio::sync::Mutex;
@@ -31,10 +32,61 @@ fn count_sql(t: &str) -> String {
     format!("SELECT inet_server_port(), count(*) FROM {t}")
 }
 
-/// A proxy, a table `t` holding one row, the client under test and a writer, with the
-/// standbys replaying `DELAY_MS` behind.
+/// Transaction mode, 10 connections a node.
+fn tx_config() -> String {
+    format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 10\n",
+        config_text("")
+    )
+}
+
+/// The primary's WAL insert position now, as a number, asked through `c`.
+async fn primary_position(c: &tokio_postgres::Client) -> u64 {
+    let r = simple_row(
+        c,
+        "/* pgfresh:primary */ SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint",
+    )
+    .await;
+    r.get(0).expect("position").parse().expect("a number")
+}
+
+/// Every standby has replayed `position` (asked of each directly).
+fn replayed_everywhere(position: u64) -> bool {
+    let sql = format!("SELECT pg_last_wal_replay_lsn() - '0/0' >= {position}");
+    (1..cluster().nodes().len()).all(|i| cluster().psql(i, "app", &sql).is_ok_and(|s| s == "t"))
+}
+
+/// Reads `t` through `c` from now until every standby has replayed what the primary had
+/// written when it began: the reads that saw fewer than `expected` rows, as (port,
+/// count).
+async fn stale_until_replicated(
+    setup: &tokio_postgres::Client,
+    c: &tokio_postgres::Client,
+    t: &str,
+    expected: i64,
+) -> Vec<(u16, i64)> {
+    let position = primary_position(setup).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stale = Vec::new();
+    loop {
+        let (port, n) = port_count(c, &count_sql(t)).await;
+        if n < expected {
+            stale.push((port, n));
+        }
+        if replayed_everywhere(position) {
+            return stale;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standbys never replayed {position}"
+        );
+    }
+}
+
+/// A proxy with `config`, a table `t` holding one row, the client under test `c` and a
+/// writer, with the standbys replaying `DELAY_MS` behind.
 struct Setup {
-    _proxy: ProxyHandle,
+    p: ProxyHandle,
     setup: tokio_postgres::Client,
     t: String,
     c: tokio_postgres::Client,
@@ -43,15 +95,15 @@ struct Setup {
 }
 
 impl Setup {
-    async fn new(prefix: &str) -> Setup {
-        let p = start_proxy(&config_text(""));
+    async fn new(config: &str, prefix: &str) -> Setup {
+        let p = start_proxy(config);
         let setup = p.connect().await;
         let t = p.cold_table(&setup, prefix).await;
         let c = p.connect().await;
         let writer = p.connect().await;
         let _delay = ApplyDelay::set(DELAY_MS);
         Setup {
-            _proxy: p,
+            p,
             setup,
             t,
             c,
@@ -70,10 +122,51 @@ impl Setup {
             .unwrap();
     }
 
+    /// A new table with one row, cold.
+    async fn table(&self, prefix: &str) -> String {
+        self.p.cold_table(&self.setup, prefix).await
+    }
+
     /// The standbys caught up, for the next round.
     async fn caught_up(&self) {
         wait_replicated_on(cluster(), &self.setup).await;
     }
+
+    /// `stale_until_replicated` for `t` read by the client under test.
+    async fn stale(&self, t: &str, expected: i64) -> Vec<(u16, i64)> {
+        stale_until_replicated(&self.setup, &self.c, t, expected).await
+    }
+
+    /// A raw protocol connection to the proxy.
+    async fn raw(&self) -> tokio::net::TcpStream {
+        raw::connect(self.p.addr).await
+    }
+}
+
+/// A simple Query frame.
+fn q(sql: &str) -> Vec<u8> {
+    raw::msg(b'Q', &raw::cstr(sql))
+}
+
+/// An unnamed Parse of `sql` (no parameter types).
+fn parse(sql: &str) -> Vec<u8> {
+    let mut body = raw::cstr("");
+    body.extend_from_slice(&raw::cstr(sql));
+    body.extend_from_slice(&0u16.to_be_bytes());
+    raw::msg(b'P', &body)
+}
+
+/// Sends `frames` in one write and reads until `n` ReadyForQuery came back; the tags seen.
+async fn pipeline(s: &mut tokio::net::TcpStream, frames: &[Vec<u8>], n: usize) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&frames.concat())
+        .await
+        .expect("write to pgfresh");
+    let mut tags = Vec::new();
+    for _ in 0..n {
+        tags.extend(raw::tags(&raw::read_until(s, b'Z').await));
+    }
+    tags
 }
 
 /// A SQL `EXECUTE` of a prepared read is that read: it must not run on whatever node the
@@ -82,7 +175,7 @@ impl Setup {
 #[tokio::test]
 async fn an_sql_execute_of_a_read_is_routed_as_the_read() {
     let _g = SERIAL.lock().await;
-    let s = Setup::new("uh_exec").await;
+    let s = Setup::new(&config_text(""), "uh_exec").await;
     s.c.batch_execute(&format!("PREPARE uh_q AS {}", count_sql(&s.t)))
         .await
         .unwrap();
@@ -105,7 +198,7 @@ async fn an_sql_execute_of_a_read_is_routed_as_the_read() {
 #[tokio::test]
 async fn a_transaction_opened_by_set_local_starts_where_it_should() {
     let _g = SERIAL.lock().await;
-    let s = Setup::new("uh_setlocal").await;
+    let s = Setup::new(&config_text(""), "uh_setlocal").await;
     let primary = node_port(0);
     let mut wrong = Vec::new();
     for i in 0..ROUNDS {
@@ -148,7 +241,7 @@ async fn a_transaction_opened_by_set_local_starts_where_it_should() {
 #[tokio::test]
 async fn a_set_sent_with_a_read_is_routed_as_the_read() {
     let _g = SERIAL.lock().await;
-    let s = Setup::new("uh_setread").await;
+    let s = Setup::new(&config_text(""), "uh_setread").await;
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
         s.write(i).await;
@@ -173,72 +266,30 @@ async fn a_set_sent_with_a_read_is_routed_as_the_read() {
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
 
-/// Transaction mode, 10 connections a node.
-fn tx_config() -> String {
-    format!(
-        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 10\n",
-        config_text("")
-    )
-}
-
-/// A simple Query frame.
-fn q(sql: &str) -> Vec<u8> {
-    raw::msg(b'Q', &raw::cstr(sql))
-}
-
-/// Sends `frames` in one write and reads until `n` ReadyForQuery came back; the tags seen.
-async fn pipeline(s: &mut tokio::net::TcpStream, frames: &[Vec<u8>], n: usize) -> Vec<u8> {
-    use tokio::io::AsyncWriteExt;
-    s.write_all(&frames.concat())
-        .await
-        .expect("write to pgfresh");
-    let mut tags = Vec::new();
-    for _ in 0..n {
-        tags.extend(raw::tags(&raw::read_until(s, b'Z').await));
-    }
-    tags
-}
-
-/// Reads `t` through `c` a few times right after a write acknowledged to the client:
-/// the reads that saw fewer than `expected` rows, as (port, count).
-async fn stale_after(c: &tokio_postgres::Client, t: &str, expected: i64) -> Vec<(u16, i64)> {
-    let mut stale = Vec::new();
-    for _ in 0..ROUNDS {
-        let (port, n) = port_count(c, &count_sql(t)).await;
-        if n < expected {
-            stale.push((port, n));
-        }
-    }
-    stale
-}
-
 /// What a unit wrote before its error stays once a ROLLBACK TO SAVEPOINT undoes the
 /// error, and commits with the transaction: its relations are marked at COMMIT (a failed
 /// unit's writes were left out).
 #[tokio::test]
 async fn writes_kept_by_a_rollback_to_savepoint_are_read_fresh() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&tx_config());
-    let setup = p.connect().await;
-    let writer = p.connect().await;
-    let reader = p.connect().await;
-    let _delay = ApplyDelay::set(DELAY_MS);
+    let s = Setup::new(&tx_config(), "uh_svp").await;
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        let t = p.cold_table(&setup, "uh_svp").await;
-        writer.batch_execute("BEGIN").await.unwrap();
-        let failed = writer
+        let t = s.table("uh_svp").await;
+        s.writer.batch_execute("BEGIN").await.unwrap();
+        let failed = s
+            .writer
             .simple_query(&format!(
                 "INSERT INTO {t} VALUES ({i}); SAVEPOINT s; SELECT 1/0"
             ))
             .await;
         assert!(failed.is_err(), "the division fails");
-        writer
+        s.writer
             .batch_execute("ROLLBACK TO SAVEPOINT s")
             .await
             .unwrap();
-        writer.batch_execute("COMMIT").await.unwrap();
-        stale.extend(stale_after(&reader, &t, 2).await);
+        s.writer.batch_execute("COMMIT").await.unwrap();
+        stale.extend(s.stale(&t, 2).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -249,23 +300,16 @@ async fn writes_kept_by_a_rollback_to_savepoint_are_read_fresh() {
 #[tokio::test]
 async fn a_write_pipelined_behind_a_commit_is_read_fresh() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&tx_config());
-    let setup = p.connect().await;
-    let reader = p.connect().await;
-    let _delay = ApplyDelay::set(DELAY_MS);
-    let mut s = raw::connect(p.addr).await;
+    let s = Setup::new(&tx_config(), "uh_pipec").await;
+    let mut conn = s.raw().await;
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        let t = p.cold_table(&setup, "uh_pipec").await;
-        pipeline(&mut s, &[q("BEGIN"), q("SELECT 1")], 2).await;
-        let tags = pipeline(
-            &mut s,
-            &[q("COMMIT"), q(&format!("INSERT INTO {t} VALUES ({i})"))],
-            2,
-        )
-        .await;
+        let t = s.table("uh_pipec").await;
+        pipeline(&mut conn, &[q("BEGIN"), q("SELECT 1")], 2).await;
+        let insert = q(&format!("INSERT INTO {t} VALUES ({i})"));
+        let tags = pipeline(&mut conn, &[q("COMMIT"), insert], 2).await;
         assert!(!tags.contains(&b'E'), "an error: {tags:?}");
-        stale.extend(stale_after(&reader, &t, 2).await);
+        stale.extend(s.stale(&t, 2).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -277,35 +321,35 @@ async fn a_write_pipelined_behind_a_commit_is_read_fresh() {
 #[tokio::test]
 async fn a_write_pipelined_behind_a_begin_is_read_fresh() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&tx_config());
-    let setup = p.connect().await;
-    let reader = p.connect().await;
-    let _delay = ApplyDelay::set(DELAY_MS);
-    let mut s = raw::connect(p.addr).await;
+    let s = Setup::new(&tx_config(), "uh_pipeb").await;
+    let mut conn = s.raw().await;
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        let a = p.cold_table(&setup, "uh_pipeb_a").await;
-        let t = p.cold_table(&setup, "uh_pipeb_t").await;
-        let tags = pipeline(
-            &mut s,
-            &[
-                q(&format!("INSERT INTO {a} VALUES ({i})")),
-                q("BEGIN"),
-                q(&format!("INSERT INTO {t} VALUES ({i})")),
-            ],
-            3,
+        let a = s.table("uh_pipeb_a").await;
+        let t = s.table("uh_pipeb_t").await;
+        let frames = [
+            q(&format!("INSERT INTO {a} VALUES ({i})")),
+            q("BEGIN"),
+            q(&format!("INSERT INTO {t} VALUES ({i})")),
+        ];
+        let tags = pipeline(&mut conn, &frames, 3).await;
+        assert!(!tags.contains(&b'E'), "an error: {tags:?}");
+        // pgfresh knows a standby has replayed the open transaction's INSERT record (the
+        // replay delay holds back commit records only).
+        let inserted = primary_position(&s.setup).await;
+        eventually(
+            "a standby known past the INSERT",
+            Duration::from_secs(60),
+            || {
+                let view = s.p.shared.balancer.view();
+                view.nodes
+                    .iter()
+                    .any(|n| n.replay_lsn.is_some_and(|l| l.0 >= inserted))
+            },
         )
         .await;
-        assert!(!tags.contains(&b'E'), "an error: {tags:?}");
-        // The standbys replay the INSERT's record meanwhile; its commit is held back by
-        // the replay delay.
-        tokio::time::sleep(Duration::from_millis(DELAY_MS * 3 / 4)).await;
-        pipeline(&mut s, &[q("COMMIT")], 1).await;
-        // Read while the commit's replay is held back on the standbys.
-        let until = std::time::Instant::now() + Duration::from_millis(DELAY_MS);
-        while std::time::Instant::now() < until {
-            stale.extend(stale_after(&reader, &t, 2).await);
-        }
+        pipeline(&mut conn, &[q("COMMIT")], 1).await;
+        stale.extend(s.stale(&t, 2).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -316,24 +360,20 @@ async fn a_write_pipelined_behind_a_begin_is_read_fresh() {
 #[tokio::test]
 async fn a_read_only_begin_pipelined_behind_a_read_reads_fresh() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&tx_config());
-    let setup = p.connect().await;
-    let t = p.cold_table(&setup, "uh_robegin").await;
-    let writer = p.connect().await;
-    let _delay = ApplyDelay::set(DELAY_MS);
-    let mut s = raw::connect(p.addr).await;
+    let s = Setup::new(&tx_config(), "uh_robegin").await;
+    let mut conn = s.raw().await;
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        pipeline(&mut s, &[q("SELECT 1"), q("BEGIN READ ONLY")], 2).await;
-        writer
-            .batch_execute(&format!("INSERT INTO {t} VALUES ({})", 10 + i))
+        pipeline(&mut conn, &[q("SELECT 1"), q("BEGIN READ ONLY")], 2).await;
+        s.writer
+            .batch_execute(&format!("INSERT INTO {} VALUES ({})", s.t, 10 + i))
             .await
             .unwrap();
-        use tokio::io::AsyncWriteExt;
-        s.write_all(&q(&format!("SELECT count(*)::text FROM {t}")))
+        let select = q(&format!("SELECT count(*)::text FROM {}", s.t));
+        tokio::io::AsyncWriteExt::write_all(&mut conn, &select)
             .await
             .unwrap();
-        let msgs = raw::read_until(&mut s, b'Z').await;
+        let msgs = raw::read_until(&mut conn, b'Z').await;
         let (_, row) = msgs.iter().find(|(tag, _)| *tag == b'D').expect("a row");
         // One column: its length (4 bytes) after the column count (2), then the text.
         let len = i32::from_be_bytes(row[2..6].try_into().unwrap()) as usize;
@@ -341,8 +381,8 @@ async fn a_read_only_begin_pipelined_behind_a_read_reads_fresh() {
         if n < 2 + i {
             stale.push(n);
         }
-        pipeline(&mut s, &[q("COMMIT")], 1).await;
-        wait_replicated_on(cluster(), &setup).await;
+        pipeline(&mut conn, &[q("COMMIT")], 1).await;
+        s.caught_up().await;
     }
     assert!(stale.is_empty(), "stale counts: {stale:?}");
 }
@@ -354,38 +394,21 @@ async fn a_read_only_begin_pipelined_behind_a_read_reads_fresh() {
 #[tokio::test]
 async fn sql_executes_over_the_extended_protocol_are_read_fresh() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&config_text(""));
-    let setup = p.connect().await;
-    let t = p.cold_table(&setup, "uh_execw").await;
-    let writer = p.connect().await;
-    let reader = p.connect().await;
-    writer
-        .batch_execute(&format!(
-            "PREPARE uh_ins(int) AS INSERT INTO {t} VALUES ($1)"
-        ))
-        .await
-        .unwrap();
-    writer
-        .execute(
-            &format!("PREPARE uh_ins2(int) AS INSERT INTO {t} VALUES ($1)"),
-            &[],
-        )
-        .await
-        .unwrap();
-    let _delay = ApplyDelay::set(DELAY_MS);
+    let s = Setup::new(&config_text(""), "uh_execw").await;
+    let t = &s.t;
+    let prepare = |name: &str| format!("PREPARE {name}(int) AS INSERT INTO {t} VALUES ($1)");
+    s.writer.batch_execute(&prepare("uh_ins")).await.unwrap();
+    s.writer.execute(&prepare("uh_ins2"), &[]).await.unwrap();
     let mut stale = Vec::new();
     let mut rows = 1;
     for i in 0..ROUNDS {
-        writer.execute("EXECUTE uh_ins(2)", &[]).await.unwrap();
+        s.writer.execute("EXECUTE uh_ins(2)", &[]).await.unwrap();
         rows += 1;
-        stale.extend(stale_after(&reader, &t, rows).await);
-        writer
-            .batch_execute(&format!("EXECUTE uh_ins2({i})"))
-            .await
-            .unwrap();
+        stale.extend(s.stale(t, rows).await);
+        let execute = format!("EXECUTE uh_ins2({i})");
+        s.writer.batch_execute(&execute).await.unwrap();
         rows += 1;
-        stale.extend(stale_after(&reader, &t, rows).await);
-        wait_replicated_on(cluster(), &setup).await;
+        stale.extend(s.stale(t, rows).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -396,21 +419,18 @@ async fn sql_executes_over_the_extended_protocol_are_read_fresh() {
 #[tokio::test]
 async fn begin_read_write_in_a_read_only_session_starts_on_the_primary() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&config_text(""));
-    let setup = p.connect().await;
-    let t = p.cold_table(&setup, "uh_rw").await;
-    let c = p.connect().await;
-    c.batch_execute("SET default_transaction_read_only = on")
+    let s = Setup::new(&config_text(""), "uh_rw").await;
+    s.c.batch_execute("SET default_transaction_read_only = on")
         .await
         .unwrap();
     for _ in 0..ROUNDS {
-        c.batch_execute("BEGIN READ WRITE").await.unwrap();
-        let (port, _) = port_count(&c, &count_sql(&t)).await;
-        let wrote = c
-            .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
-            .await
-            .map_err(|e| e.as_db_error().map(|d| d.message().to_owned()));
-        c.batch_execute("ROLLBACK").await.unwrap();
+        s.c.batch_execute("BEGIN READ WRITE").await.unwrap();
+        let (port, _) = port_count(&s.c, &count_sql(&s.t)).await;
+        let wrote =
+            s.c.batch_execute(&format!("INSERT INTO {} VALUES (2)", s.t))
+                .await
+                .map_err(|e| e.as_db_error().map(|d| d.message().to_owned()));
+        s.c.batch_execute("ROLLBACK").await.unwrap();
         assert_eq!(
             (port, wrote),
             (node_port(0), Ok(())),
@@ -419,46 +439,33 @@ async fn begin_read_write_in_a_read_only_session_starts_on_the_primary() {
     }
 }
 
-/// An unnamed Parse of `sql` (no parameter types).
-fn parse(sql: &str) -> Vec<u8> {
-    let mut body = raw::cstr("");
-    body.extend_from_slice(&raw::cstr(sql));
-    body.extend_from_slice(&0u16.to_be_bytes());
-    raw::msg(b'P', &body)
-}
-
 /// An autocommit write in an extended batch left open by a Flush commits at the client's
 /// later Sync, which may come after the recency window of a mark made at its
-/// CommandComplete: it is marked again when it commits (psycopg's `executemany(...,
-/// returning=True)` reads the rows before it syncs).
+/// CommandComplete has passed: it is marked again when it commits (psycopg's
+/// `executemany(..., returning=True)` reads the rows before it syncs).
 #[tokio::test]
 async fn a_write_committed_by_a_later_sync_is_read_fresh() {
-    use tokio::io::AsyncWriteExt;
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&tx_config());
-    let setup = p.connect().await;
-    let reader = p.connect().await;
-    let ttl = p.shared.recency.ttl_ms();
-    let _delay = ApplyDelay::set(DELAY_MS);
-    let mut s = raw::connect(p.addr).await;
+    let s = Setup::new(&tx_config(), "uh_flush").await;
+    let mut conn = s.raw().await;
     let mut stale = Vec::new();
     for i in 0..3 {
-        let t = p.cold_table(&setup, "uh_flush").await;
+        let t = s.table("uh_flush").await;
         let batch = [
             parse(&format!("INSERT INTO {t} VALUES ({i})")),
             raw::bind("", &[]),
             raw::execute(),
             raw::msg(b'H', &[]),
         ];
-        s.write_all(&batch.concat()).await.unwrap();
-        raw::read_until(&mut s, b'C').await;
-        // The client takes longer than the recency window before it commits.
-        tokio::time::sleep(Duration::from_millis(ttl + 100)).await;
-        pipeline(&mut s, &[raw::msg(b'S', &[])], 1).await;
-        let until = std::time::Instant::now() + Duration::from_millis(DELAY_MS);
-        while std::time::Instant::now() < until {
-            stale.extend(stale_after(&reader, &t, 2).await);
-        }
+        tokio::io::AsyncWriteExt::write_all(&mut conn, &batch.concat())
+            .await
+            .unwrap();
+        raw::read_until(&mut conn, b'C').await;
+        // The client syncs only once the mark made at the CommandComplete has left the
+        // recency window.
+        s.p.wait_cold(&[&t]).await;
+        pipeline(&mut conn, &[raw::msg(b'S', &[])], 1).await;
+        stale.extend(s.stale(&t, 2).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -468,16 +475,11 @@ async fn a_write_committed_by_a_later_sync_is_read_fresh() {
 /// session was, as an empty query, and marked nothing).
 #[tokio::test]
 async fn a_bind_of_an_sql_prepared_write_is_read_fresh() {
-    use tokio::io::AsyncWriteExt;
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&config_text(""));
-    let setup = p.connect().await;
-    let reader = p.connect().await;
-    let t = p.cold_table(&setup, "uh_bindsql").await;
-    let _delay = ApplyDelay::set(DELAY_MS);
-    let mut s = raw::connect(p.addr).await;
-    let prepare = format!("PREPARE uh_w(int) AS INSERT INTO {t} VALUES ($1)");
-    let tags = pipeline(&mut s, &[q(&prepare)], 1).await;
+    let s = Setup::new(&config_text(""), "uh_bindsql").await;
+    let mut conn = s.raw().await;
+    let prepare = format!("PREPARE uh_w(int) AS INSERT INTO {} VALUES ($1)", s.t);
+    let tags = pipeline(&mut conn, &[q(&prepare)], 1).await;
     assert!(!tags.contains(&b'E'), "PREPARE: {tags:?}");
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
@@ -486,11 +488,9 @@ async fn a_bind_of_an_sql_prepared_write_is_read_fresh() {
             raw::execute(),
             raw::msg(b'S', &[]),
         ];
-        s.write_all(&frames.concat()).await.unwrap();
-        let tags = raw::tags(&raw::read_until(&mut s, b'Z').await);
+        let tags = pipeline(&mut conn, &frames, 1).await;
         assert!(!tags.contains(&b'E'), "Bind/Execute: {tags:?}");
-        stale.extend(stale_after(&reader, &t, 2 + i).await);
-        wait_replicated_on(cluster(), &setup).await;
+        stale.extend(s.stale(&s.t, 2 + i).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
@@ -501,7 +501,7 @@ async fn a_bind_of_an_sql_prepared_write_is_read_fresh() {
 #[tokio::test]
 async fn create_table_as_execute_marks_what_the_statement_writes() {
     let _g = SERIAL.lock().await;
-    // The objects exist before the proxy starts: its first dependency load has them.
+    // The function exists before the proxy starts: its first dependency load has it.
     let t = unique("uh_ctasx");
     let f = format!("{t}_bump");
     let first = proxy().connect().await;
@@ -514,51 +514,36 @@ async fn create_table_as_execute_marks_what_the_statement_writes() {
         .await
         .unwrap();
     wait_replicated_on(cluster(), &first).await;
-    let p = start_proxy(&config_text(""));
-    let writer = p.connect().await;
-    let reader = p.connect().await;
-    p.wait_cold(&[&t]).await;
-    writer
+    let s = Setup::new(&config_text(""), "uh_ctas").await;
+    s.p.wait_cold(&[&t]).await;
+    s.writer
         .batch_execute(&format!("PREPARE uh_p AS SELECT {f}() AS x"))
         .await
         .unwrap();
-    let _delay = ApplyDelay::set(DELAY_MS);
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        writer
+        s.writer
             .batch_execute(&format!("CREATE TABLE {t}_c{i} AS EXECUTE uh_p"))
             .await
             .unwrap();
-        stale.extend(stale_after(&reader, &t, 2 + i).await);
-        wait_replicated_on(cluster(), &writer).await;
+        stale.extend(s.stale(&t, 2 + i).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
 
 /// A write older than the TTL stays recent while a replica the read pool still takes may
 /// lack it: with the defaults (`recent_access_ttl_ms` 1000, `delay_threshold_by_time`
-/// 2000) and standbys 1.5 s behind, a read 1.2 s after the write went to one of them and
-/// missed it.
+/// 2000) and standbys replaying 1.5 TTLs behind, the reads between the TTL and the
+/// replay went to them and missed the write.
 #[tokio::test]
 async fn a_write_older_than_the_ttl_is_read_fresh_inside_the_lag_budget() {
     let _g = SERIAL.lock().await;
-    let p = start_proxy(&config_text(""));
-    let setup = p.connect().await;
-    let writer = p.connect().await;
-    let reader = p.connect().await;
-    let t = p.cold_table(&setup, "uh_ttl").await;
-    let ttl = p.shared.recency.ttl_ms();
-    let _delay = ApplyDelay::set(ttl * 3 / 2);
+    let s = Setup::new(&config_text(""), "uh_ttl").await;
+    let _longer = ApplyDelay::set(s.p.shared.recency.ttl_ms() * 3 / 2);
     let mut stale = Vec::new();
     for i in 0..ROUNDS {
-        writer
-            .batch_execute(&format!("INSERT INTO {t} VALUES ({i})"))
-            .await
-            .unwrap();
-        // Past the TTL, inside the standbys' lag.
-        tokio::time::sleep(Duration::from_millis(ttl + ttl / 5)).await;
-        stale.extend(stale_after(&reader, &t, 2 + i).await);
-        wait_replicated_on(cluster(), &setup).await;
+        s.write(i).await;
+        stale.extend(s.stale(&s.t, 2 + i).await);
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
