@@ -155,6 +155,7 @@ fn recency_config(c: &Config) -> RecencyConfig {
     let r = &c.routing;
     RecencyConfig {
         ttl_ms: r.recent_access_ttl_ms,
+        window_floor_ms: recency_window_floor(c),
         max_ttl_ms: r.recent_access_max_ttl_ms,
         max_staleness_ms: r.max_staleness_ms,
         cold_start_ms: r.cold_start_ms,
@@ -190,7 +191,6 @@ impl Proxy {
             recency_config(&c),
             Arc::new(SystemClock::new()),
         ));
-        recency.set_window_floor_ms(recency_window_floor(&c));
         let analyzer = Analyzer::new(AnalyzerOptions {
             cache_max_entries: c.routing.parse_cache_entries,
             cache_max_bytes: c.routing.parse_cache_bytes,

@@ -12,6 +12,9 @@ pub struct RecencyConfig {
     /// `0` disables recency forcing: writes are not recorded and lookups answer cold,
     /// except for `always_hot` relations.
     pub ttl_ms: u64,
+    /// The shortest window a write stays recent, whatever the TTL (see
+    /// [`crate::RecencyMap::set_window_floor_ms`]). `0`: the TTL alone.
+    pub window_floor_ms: u64,
     /// Upper bound for any TTL that is set (`recent_access_max_ttl_ms`).
     pub max_ttl_ms: u64,
     /// Optional cap on how long a continuously written relation is forced to the
@@ -30,10 +33,12 @@ pub struct RecencyConfig {
 }
 
 impl Default for RecencyConfig {
-    /// TTL 1 s, cap 60 s, no staleness cap, 1 s cold start, 100 000 entries, empty lists.
+    /// TTL 1 s, no window floor, cap 60 s, no staleness cap, 1 s cold start, 100 000
+    /// entries, empty lists.
     fn default() -> Self {
         RecencyConfig {
             ttl_ms: 1_000,
+            window_floor_ms: 0,
             max_ttl_ms: 60_000,
             max_staleness_ms: None,
             cold_start_ms: 1_000,

@@ -211,7 +211,7 @@ impl RecencyMap {
         let map = RecencyMap {
             clock,
             ttl_ms: AtomicU64::new(cfg.ttl_ms.min(cfg.max_ttl_ms)),
-            window_floor_ms: AtomicU64::new(0),
+            window_floor_ms: AtomicU64::new(cfg.window_floor_ms),
             max_ttl_ms: AtomicU64::new(cfg.max_ttl_ms),
             max_staleness_ms: AtomicU64::new(cfg.max_staleness_ms.unwrap_or(NO_STALENESS_CAP)),
             cold_start_ms: AtomicU64::new(cfg.cold_start_ms),

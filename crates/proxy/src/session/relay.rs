@@ -228,7 +228,7 @@ impl Session {
         if done && self.inflight.front().is_some_and(|u| u.mark_at_ready) {
             // A write marked before its batch's Sync commits here: marked again, before
             // the client hears of it (with the position probe that follows, see
-            // `open_batch_commits`).
+            // `needs_position_probe`).
             self.mark_autocommit_write();
         }
         let unit = if done {

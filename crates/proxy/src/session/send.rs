@@ -312,9 +312,15 @@ impl Session {
             schema_stamp,
             schema_change,
         } = self.unit_writes(unit);
-        let probe =
-            self.needs_position_probe(node, unit, autocommit, commit_sent, &writes, whole_db)
-                || (continuing && self.open_batch_commits(node, unit));
+        let probe = self.needs_position_probe(
+            node,
+            unit,
+            continuing,
+            autocommit,
+            commit_sent,
+            &writes,
+            whole_db,
+        );
         // A read on a standby while reads wait on replay positions: the standby's position
         // is asked for right after it (at most once per replay_check_period per standby).
         let sample = retryable
@@ -609,10 +615,12 @@ impl Session {
     /// primary's WAL position, which resolves the unit's recency marks. Not after a COPY
     /// FROM (the server would read the probe as COPY data): those writes stay
     /// primary-only for the TTL.
+    #[allow(clippy::too_many_arguments)]
     fn needs_position_probe(
         &mut self,
         node: usize,
         unit: &ClientUnit,
+        continuing: bool,
         autocommit: bool,
         commit_sent: bool,
         writes: &[pgfresh_sql::RelName],
@@ -635,19 +643,13 @@ impl Session {
                         || self
                             .inflight
                             .iter()
-                            .any(|u| !u.writes.is_empty() || u.whole_db))))
-    }
-
-    /// `unit` is the Sync that closes a batch left open by a Flush, in which an
-    /// autocommit write ran: the write commits now, and the position probe follows, as
-    /// it follows any committing unit.
-    fn open_batch_commits(&mut self, node: usize, unit: &ClientUnit) -> bool {
-        unit.synced
-            && (self.config.routing.lsn_routing || self.tokens.track)
-            && Some(node) == self.balancer.primary()
-            && self.inflight.back().is_some_and(|u| {
-                !u.is_injected() && u.autocommit && (!u.writes.is_empty() || u.whole_db)
-            })
+                            .any(|u| !u.writes.is_empty() || u.whole_db)))
+                // The Sync that closes a batch left open by a Flush commits the
+                // autocommit write the batch ran.
+                || (continuing
+                    && self.inflight.back().is_some_and(|u| {
+                        !u.is_injected() && u.autocommit && (!u.writes.is_empty() || u.whole_db)
+                    })))
     }
 
     /// The relations a unit writes: those its statements name, and what the catalog
