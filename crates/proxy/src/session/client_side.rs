@@ -92,7 +92,10 @@ impl Session {
         self.parser_enabled = self.config.routing.enable_query_parser;
         let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
-            if let Some(unit) = self.take_unnamed_batch() {
+            if let Some(unit) = self
+                .take_unnamed_batch()
+                .or_else(|| self.take_named_batch())
+            {
                 consumed = true;
                 self.ready.push_back(unit);
                 continue;
@@ -328,6 +331,54 @@ impl Session {
         unit.frames.push(chunk);
         unit.parts.push(analysis);
         unit.parses.push(String::new());
+        unit.events.push(StmtEvent::Other);
+        unit.synced = true;
+        Some(unit)
+    }
+
+    /// The one-statement batch of a statement the client prepared under a name (Bind,
+    /// Describe of the portal, Execute, Sync: see `pgfresh_wire::batch`), taken whole
+    /// when the client has sent all of it and nothing is open that it would continue.
+    /// The unit is the one its frames would make one by one, each message a frame of
+    /// its own; a statement pgfresh does not hold, or one that changes the session's
+    /// settings or transaction state (an SQL `EXECUTE` among them), goes frame by frame.
+    fn take_named_batch(&mut self) -> Option<Box<ClientUnit>> {
+        if !self.batch.frames.is_empty()
+            || !self.ready.is_empty()
+            || self.wire != super::WirePhase::Units
+        {
+            return None;
+        }
+        let found = pgfresh_wire::named_batch(&self.cbuf, &self.limits)?;
+        if found.len > MAX_BATCH_BYTES {
+            return None;
+        }
+        let name = std::str::from_utf8(&self.cbuf[found.statement.clone()]).ok()?;
+        let p = self.state.prepared.get(name)?;
+        if p.analysis
+            .statements
+            .iter()
+            .any(|s| s.session.is_some() || s.tx.is_some())
+        {
+            return None;
+        }
+        let (analysis, content) = (p.analysis.clone(), p.content.clone());
+        let name = name.to_string();
+        let mut unit = self.fresh_unit();
+        if self.mode == PoolMode::Transaction {
+            unit.statement_refs.push(Some(content));
+        }
+        unit.uses_statements.push(name);
+        if !self.portal_events.is_empty() {
+            self.portal_events.remove("");
+        }
+        let chunk = self.cbuf.split_to(found.len).freeze();
+        let mut start = 0;
+        for &end in &found.ends[..found.messages] {
+            unit.frames.push(chunk.slice(start..end));
+            start = end;
+        }
+        unit.parts.push(analysis);
         unit.events.push(StmtEvent::Other);
         unit.synced = true;
         Some(unit)
