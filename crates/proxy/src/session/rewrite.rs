@@ -20,7 +20,7 @@ use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
 
 use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
-use crate::statements::{self, server_name, StatementCache, PREFIX};
+use crate::statements::{self, ServerName, StatementCache, PREFIX};
 
 /// The frames to send for a unit and the replies they will get.
 pub(super) struct Rewritten {
@@ -36,12 +36,12 @@ fn server_statement(
     resolved: Option<Bytes>,
     out: &mut Rewritten,
     unnamed: Option<&Bytes>,
-) -> Option<String> {
+) -> Option<ServerName> {
     if name.is_empty() {
         // The unnamed statement, parsed by an earlier unit (`unnamed` is then its
         // content): prepare it again here, as the connection may have changed.
         if let Some(content) = unnamed {
-            out.frames.push(statements::parse("", content));
+            out.frames.push(statements::parse(b"", content));
             out.expect.push_back(Expect::Hidden { record: None });
         }
         return None;
@@ -49,21 +49,31 @@ fn server_statement(
     let Some(content) = resolved else {
         // Not a statement of this client's: the server answers that it does not exist,
         // and a name in pgfresh's own space never reaches another client's statement.
-        return name.starts_with(PREFIX).then(|| PREFIX.to_string());
+        return name.starts_with(PREFIX).then(ServerName::prefix);
     };
     let id = match cache.lookup(&content) {
         Some(id) => id,
         None => {
             let id = cache.insert(content.clone());
             out.frames
-                .push(statements::parse(&server_name(id), &content));
+                .push(statements::parse(ServerName::of(id).as_bytes(), &content));
             out.expect.push_back(Expect::Hidden {
                 record: Some(ConnRecord::Prepared(content)),
             });
             id
         }
     };
-    Some(server_name(id))
+    Some(ServerName::of(id))
+}
+
+/// Whether a client's message may name a prepared statement: a Parse, a Bind, or a
+/// Describe or Close of a statement (not of a portal).
+fn names_statement(raw: &[u8]) -> bool {
+    match raw.first() {
+        Some(b'P' | b'B') => true,
+        Some(b'D' | b'C') => raw.get(5) != Some(&b'P'),
+        _ => false,
+    }
 }
 
 /// Whether a unit needs no mapping at all: a complete batch (not continued after a Flush)
@@ -101,11 +111,26 @@ impl Session {
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
         for raw in unit.frames.iter().cloned() {
+            let client = Expect::client();
+            if !names_statement(&raw) {
+                // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to
+                // map (and no need to read the message again).
+                if raw[0] == b'S' {
+                    out.expect.push_back(Expect::Client {
+                        parse: None,
+                        sync: true,
+                        undo: None,
+                    });
+                } else if raw[0] != b'H' {
+                    out.expect.push_back(client);
+                }
+                out.frames.push(raw);
+                continue;
+            }
             let frame = Frame {
                 tag: raw[0],
                 raw: raw.clone(),
             };
-            let client = Expect::client();
             match parse_frontend(&frame) {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
@@ -120,8 +145,9 @@ impl Session {
                         // existing statement's server name, which the server refuses
                         // just so; the client's statement stays as it was (undo).
                         let server = server_statement(cache, name, Some(existing), &mut out, None)
-                            .unwrap_or_else(|| PREFIX.to_string());
-                        out.frames.push(statements::parse(&server, &content));
+                            .unwrap_or_else(ServerName::prefix);
+                        out.frames
+                            .push(statements::parse(server.as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
                             parse: None,
                             sync: false,
@@ -135,7 +161,7 @@ impl Session {
                     } else {
                         let id = cache.insert(content.clone());
                         out.frames
-                            .push(statements::parse(&server_name(id), &content));
+                            .push(statements::parse(ServerName::of(id).as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
                             parse: Some(content),
                             sync: false,
@@ -212,7 +238,7 @@ impl Session {
                 .increment(evicted.len() as u64);
             let mut frames: Vec<Bytes> = evicted
                 .iter()
-                .map(|(id, _)| statements::statement_message(b'C', &server_name(*id)))
+                .map(|(id, _)| statements::statement_message(b'C', &ServerName::of(*id)))
                 .collect();
             for (id, content) in evicted.into_iter().rev() {
                 out.expect.push_front(Expect::Hidden {
