@@ -168,6 +168,9 @@ pub struct Session {
     tx_writes: TxWrites,
     /// The COMMIT in flight pgfresh can resolve if its connection is lost.
     lost: lost_commit::LostCommits,
+    /// The modes the transaction open on a server named (BEGIN, SET TRANSACTION): those
+    /// of the transaction an AND CHAIN begins (see `Session::chain_anew`).
+    tx_modes: pgfresh_sql::TxModes,
     // Rarely touched after the login.
     /// Setting changes waiting for their transaction to commit.
     pending_settings: settings::Pending,
@@ -265,6 +268,7 @@ impl Session {
             terminating: false,
             parser_enabled: true,
             lost: Default::default(),
+            tx_modes: Default::default(),
             mode: config.pool.pool_mode,
             pool_settings: Shared::pool_settings(&config),
             pin_gauge: Default::default(),
