@@ -787,6 +787,7 @@ impl Session {
             .map(|l| l.conn.target.node_name.to_string())
             .unwrap_or_default();
         self.backends[node] = None;
+        self.state.connection_gone(node);
         if self.active == Some(node) {
             self.active = None;
         }
@@ -881,6 +882,7 @@ impl Session {
             // terminated backend): nothing was sent on it, so a new one serves the unit.
             tracing::info!(node, "server closed an idle connection; connecting again");
             self.backends[node] = None;
+            self.state.connection_gone(node);
         }
         if let Some(l) = &self.backends[node] {
             if l.is_current() {
@@ -894,6 +896,7 @@ impl Session {
             // The node changed role since this connection was made: do not reuse it.
             if let Some(stale) = self.backends[node].take() {
                 tokio::spawn(stale.conn.terminate());
+                self.state.connection_gone(node);
             }
             if self.active == Some(node) {
                 self.active = None;

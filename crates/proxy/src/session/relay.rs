@@ -525,7 +525,7 @@ impl Session {
         }
         let before = self.state.settings().clone();
         self.tokens.follow(&changes);
-        settings::apply(&mut self.state, changes);
+        settings::apply(&mut self.state, changes, Some(node));
         if let Some(l) = self.backends[node].as_mut() {
             if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
                 l.conn.settings = Some(self.state.settings().clone());

@@ -332,6 +332,12 @@ impl Session {
             token,
         };
         let d = decide(&parts, &view, &ctx);
+        if let Some(node) = self.cursor_node(unit, &d) {
+            return Decision {
+                target: Target::Node(node),
+                reason: Reason::SessionPinned(PinReason::HoldCursor.as_str()),
+            };
+        }
         if matches!(d.target, Target::Replica { .. }) && self.refused_lately(unit) {
             // A standby refused this statement of this login lately (see `refused`).
             return Decision {
@@ -340,6 +346,37 @@ impl Session {
             };
         }
         d
+    }
+
+    /// The node holding a WITH HOLD cursor that `unit` fetches from, moves or closes, when
+    /// the unit runs there: outside a transaction open on a server, the unit's statements
+    /// all session-state ones (FETCH, MOVE, CLOSE, SET, ...), and `d` sends it where the
+    /// session is or to the primary only because the session is pinned (a read-only
+    /// transaction's deferred BEGIN included). The cursor exists on that node only; the
+    /// primary, where the pin sends the session's reads, has none.
+    fn cursor_node(&self, unit: &ClientUnit, d: &Decision) -> Option<usize> {
+        if self.tx.on_server()
+            || !matches!(
+                d.reason,
+                Reason::SessionState | Reason::SessionPinned(_) | Reason::Hint
+            )
+        {
+            return None;
+        }
+        let mut statements = unit.parts.iter().flat_map(|a| &a.statements).peekable();
+        statements.peek()?;
+        let mut node = None;
+        for s in statements {
+            if s.kind != pgfresh_sql::Kind::Session {
+                return None;
+            }
+            let name = match &s.session {
+                Some(SessionEffect::Fetch(name) | SessionEffect::CloseCursor(Some(name))) => name,
+                _ => continue,
+            };
+            node = node.or(self.state.cursor_node(name));
+        }
+        node
     }
 
     /// A standby refused one of `unit`'s statements, run by this session's user in its
@@ -493,6 +530,7 @@ impl Session {
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
+            Target::Node(node) => (node, d.reason),
             // A few tries to draw a replica other than `avoid`; none at all eligible is
             // known at the first (a hot read no replica has caught up with asked four
             // times before).

@@ -725,6 +725,7 @@ impl Session {
                             // Settings are reset when the server confirms (settings.rs).
                             self.state.prepared.clear();
                             self.state.sql_prepared.clear();
+                            self.state.close_cursor(None);
                             let route = self.state.pins.contains(&PinReason::RouteSetting);
                             self.state.pins.clear();
                             if route {
@@ -765,14 +766,6 @@ impl Session {
                     }
                     SessionEffect::Unlisten(None) => {
                         self.state.pins.remove(&PinReason::Listen);
-                    }
-                    SessionEffect::DeclareCursor {
-                        with_hold: true, ..
-                    } => {
-                        self.state.pins.insert(PinReason::HoldCursor);
-                    }
-                    SessionEffect::CloseCursor(None) => {
-                        self.state.pins.remove(&PinReason::HoldCursor);
                     }
                     SessionEffect::CreateTemp(_) => {
                         self.state.pins.insert(PinReason::TempTable);
