@@ -1412,3 +1412,38 @@ async fn a_hold_cursor_is_fetched_where_it_was_declared() {
         "(declared, extended, fetched, closed, next read's port): {wrong:?}"
     );
 }
+
+/// `COMMIT AND CHAIN` and `ROLLBACK AND CHAIN` on the primary go on in the transaction they
+/// begin: the client keeps its connection through the chain to the final COMMIT.
+#[tokio::test]
+async fn a_chained_transaction_keeps_its_connection() {
+    let p = start_proxy(&tx_config(1, "query_wait_timeout_ms = 300\n"));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
+    for (chain, extended) in [("COMMIT AND CHAIN", false), ("ROLLBACK AND CHAIN", true)] {
+        a.batch_execute("BEGIN").await.unwrap();
+        let before = first_value(&a, pid).await;
+        if extended {
+            a.execute(chain, &[]).await.unwrap();
+        } else {
+            a.batch_execute(chain).await.unwrap();
+        }
+        let err = b
+            .batch_execute("/* pgfresh:primary */ SELECT 1")
+            .await
+            .expect_err("A holds the primary's only connection");
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+            "{chain}: {err}"
+        );
+        assert_eq!(
+            first_value(&a, "SELECT pg_backend_pid()").await,
+            before,
+            "{chain}"
+        );
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(first_value(&b, "/* pgfresh:primary */ SELECT 2").await, "2");
+    }
+}
