@@ -1333,8 +1333,9 @@ async fn a_hold_cursor_keeps_the_connection_until_it_is_closed() {
 
 /// A WITH HOLD cursor lives on the node that declared it, a standby included (a read-only
 /// transaction's, or an autocommit read's): its FETCH, MOVE and CLOSE go there in both pool
-/// modes, whatever ran elsewhere meanwhile (they went to the primary, where the session's
-/// reads go while it holds the cursor, and found no cursor), over both protocols.
+/// modes, whatever ran elsewhere meanwhile, and so does a read-only transaction that starts
+/// with a FETCH (they went to the primary, where the session's reads go while it holds the
+/// cursor, and found no cursor), over both protocols.
 #[tokio::test]
 async fn a_hold_cursor_is_fetched_where_it_was_declared() {
     let primary = node_port(0).to_string();
@@ -1367,6 +1368,11 @@ async fn a_hold_cursor_is_fetched_where_it_was_declared() {
             for fetch in ["FETCH 1 FROM tp_h", "MOVE 1 IN tp_h", "FETCH 1 FROM tp_h"] {
                 // Something else runs in between, on the primary.
                 first_value(&c, "/* pgfresh:primary */ SELECT 1").await;
+                // The last FETCH starts a read-only transaction.
+                let in_transaction = fetched.len() == 2;
+                if in_transaction {
+                    c.batch_execute("BEGIN READ ONLY").await.unwrap();
+                }
                 let got = if extended {
                     c.query(fetch, &[])
                         .await
@@ -1380,6 +1386,9 @@ async fn a_hold_cursor_is_fetched_where_it_was_declared() {
                     })
                 };
                 fetched.push(got.map_err(|e| e.to_string()));
+                if in_transaction {
+                    c.batch_execute("COMMIT").await.unwrap();
+                }
             }
             let closed = c
                 .batch_execute("CLOSE tp_h")
