@@ -554,8 +554,9 @@ impl Session {
                     self.retry_read(unit, node, &e.to_string());
                     continue;
                 }
-                let to_primary = !matches!(decision.target, Target::Replica { .. })
-                    || Some(node) == self.shared.balancer.primary();
+                let to_primary =
+                    !matches!(decision.target, Target::Replica { .. } | Target::Node(_))
+                        || Some(node) == self.shared.balancer.primary();
                 if to_primary && self.wait_out_failover(&mut unit, &e).await {
                     self.ready.push_front(unit);
                     continue;
