@@ -230,7 +230,7 @@ async fn setup(sql: &str) {
     let c = proxy().connect().await;
     c.batch_execute(sql)
         .await
-        .unwrap_or_else(|e| panic!("setup failed: {e}\n{sql}"));
+        .unwrap_or_else(|e| panic!("setup failed: {e:?}\n{sql}"));
     wait_replicated_on(cluster(), &c).await;
 }
 
@@ -2102,4 +2102,127 @@ async fn asynchronous_commits_are_read_fresh() {
     assert!(stale.is_empty(), "{} stale reads: {stale:?}", stale.len());
     // The position is one the standbys reach: reads of the table go back to them.
     wait_replica_read(&p, &read).await;
+}
+
+/// A FunctionCall message (`F`) runs a function by its oid, as libpq's `PQfn` does for
+/// its large-object calls (`lo_write`, `lo_creat`, `lo_truncate` ...; psycopg2's
+/// `lobject`). pgfresh cannot see what it writes, so it counts as a write of the whole
+/// database. Returns the stale reads of `rounds` rounds through `p`: each calls a user
+/// function bumping `counts` and `lo_put` on large object `lo` over a raw connection, then
+/// reads both through the raw connection's neighbours.
+async fn function_call_misses(
+    p: &ProxyHandle,
+    counts: &str,
+    f: &str,
+    lo: i64,
+    rounds: usize,
+) -> usize {
+    use tokio::io::AsyncWriteExt;
+    let truth = primary_direct().await;
+    let oid = |sig: &str| {
+        let truth = &truth;
+        let sql = format!("SELECT '{sig}'::regprocedure::oid::int8");
+        async move {
+            let oid: i64 = truth.query_one(&sql, &[]).await.expect("an oid").get(0);
+            u32::try_from(oid).expect("an oid")
+        }
+    };
+    let (bump, lo_put) = (
+        oid(&format!("{f}()")).await,
+        oid("lo_put(oid, bigint, bytea)").await,
+    );
+    let mut s = raw::connect(p.addr).await;
+    let writer = p.connect().await;
+    let other = p.connect().await;
+    let count = format!("SELECT n FROM {counts} WHERE id = 1");
+    let object = format!("SELECT ('x' || encode(lo_get({lo}), 'hex'))::bit(32)::int::int8");
+    let mut misses = 0;
+    for i in 0..rounds {
+        let value = format!("\\x{:08x}", i + 1);
+        // Every other round in an explicit transaction, marked at its COMMIT.
+        let in_tx = i % 2 == 1;
+        if in_tx {
+            s.write_all(&raw::msg(b'Q', &raw::cstr("BEGIN")))
+                .await
+                .expect("BEGIN");
+            raw::read_until(&mut s, b'Z').await;
+        }
+        for call in [
+            function_call(bump, &[]),
+            function_call(lo_put, &[&lo.to_string(), "0", &value]),
+        ] {
+            s.write_all(&call).await.expect("write to pgfresh");
+            let replies = raw::read_until(&mut s, b'Z').await;
+            assert!(
+                raw::tags(&replies).contains(&b'V'),
+                "no FunctionCallResponse: {replies:?}"
+            );
+        }
+        if in_tx {
+            s.write_all(&raw::msg(b'Q', &raw::cstr("COMMIT")))
+                .await
+                .expect("COMMIT");
+            raw::read_until(&mut s, b'Z').await;
+        }
+        for read in [&count, &object] {
+            let want = read_i64(&truth, Proto::Extended, read, 0).await;
+            for (c, proto) in [(&writer, Proto::Simple), (&other, Proto::Extended)] {
+                misses += usize::from(read_i64(c, proto, read, 0).await != want);
+            }
+        }
+    }
+    misses
+}
+
+/// A FunctionCall message of the function `oid`, text arguments, a text result.
+fn function_call(oid: u32, args: &[&str]) -> Vec<u8> {
+    let mut body = oid.to_be_bytes().to_vec();
+    body.extend_from_slice(&1u16.to_be_bytes());
+    body.extend_from_slice(&0u16.to_be_bytes());
+    body.extend_from_slice(
+        &u16::try_from(args.len())
+            .expect("few arguments")
+            .to_be_bytes(),
+    );
+    for a in args {
+        body.extend_from_slice(
+            &i32::try_from(a.len())
+                .expect("a short argument")
+                .to_be_bytes(),
+        );
+        body.extend_from_slice(a.as_bytes());
+    }
+    body.extend_from_slice(&0u16.to_be_bytes());
+    raw::msg(b'F', &body)
+}
+
+#[tokio::test]
+async fn writes_of_a_function_call_message_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (counts, f) = (unique("fastpath_counts"), unique("fastpath_bump"));
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS bigint LANGUAGE plpgsql AS $$
+         DECLARE v bigint;
+         BEGIN UPDATE {counts} SET n = n + 1 WHERE id = 1 RETURNING n INTO v; RETURN v; END $$;"
+    ))
+    .await;
+    let lo: i64 = primary_direct()
+        .await
+        .query_one("SELECT lo_from_bytea(0, int4send(0))::int8", &[])
+        .await
+        .expect("a large object")
+        .get(0);
+    setup("SELECT 1").await;
+    let guarded = start_proxy(&config_text(""));
+    let blind = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let misses = function_call_misses(&guarded, &counts, &f, lo, 10).await;
+    let control = function_call_misses(&blind, &counts, &f, lo, 10).await;
+    assert_eq!(misses, 0, "stale reads after FunctionCall messages");
+    assert!(
+        control > 0,
+        "the control without recency routing saw no stale read, so the test proves nothing"
+    );
 }

@@ -667,8 +667,9 @@ impl Session {
         let mut out = UnitWrites {
             writes,
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
-            // block or COMMIT PREPARED may write anything.
-            whole_db: flags.writes_unnamed,
+            // block or COMMIT PREPARED may write anything, and so may a FunctionCall
+            // message (libpq's `lo_write`, `lo_creat` ..., or any function by its oid).
+            whole_db: flags.writes_unnamed || unit.force_primary,
             ddl,
             schema_stamp: None,
             schema_change: None,
