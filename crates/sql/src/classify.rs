@@ -168,8 +168,10 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         NodeEnum::TruncateStmt(t) => {
             w.write_rels(&t.relations);
             // CASCADE also empties every table with a foreign key to these, whatever
-            // the key's actions: pgfresh cannot name them from the text.
-            w.writes_unnamed = t.behavior == protobuf::DropBehavior::DropCascade as i32;
+            // the key's actions, and RESTART IDENTITY resets the sequences their
+            // columns own: pgfresh cannot name them from the text.
+            w.writes_unnamed =
+                t.behavior == protobuf::DropBehavior::DropCascade as i32 || t.restart_seqs;
             Kind::Write
         }
         NodeEnum::CallStmt(c) => {

@@ -266,6 +266,16 @@ fn a_do_block_and_commit_prepared_may_write_anything() {
     assert!(!prepare.statements[0].writes_unnamed);
     let truncate = pgfresh_sql::analyze_uncached("TRUNCATE t");
     assert!(!truncate.statements[0].writes_unnamed);
+    for sql in [
+        "TRUNCATE t CASCADE",
+        "TRUNCATE t RESTART IDENTITY",
+        "TRUNCATE ONLY a, b RESTART IDENTITY RESTRICT",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(a.statements[0].writes_unnamed, "{sql}");
+    }
+    let continued = pgfresh_sql::analyze_uncached("TRUNCATE t CONTINUE IDENTITY");
+    assert!(!continued.statements[0].writes_unnamed);
 }
 
 #[test]
