@@ -822,6 +822,98 @@ async fn functions_in_domain_checks_inside_composite_and_range_columns_are_read_
     .await;
 }
 
+/// Functions that run where a statement names something else: an aggregate's state
+/// transition function, an operator's function, an explicit cast's function and an
+/// assignment cast's (a value of another type written to a column of the cast's type).
+/// Each writes the audit table behind a statement that names none of them: an INSERT
+/// into a plain table, and a SELECT that applies the aggregate, the operator and the
+/// cast only.
+#[tokio::test]
+async fn functions_behind_aggregates_operators_and_casts_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("implicit");
+    let (audit, bump, table) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_plain"),
+    );
+    let (agg, step, op_f, wrapped, to_wrapped, tagged, to_tagged) = (
+        format!("{p}_sum"),
+        format!("{p}_step"),
+        format!("{p}_plus"),
+        format!("{p}_wrapped"),
+        format!("{p}_to_wrapped"),
+        format!("{p}_tagged"),
+        format!("{p}_to_tagged"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE FUNCTION {step}(s int, v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN s + v; END $$;
+         CREATE AGGREGATE {agg}(int) (sfunc = {step}, stype = int, initcond = '0');
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <+> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE TYPE {wrapped} AS (v int);
+         CREATE FUNCTION {to_wrapped}(a int) RETURNS {wrapped} LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN ROW(a)::{wrapped}; END $$;
+         CREATE CAST (int AS {wrapped}) WITH FUNCTION {to_wrapped}(int);
+         CREATE TYPE {tagged} AS (v int);
+         CREATE FUNCTION {to_tagged}(a int) RETURNS {tagged} LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN ROW(a)::{tagged}; END $$;
+         CREATE CAST (int AS {tagged}) WITH FUNCTION {to_tagged}(int) AS ASSIGNMENT;
+         CREATE TABLE {table}(x int, w {wrapped}, t {tagged});"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("function", &format!("{agg}()"), &format!("{step}()")),
+            edge("function", "operator <+>()", &format!("{op_f}()")),
+            edge(
+                "function",
+                &format!("cast to {wrapped}()"),
+                &format!("{to_wrapped}()"),
+            ),
+            edge("expression", &table, &format!("{to_tagged}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    // Four functions a row: the aggregate's step, the operator, both casts.
+    check_hole(
+        Hole::learned(
+            "an INSERT through an aggregate, an operator and casts",
+            format!(
+                "INSERT INTO {table}(x, w, t) \
+                 SELECT {agg}(v) <+> 1, $1::int::{wrapped}, $1::int FROM (VALUES (1)) s(v)"
+            ),
+            4,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+    // A read, as far as its text shows.
+    check_hole(
+        Hole::learned(
+            "a SELECT applying an aggregate, an operator and a cast",
+            format!(
+                "SELECT {agg}(v <+> 1), max((v::{wrapped}).v) \
+                 FROM (VALUES ($1::int)) s(v)"
+            ),
+            3,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]

@@ -47,6 +47,11 @@ pub struct CatalogRows {
     /// were read).
     #[serde(default)]
     pub event_triggers: Vec<EventTriggerRow>,
+    /// Functions that run behind syntax naming none: aggregates' support functions,
+    /// operators' and casts' functions ([`IMPLICIT_CALLS_SQL`]; absent from rows saved
+    /// before they were read).
+    #[serde(default)]
+    pub implicit_calls: Vec<ImplicitCallRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -134,8 +139,26 @@ pub struct WriteCallRow {
     pub table_oid: Oid,
     /// The function its expression calls (`pg_proc.oid`).
     pub function_oid: Oid,
-    /// Where: `default`, `check`, `domain` (a check of a column's domain) or `index`.
+    /// Where: `default`, `check`, `domain` (a check of a column's domain), `index`, or
+    /// `cast` (an assignment or implicit cast to the type of one of its columns, which a
+    /// value of another type written to the column goes through).
     pub via: String,
+}
+
+/// A function that runs where a statement names something else: an aggregate's support
+/// function (`audit_sum(x)` runs its state transition function), an operator's function
+/// (`a <+> b`), a cast's function (`x::money_t`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImplicitCallRow {
+    /// `a` an aggregate, `o` an operator, `c` a cast.
+    pub kind: char,
+    /// The schema of the aggregate, the operator, or the type cast to.
+    pub schema: String,
+    /// The aggregate's name, the operator's symbol, or the name of the type cast to.
+    pub name: String,
+    /// The function that runs (`pg_proc.oid`; built-ins are in no row of
+    /// [`FUNCTIONS_SQL`] and add nothing).
+    pub function_oid: Oid,
 }
 
 /// An enabled event trigger: DDL runs its function (`CREATE EVENT TRIGGER ... ON
@@ -296,7 +319,8 @@ AND c.relpersistence <> 't') "
 /// and the checks and defaults of the domains its columns are of (a domain over a domain,
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
 /// those objects on `pg_proc`). Domains inside composite, range and multirange column
-/// types are followed too.
+/// types are followed too, and so are the assignment and implicit casts users made to the
+/// types of its columns (a column depends on a type that is not built in).
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
     "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
@@ -312,11 +336,40 @@ JOIN pg_catalog.pg_constraint c ON c.contypid = dc.domain_oid AND c.contype = 'c
 UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain' \
 FROM domain_column dc \
 UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
-FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL\
+FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL \
+UNION ALL SELECT 'pg_catalog.pg_cast'::regclass, c.oid, d.objid, 'cast' \
+FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_depend d \
+ON d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = c.casttarget \
+AND d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid > 0 \
+WHERE c.castfunc <> 0 AND c.castcontext IN ('a', 'i') AND c.oid >= 16384\
 ) x \
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
 WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'"
 );
+
+/// What [`ImplicitCallRow`] describes: the support functions of aggregates outside the
+/// system schemas, and the functions of operators and casts users made (built-in ones run
+/// built-in functions only).
+pub const IMPLICIT_CALLS_SQL: &str = "\
+SELECT u.kind AS kind, u.schema AS schema, u.name AS name, \
+u.function_oid AS function_oid FROM (\
+SELECT 'a'::text AS kind, n.nspname::text AS schema, p.proname::text AS name, \
+f.fn::int8 AS function_oid \
+FROM pg_catalog.pg_aggregate a \
+JOIN pg_catalog.pg_proc p ON p.oid = a.aggfnoid \
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+CROSS JOIN LATERAL (VALUES (a.aggtransfn::oid), (a.aggfinalfn::oid), (a.aggcombinefn::oid), \
+(a.aggserialfn::oid), (a.aggdeserialfn::oid), (a.aggmtransfn::oid), (a.aggminvtransfn::oid), \
+(a.aggmfinalfn::oid)) f(fn) \
+WHERE f.fn <> 0 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+UNION ALL SELECT 'o', n.nspname::text, o.oprname::text, o.oprcode::oid::int8 \
+FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace \
+WHERE o.oprcode::oid <> 0 AND o.oid >= 16384 \
+UNION ALL SELECT 'c', n.nspname::text, t.typname::text, c.castfunc::int8 \
+FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_type t ON t.oid = c.casttarget \
+JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
+WHERE c.castfunc <> 0 AND c.oid >= 16384\
+) u";
 
 /// Event triggers that can fire (`evtenabled <> 'D'`; `O`, `R` and `A` all fire in some
 /// session replication role).
@@ -413,7 +466,7 @@ coalesce((SELECT pg_catalog.string_agg(dc.table_oid || ':' || dc.attnum || ':' \
 );
 
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 11] = [
+pub const QUERIES: [(&str, &str); 12] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
@@ -425,6 +478,7 @@ pub const QUERIES: [(&str, &str); 11] = [
     ("policy_deps", POLICY_DEPS_SQL),
     ("write_calls", WRITE_CALLS_SQL),
     ("event_triggers", EVENT_TRIGGERS_SQL),
+    ("implicit_calls", IMPLICIT_CALLS_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
@@ -477,6 +531,7 @@ mod tests {
             fields::<PolicyDepRow>(),
             fields::<WriteCallRow>(),
             fields::<EventTriggerRow>(),
+            fields::<ImplicitCallRow>(),
         ];
         for ((what, sql), want) in QUERIES.iter().zip(expected) {
             let mut got = columns(sql);

@@ -63,6 +63,8 @@ pub(crate) struct Builder {
     func_by_oid: HashMap<Oid, FuncId>,
     by_name: HashMap<Arc<str>, Vec<RelId>>,
     func_by_name: HashMap<Arc<str>, Vec<FuncId>>,
+    /// The aggregate, operator and cast nodes, by (kind, schema, name).
+    implicit_by_name: HashMap<(char, String, String), FuncId>,
     pub report: DependencyReport,
 }
 
@@ -281,6 +283,7 @@ impl Builder {
             );
         }
         self.add_read_deps(rows);
+        self.add_implicit_calls(rows);
         for i in &rows.inherits {
             let (Some(&child), Some(&parent)) = (
                 self.by_oid.get(&i.child_oid),
@@ -297,6 +300,39 @@ impl Builder {
             };
             let (from, to) = (self.rel_label(parent), self.rel_label(child));
             self.edge(kind, from, to, None, action);
+        }
+    }
+
+    /// The functions that run behind syntax naming none: a call of an aggregate calls its
+    /// support functions; an operator and a cast are function nodes of their own, named as
+    /// the analysis names them ([`FuncName::operator`], [`FuncName::cast_to`]), calling
+    /// their functions.
+    fn add_implicit_calls(&mut self, rows: &CatalogRows) {
+        for c in &rows.implicit_calls {
+            let Some(&f) = self.func_by_oid.get(&c.function_oid) else {
+                continue; // a built-in or extension function: writes nothing of ours
+            };
+            let (name, via) = match c.kind {
+                'a' => (FuncName::new(Some(&c.schema), &c.name), "aggregate"),
+                'o' => (FuncName::operator(Some(&c.schema), &c.name), "operator"),
+                'c' => (FuncName::cast_to(Some(&c.schema), &c.name), "cast"),
+                _ => continue,
+            };
+            let key = (c.kind, c.schema.clone(), c.name.clone());
+            let node = match self.implicit_by_name.get(&key) {
+                Some(&node) => node,
+                None => {
+                    let node = self.add_func(name, 'v');
+                    self.implicit_by_name.insert(key, node);
+                    node
+                }
+            };
+            self.calls[node as usize].push(f);
+            let (from, to) = (
+                func_label(&self.funcs[node as usize]),
+                func_label(&self.funcs[f as usize]),
+            );
+            self.edge(EdgeKind::Function, from, to, Some(via), "calls");
         }
     }
 

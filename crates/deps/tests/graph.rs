@@ -469,6 +469,63 @@ fn functions_in_defaults_run_with_writes() {
             && e.via.as_deref() == Some("default")));
 }
 
+/// An aggregate runs its support functions, an operator and a cast their functions: a call
+/// of the aggregate, and the names the analysis gives an operator applied and a type cast
+/// to, write what those functions write. Operators and casts whose functions write nothing
+/// (or are built-ins, in no row) add nothing.
+#[test]
+fn aggregates_operators_and_casts_run_their_functions() {
+    let mut s = Schema::default();
+    s.table("app.audit");
+    let bump = plpgsql_def(
+        "app.bump",
+        "int",
+        "",
+        "  UPDATE app.audit SET n = n + 1;\n  RETURN 1;",
+    );
+    let step = s.func("app.step", "plpgsql", 'v', Some(bump.clone()));
+    let plus = s.func("app.plus", "plpgsql", 'v', Some(bump.clone()));
+    let wrap = s.func("app.wrap", "plpgsql", 'v', Some(bump));
+    let pure = s.func(
+        "app.pure",
+        "sql",
+        'i',
+        Some("CREATE FUNCTION app.pure(a int) RETURNS int LANGUAGE sql AS 'SELECT a'".into()),
+    );
+    s.implicit_call('a', "app.audit_sum", step);
+    s.implicit_call('o', "app.<+>", plus);
+    s.implicit_call('c', "app.wrapped", wrap);
+    s.implicit_call('o', "public.=", pure);
+    s.implicit_call('o', "public.<->", 12345);
+    let g = DepGraph::build(&s.rows, &[]);
+    let audit = (rels(&["app.audit"]), P);
+    assert_eq!(writes(&g, &[], &["audit_sum"]), audit);
+    for implicit in [
+        FuncName::operator(None, "<+>"),
+        FuncName::operator(Some("app"), "<+>"),
+        FuncName::cast_to(None, "wrapped"),
+    ] {
+        let mut out = Vec::new();
+        assert_eq!(
+            g.expand_writes(&[], std::slice::from_ref(&implicit), &mut out),
+            P
+        );
+        assert_eq!((out, P), audit, "{implicit}");
+        assert!(g.calls_writer(&[implicit]));
+    }
+    for harmless in [
+        FuncName::operator(None, "="),
+        FuncName::operator(None, "<->"),
+        FuncName::operator(Some("public"), "<+>"),
+        FuncName::cast_to(None, "int4"),
+    ] {
+        assert!(
+            !g.calls_writer(std::slice::from_ref(&harmless)),
+            "{harmless}"
+        );
+    }
+}
+
 /// DDL fires event triggers: their functions' writes are the DDL's too.
 #[test]
 fn event_triggers_write_with_ddl() {

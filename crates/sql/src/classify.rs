@@ -245,6 +245,7 @@ fn classify_into(w: &mut Walker, node: &NodeEnum) -> Kind {
     w.writes.extend(s.writes);
     w.reasons.extend(s.must_primary);
     w.functions.extend(s.functions);
+    w.implicit_calls.extend(s.implicit_calls);
     w.touches_catalog |= s.touches_catalog;
     w.ddl_events |= s.fires_event_triggers;
     if w.session.is_none() {
@@ -259,6 +260,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         mut writes,
         reasons: mut must_primary,
         mut functions,
+        mut implicit_calls,
         session,
         touches_catalog,
         writes_unnamed,
@@ -270,12 +272,14 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
     sort_dedup(&mut writes);
     sort_dedup(&mut must_primary);
     sort_dedup(&mut functions);
+    sort_dedup(&mut implicit_calls);
     Statement {
         kind,
         reads,
         writes,
         must_primary,
         functions,
+        implicit_calls,
         tx,
         session,
         touches_catalog,
@@ -469,6 +473,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         writes: Vec::new(),
         must_primary: Vec::new(),
         functions: Vec::new(),
+        implicit_calls: Vec::new(),
         tx: None,
         session,
         touches_catalog: s.touches_catalog,

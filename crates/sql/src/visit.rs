@@ -17,6 +17,8 @@ pub(crate) struct Walker {
     pub writes: Vec<RelName>,
     pub reasons: Vec<MustPrimary>,
     pub functions: Vec<FuncName>,
+    /// Operators applied and types cast to (see `Statement::implicit_calls`).
+    pub implicit_calls: Vec<FuncName>,
     pub session: Option<SessionEffect>,
     pub touches_catalog: bool,
     /// A data-modifying statement (INSERT/UPDATE/DELETE/MERGE/SELECT INTO) was seen.
@@ -395,6 +397,27 @@ impl Walker {
         }
     }
 
+    /// An operator applied (`a <+> b`, `x = ANY (...)`): its name, `[schema, ]symbol`.
+    fn operator(&mut self, name: &[Node]) {
+        match string_parts(name)[..] {
+            [symbol] => self.implicit_calls.push(FuncName::operator(None, symbol)),
+            [schema, symbol] => self
+                .implicit_calls
+                .push(FuncName::operator(Some(schema), symbol)),
+            _ => {}
+        }
+    }
+
+    /// A cast to type `t` (`x::t`, `CAST(x AS t)`, an array of `t` too: each element is
+    /// cast).
+    fn cast(&mut self, t: &protobuf::TypeName) {
+        let parts = string_parts(&t.names);
+        if let Some((name, rest)) = parts.split_last() {
+            self.implicit_calls
+                .push(FuncName::cast_to(rest.last().copied(), name));
+        }
+    }
+
     fn window(&mut self, w: &protobuf::WindowDef) {
         self.list(&w.partition_clause);
         self.list(&w.order_clause);
@@ -433,6 +456,7 @@ impl Walker {
             | NodeEnum::JsonOutput(_)
             | NodeEnum::JsonReturning(_) => {}
             NodeEnum::AExpr(e) => {
+                self.operator(&e.name);
                 self.opt(&e.lexpr);
                 self.opt(&e.rexpr);
             }
@@ -440,9 +464,12 @@ impl Walker {
             NodeEnum::NullTest(e) => self.opt(&e.arg),
             NodeEnum::BooleanTest(e) => self.opt(&e.arg),
             NodeEnum::TypeCast(e) => {
-                if e.type_name.as_ref().is_some_and(names_catalog_type) {
-                    // `'orders'::regclass` looks the name up in the catalogs.
-                    self.touches_catalog = true;
+                if let Some(t) = &e.type_name {
+                    if names_catalog_type(t) {
+                        // `'orders'::regclass` looks the name up in the catalogs.
+                        self.touches_catalog = true;
+                    }
+                    self.cast(t);
                 }
                 self.opt(&e.arg)
             }
@@ -476,6 +503,7 @@ impl Walker {
             }
             NodeEnum::MultiAssignRef(m) => self.opt(&m.source),
             NodeEnum::SubLink(s) => {
+                self.operator(&s.oper_name);
                 self.opt(&s.testexpr);
                 if let Some(q) = &s.subselect {
                     self.query(q, true);
@@ -548,6 +576,13 @@ impl Walker {
                             self.reason(MustPrimary::SetConfig);
                         }
                         self.functions.push(name);
+                    }
+                }
+                NodeRef::AExpr(e) => self.operator(&e.name),
+                NodeRef::SubLink(s) => self.operator(&s.oper_name),
+                NodeRef::TypeCast(c) => {
+                    if let Some(t) = &c.type_name {
+                        self.cast(t);
                     }
                 }
                 NodeRef::InsertStmt(s) => self.fallback_write(s.relation.as_ref()),

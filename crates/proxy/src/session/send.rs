@@ -26,6 +26,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         writes: stmt.writes.clone(),
         must_primary: stmt.must_primary.clone(),
         functions: stmt.functions.clone(),
+        implicit_calls: stmt.implicit_calls.clone(),
         calls_user_functions: pgfresh_sql::calls_user_functions(&stmt.functions),
         touches_catalog: stmt.touches_catalog,
         hint: None,
@@ -58,10 +59,11 @@ fn expand(
     fires_event_triggers: bool,
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
+    // Operators and casts count as calls: a user-defined one runs its function.
     let functions: Vec<pgfresh_sql::FuncName> = unit
         .parts
         .iter()
-        .flat_map(|a| a.functions.iter().cloned())
+        .flat_map(|a| a.functions.iter().chain(&a.implicit_calls).cloned())
         .collect();
     let mut behind = Vec::new();
     let mut whole = graph
@@ -675,7 +677,16 @@ impl Session {
             schema_change: None,
         };
         if out.writes.is_empty() && !calls && !ddl && !flags.event_ddl {
-            return out; // a plain read
+            // A plain read, unless an operator or cast it applies runs a user function
+            // that writes (only then does the graph know a node of its name).
+            let implicit = unit.parts.iter().any(|a| !a.implicit_calls.is_empty());
+            let writes_behind = implicit
+                && self
+                    .dep_graph()
+                    .is_some_and(|g| unit.parts.iter().any(|a| g.calls_writer(&a.implicit_calls)));
+            if !writes_behind {
+                return out;
+            }
         }
         let graph = self.dep_graph();
         if let Some(window) = self.shared.deps.window(&self.deps_entry) {
