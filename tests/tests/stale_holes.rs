@@ -1394,6 +1394,46 @@ async fn writes_of_a_prepared_transaction_are_read_fresh_after_commit_prepared()
     );
 }
 
+/// The dblink extension runs SQL over a connection of its own, here to the database the
+/// client is in (an autonomous audit write): what it writes commits behind the call, and
+/// the whole database counts as written.
+#[tokio::test]
+async fn writes_over_dblink_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let counts = unique("dblink_counts");
+    cluster()
+        .psql(0, "app", "CREATE EXTENSION IF NOT EXISTS dblink")
+        .expect("the dblink extension");
+    struct DropDblink;
+    impl Drop for DropDblink {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", "DROP EXTENSION IF EXISTS dblink");
+        }
+    }
+    let _dblink = DropDblink;
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);"
+    ))
+    .await;
+    let conn = format!(
+        "host=127.0.0.1 port={} dbname=app user=app password={APP_PASSWORD}",
+        node_port(0)
+    );
+    check_hole(
+        Hole::plain(
+            "dblink",
+            format!(
+                "SELECT dblink_exec('{conn}', 'UPDATE {counts} SET n = n + 1 WHERE id = 1'), \
+                 $1::int"
+            ),
+            &format!("SELECT n FROM {counts} WHERE id = $1::int"),
+        ),
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
 /// How a write meets a trigger created just before it, with the dependency graph not yet
 /// reloaded.
 #[derive(Clone, Copy, Debug)]

@@ -380,6 +380,9 @@ impl Walker {
                 Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
                 None => {}
             }
+            if remote_sql_may_write(&name, &f.args) {
+                self.writes_unnamed = true;
+            }
             match advanced_sequence(&name, &f.args) {
                 // A read of the sequence relation (`SELECT last_value FROM s`) sees it.
                 Some(Some(seq)) => self.writes.push(seq),
@@ -609,6 +612,25 @@ impl Walker {
             self.write_rel(rv);
         }
     }
+}
+
+/// `dblink_exec`, `dblink` and `dblink_send_query` (the dblink extension, in whatever
+/// schema it was installed) run SQL over a connection of their own, which may well be to
+/// this database (dblink is the usual way to an autonomous audit write): what that SQL
+/// writes commits behind the call, named nowhere in the text. Unless one argument is a
+/// constant that only reads, the call may write any relation.
+fn remote_sql_may_write(f: &FuncName, args: &[Node]) -> bool {
+    if !matches!(&*f.name, "dblink_exec" | "dblink" | "dblink_send_query") {
+        return false;
+    }
+    !args.iter().filter_map(const_text).any(|sql| {
+        let a = crate::analyze_uncached(&sql);
+        a.kind == crate::model::Kind::Read
+            && a.writes.is_empty()
+            && a.must_primary.is_empty()
+            && !a.calls_user_functions
+            && a.statements.iter().all(|s| !s.writes_unnamed)
+    })
 }
 
 /// The sequence `nextval(...)` or `setval(...)` advances: `Some(Some(s))` when named by a

@@ -299,3 +299,26 @@ fn a_sequence_named_at_run_time_may_be_any_relation() {
         assert!(!a.statements[0].writes_unnamed, "{sql}");
     }
 }
+
+#[test]
+fn sql_run_over_dblink_may_write_anything() {
+    for sql in [
+        "SELECT dblink_exec('dbname=app', 'UPDATE audit SET n = n + 1')",
+        "SELECT public.dblink_exec('UPDATE audit SET n = n + 1')",
+        "SELECT * FROM dblink('dbname=app', 'INSERT INTO t VALUES (1) RETURNING id') AS r(id int)",
+        "SELECT dblink_send_query('conn', 'DELETE FROM t')",
+        "SELECT dblink_exec('dbname=app', $1)",
+        "SELECT dblink_exec('dbname=app', 'SELECT app.bump()')",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(a.statements[0].writes_unnamed, "{sql}");
+    }
+    for sql in [
+        "SELECT * FROM dblink('dbname=app', 'SELECT id FROM t') AS r(id int)",
+        "SELECT dblink_connect('conn', 'dbname=app')",
+        "SELECT dblink_get_result('conn')",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(!a.statements[0].writes_unnamed, "{sql}");
+    }
+}
