@@ -1434,6 +1434,62 @@ async fn writes_over_dblink_are_read_fresh() {
     .await;
 }
 
+/// A write to a foreign table goes to another server, which may be this very database
+/// (`postgres_fdw` pointed back at it, to write outside the caller's transaction): what
+/// it writes there is not known, so the whole database counts as written.
+#[tokio::test]
+async fn writes_through_a_foreign_table_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (counts, server, foreign, view) = (
+        unique("fdw_counts"),
+        unique("fdw_loopback"),
+        unique("fdw_counts_remote"),
+        unique("fdw_counts_view"),
+    );
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+                 CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw
+                   OPTIONS (host '127.0.0.1', port '{}', dbname 'app');
+                 CREATE USER MAPPING FOR app SERVER {server}
+                   OPTIONS (user 'app', password '{APP_PASSWORD}');
+                 GRANT USAGE ON FOREIGN SERVER {server} TO app;",
+                node_port(0)
+            ),
+        )
+        .expect("a loopback foreign server");
+    struct DropServer(String);
+    impl Drop for DropServer {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", &format!("DROP SERVER {} CASCADE", self.0));
+        }
+    }
+    let _server = DropServer(server.clone());
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);
+         CREATE FOREIGN TABLE {foreign}(id int, n bigint) SERVER {server}
+           OPTIONS (table_name '{counts}');
+         CREATE VIEW {view} AS SELECT id, n FROM {foreign};"
+    ))
+    .await;
+    check_hole(
+        Hole::learned(
+            "a foreign table",
+            format!("UPDATE {foreign} SET n = n + 1 WHERE id = 1 AND $1::int > 0"),
+            1,
+            plain(&format!("SELECT n FROM {counts} WHERE id = $1::int"), 1),
+            // (Proof the graph is loaded: the view's edge.)
+            vec![edge("view", &view, &foreign)],
+        ),
+        CONTROL,
+    )
+    .await;
+}
+
 /// How a write meets a trigger created just before it, with the dependency graph not yet
 /// reloaded.
 #[derive(Clone, Copy, Debug)]

@@ -8,7 +8,8 @@
 //! follows triggers, cascades, children and parents; one reached *upwards* (as an ancestor of
 //! a written relation) follows triggers, cascades and parents only. Row triggers defined on a
 //! partitioned table fire for writes to its partitions, so an ancestor's triggers count.
-//! Functions follow their writes and calls. Cycles end at already-visited states.
+//! Functions follow their writes and calls. Cycles end at already-visited states. A foreign
+//! table written makes the closure the whole database: its server may be this one.
 
 use crate::expand::{DepGraph, FastMap, Span};
 use crate::graph::{Builder, FuncId, RelId};
@@ -78,6 +79,10 @@ impl Walk {
                     }
                     self.full[i] = self.stamp;
                     self.collect(r);
+                    // A foreign table's rows live on another server, which may be this
+                    // database (`postgres_fdw` pointed back at it): what a write there
+                    // changes is not known.
+                    whole |= b.relkind[i] == 'f';
                     self.queue
                         .extend(b.children[i].iter().map(|&c| Item::Full(c)));
                     self.relation_common(b, i);
@@ -200,7 +205,8 @@ impl DepGraph {
             let trivial = b.triggers[r].is_empty()
                 && b.cascades[r].is_empty()
                 && b.children[r].is_empty()
-                && b.parents[r].is_empty();
+                && b.parents[r].is_empty()
+                && b.relkind[r] != 'f';
             if !trivial {
                 let whole = walk.writes(&b, Item::Full(id));
                 rel_write[r] = push_span(&mut pool, &walk.out, Some(id), whole);

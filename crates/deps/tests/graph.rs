@@ -526,6 +526,29 @@ fn aggregates_operators_and_casts_run_their_functions() {
     }
 }
 
+/// A write to a foreign table (directly, as a partition of a table written, or through a
+/// view) may write anything: its server may be this very database.
+#[test]
+fn writes_to_foreign_tables_may_write_anything() {
+    let mut s = Schema::default();
+    let remote = s.rel("app.remote_counts", 'f');
+    let events = s.rel("app.events", 'p');
+    let local = s.table("app.events_local");
+    s.inherit(local, events);
+    s.inherit(remote, events);
+    s.view("app.remote_view", 'v', &[remote]);
+    s.table("app.plain");
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(writes(&g, &["remote_counts"], &[]).1, W);
+    assert_eq!(writes(&g, &["events"], &[]).1, W);
+    assert_eq!(writes(&g, &["remote_view"], &[]).1, W);
+    assert_eq!(
+        writes(&g, &["events_local"], &[]),
+        (rels(&["app.events"]), P)
+    );
+    assert_eq!(writes(&g, &["plain"], &[]), (vec![], P));
+}
+
 /// DDL fires event triggers: their functions' writes are the DDL's too.
 #[test]
 fn event_triggers_write_with_ddl() {
