@@ -914,6 +914,74 @@ async fn functions_behind_aggregates_operators_and_casts_are_read_fresh() {
     .await;
 }
 
+/// More functions that run behind a statement naming none of them: those a materialized
+/// view's query calls run at its refresh, a trigger's `WHEN` condition runs with the write
+/// it guards, and a function applying a user operator (PL/pgSQL and SQL bodies alike) runs
+/// the operator's function. Each writes the audit table.
+#[tokio::test]
+async fn functions_behind_refreshes_trigger_conditions_and_operators_in_bodies_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("behind");
+    let (audit, bump, mv, guarded, noop, op_f, uses_pl, uses_sql) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_mv"),
+        format!("{p}_guarded"),
+        format!("{p}_noop"),
+        format!("{p}_plus"),
+        format!("{p}_uses_pl"),
+        format!("{p}_uses_sql"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
+         CREATE MATERIALIZED VIEW {mv} AS SELECT {bump}() AS x;
+         CREATE FUNCTION {noop}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RETURN NEW; END $$;
+         CREATE TABLE {guarded}(x int);
+         CREATE TRIGGER {guarded}_trg BEFORE INSERT ON {guarded} FOR EACH ROW
+           WHEN ({bump}() = 1) EXECUTE FUNCTION {noop}();
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <<+>> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE FUNCTION {uses_pl}(v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN RETURN v <<+>> 1; END $$;
+         CREATE FUNCTION {uses_sql}(v int) RETURNS int LANGUAGE sql AS $$ SELECT v <<+>> 1 $$;"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &mv, &format!("{bump}()")),
+            edge("expression", &guarded, &format!("{bump}()")),
+            edge("function", &format!("{uses_pl}()"), "operator <<+>>()"),
+            edge("function", &format!("{uses_sql}()"), "operator <<+>>()"),
+            edge("function", "operator <<+>>()", &format!("{op_f}()")),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write, delta) in [
+        ("a refresh", format!("REFRESH MATERIALIZED VIEW {mv}"), 1),
+        (
+            "a trigger's condition",
+            format!("INSERT INTO {guarded} VALUES ($1::int)"),
+            1,
+        ),
+        (
+            "operators in function bodies",
+            format!("SELECT {uses_pl}($1::int), {uses_sql}($1::int)"),
+            2,
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, delta, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]

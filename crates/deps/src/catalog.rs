@@ -139,9 +139,10 @@ pub struct WriteCallRow {
     pub table_oid: Oid,
     /// The function its expression calls (`pg_proc.oid`).
     pub function_oid: Oid,
-    /// Where: `default`, `check`, `domain` (a check of a column's domain), `index`, or
-    /// `cast` (an assignment or implicit cast to the type of one of its columns, which a
-    /// value of another type written to the column goes through).
+    /// Where: `default`, `check`, `domain` (a check of a column's domain), `index`, `cast`
+    /// (an assignment or implicit cast to the type of one of its columns, which a value of
+    /// another type written to the column goes through), or `trigger condition` (a
+    /// trigger's `WHEN`).
     pub via: String,
 }
 
@@ -320,31 +321,36 @@ AND c.relpersistence <> 't') "
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
 /// those objects on `pg_proc`). Domains inside composite, range and multirange column
 /// types are followed too, and so are the assignment and implicit casts users made to the
-/// types of its columns (a column depends on a type that is not built in).
+/// types of its columns (a column depends on a type that is not built in), and the `WHEN`
+/// conditions of its triggers (the trigger's own function is a trigger edge already).
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
     "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
 x.via::text AS via \
 FROM (\
 SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid AS table_oid, \
-'default' AS via FROM pg_catalog.pg_attrdef a \
-UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check' \
+'default' AS via, 0::oid AS skip FROM pg_catalog.pg_attrdef a \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check', 0 \
 FROM pg_catalog.pg_constraint c WHERE c.contype = 'c' AND c.conrelid <> 0 \
-UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, dc.table_oid, 'domain' \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, dc.table_oid, 'domain', 0 \
 FROM domain_column dc \
 JOIN pg_catalog.pg_constraint c ON c.contypid = dc.domain_oid AND c.contype = 'c' \
-UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain' \
+UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain', 0 \
 FROM domain_column dc \
-UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
+UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index', 0 \
 FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL \
-UNION ALL SELECT 'pg_catalog.pg_cast'::regclass, c.oid, d.objid, 'cast' \
+UNION ALL SELECT 'pg_catalog.pg_cast'::regclass, c.oid, d.objid, 'cast', 0 \
 FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_depend d \
 ON d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = c.casttarget \
 AND d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid > 0 \
-WHERE c.castfunc <> 0 AND c.castcontext IN ('a', 'i') AND c.oid >= 16384\
+WHERE c.castfunc <> 0 AND c.castcontext IN ('a', 'i') AND c.oid >= 16384 \
+UNION ALL SELECT 'pg_catalog.pg_trigger'::regclass, t.oid, t.tgrelid, 'trigger condition', \
+t.tgfoid FROM pg_catalog.pg_trigger t \
+WHERE t.tgqual IS NOT NULL AND NOT t.tgisinternal AND t.tgenabled <> 'D'\
 ) x \
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
-WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'"
+WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n' \
+AND d.refobjid <> x.skip"
 );
 
 /// What [`ImplicitCallRow`] describes: the support functions of aggregates outside the

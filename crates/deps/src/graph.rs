@@ -348,7 +348,10 @@ impl Builder {
             };
             let (from, to) = (self.rel_label(view), func_label(&self.funcs[f as usize]));
             if self.relkind[view as usize] == 'm' {
-                let action = "materialized: called only at refresh";
+                // Its refresh, a write of the materialized view, runs the function (as a
+                // write to a table runs its triggers' functions); a read of it runs none.
+                self.triggers[view as usize].push(f);
+                let action = "materialized: called at refresh";
                 self.edge(EdgeKind::View, from, to, None, action);
                 continue;
             }
@@ -410,7 +413,7 @@ impl Builder {
                 }
             }
         }
-        for name in &fx.calls {
+        for name in fx.calls.iter().chain(&fx.implicit_calls) {
             for callee in self.resolve_func(name) {
                 self.calls[f as usize].push(callee);
                 let to = func_label(&self.funcs[callee as usize]);
@@ -457,7 +460,7 @@ impl Builder {
                 self.edge(EdgeKind::Rule, from.clone(), to, Some(&rule.name), "writes");
             }
         }
-        for name in &fx.calls {
+        for name in fx.calls.iter().chain(&fx.implicit_calls) {
             for f in self.resolve_func(name) {
                 self.triggers[rel as usize].push(f);
                 let to = func_label(&self.funcs[f as usize]);

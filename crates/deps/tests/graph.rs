@@ -411,8 +411,10 @@ fn view_calls_and_policies_join_the_read_closures() {
         reads(&g, &["balance_report"], &[]),
         (rels(&["app.accounts", "app.balances", "app.ledger"]), P)
     );
-    // A materialized view's calls run only at refresh.
+    // A materialized view's calls run only at refresh, a write of it: there they write
+    // what the functions write (the stable `bal` nothing).
     assert_eq!(reads(&g, &["app.mv_balances"], &[]), (vec![], P));
+    assert_eq!(writes(&g, &["app.mv_balances"], &[]), (vec![], P));
     assert_eq!(
         reads(&g, &["docs"], &[]),
         (rels(&["app.grants", "app.memberships"]), P)
@@ -497,9 +499,25 @@ fn aggregates_operators_and_casts_run_their_functions() {
     s.implicit_call('c', "app.wrapped", wrap);
     s.implicit_call('o', "public.=", pure);
     s.implicit_call('o', "public.<->", 12345);
+    // A body applying the operator runs its function; so does a materialized view's
+    // refresh, a write of it, run what its query calls.
+    s.func(
+        "app.uses_plus",
+        "sql",
+        'v',
+        Some(
+            "CREATE FUNCTION app.uses_plus(v int) RETURNS int LANGUAGE sql AS 'SELECT v <+> 1'"
+                .into(),
+        ),
+    );
+    let mv = s.view("app.mv", 'm', &[]);
+    s.view_call(mv, step);
     let g = DepGraph::build(&s.rows, &[]);
     let audit = (rels(&["app.audit"]), P);
     assert_eq!(writes(&g, &[], &["audit_sum"]), audit);
+    assert_eq!(writes(&g, &[], &["uses_plus"]), audit);
+    assert_eq!(writes(&g, &["app.mv"], &[]), audit);
+    assert_eq!(reads(&g, &["app.mv"], &[]), (vec![], P));
     for implicit in [
         FuncName::operator(None, "<+>"),
         FuncName::operator(Some("app"), "<+>"),
