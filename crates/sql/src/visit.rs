@@ -513,7 +513,11 @@ impl Walker {
                 }
             }
             NodeEnum::FuncCall(f) => self.func_call(f),
-            NodeEnum::SortBy(s) => self.opt(&s.node),
+            NodeEnum::SortBy(s) => {
+                // `ORDER BY x USING <+>`
+                self.operator(&s.use_op);
+                self.opt(&s.node)
+            }
             NodeEnum::WindowDef(w) => self.window(w),
             NodeEnum::GroupingSet(g) => self.list(&g.content),
             NodeEnum::XmlExpr(x) => {

@@ -128,6 +128,10 @@ fn operators_and_casts_are_implicit_calls() {
             "pg_catalog.\"cast to int4\""
         ]
     );
+    assert_eq!(
+        names("SELECT x FROM t ORDER BY x USING <+>"),
+        ["\"operator <+>\""]
+    );
     // In a CTE, a subquery, a DEFAULT-less VALUES list, and across statements.
     assert_eq!(
         names("WITH c AS (SELECT 1 <+> 2) SELECT * FROM c; SELECT '1'::wrapped"),
