@@ -526,6 +526,12 @@ fn ddl(w: &mut Walker, node: &NodeEnum) -> Kind {
             if let Some(rel) = &a.relation {
                 w.write_rel(rel);
             }
+            // `ALTER COLUMN ... RESTART` (or another identity option) changes the identity
+            // column's sequence, which the text does not name.
+            w.writes_unnamed |= a.cmds.iter().any(|c| {
+                matches!(&c.node, Some(NodeEnum::AlterTableCmd(cmd))
+                    if cmd.subtype == protobuf::AlterTableType::AtSetIdentity as i32)
+            });
         }
         NodeEnum::IndexStmt(i) => {
             if let Some(rel) = &i.relation {

@@ -276,6 +276,16 @@ fn a_do_block_and_commit_prepared_may_write_anything() {
     }
     let continued = pgfresh_sql::analyze_uncached("TRUNCATE t CONTINUE IDENTITY");
     assert!(!continued.statements[0].writes_unnamed);
+    for (sql, unnamed) in [
+        ("ALTER TABLE t ALTER COLUMN id RESTART WITH 1", true),
+        ("ALTER TABLE t ALTER COLUMN id RESTART", true),
+        ("ALTER TABLE t ALTER COLUMN id SET INCREMENT BY 2", true),
+        ("ALTER TABLE t ALTER COLUMN id SET NOT NULL", false),
+        ("ALTER TABLE t ADD COLUMN n int", false),
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert_eq!(a.statements[0].writes_unnamed, unnamed, "{sql}");
+    }
 }
 
 #[test]
