@@ -982,6 +982,69 @@ async fn functions_behind_refreshes_trigger_conditions_and_operators_in_bodies_a
     }
 }
 
+/// Reads that write: a view whose query calls a function that writes (an audit of who
+/// reads it), a table whose row-security policy does; and a write checked by a policy
+/// that does. The read runs on the primary (a standby would refuse the write) and marks
+/// what the function writes; so does the write.
+#[tokio::test]
+async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("audited");
+    let (audit, bump, view, docs, inbox) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_view"),
+        format!("{p}_docs"),
+        format!("{p}_inbox"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
+         CREATE VIEW {view} AS SELECT {bump}() AS x;
+         CREATE TABLE {docs}(x int);
+         INSERT INTO {docs} VALUES (1);
+         ALTER TABLE {docs} ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {docs} FORCE ROW LEVEL SECURITY;
+         CREATE POLICY {docs}_read ON {docs} FOR SELECT USING ({bump}() = 1);
+         CREATE TABLE {inbox}(x int);
+         ALTER TABLE {inbox} ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {inbox} FORCE ROW LEVEL SECURITY;
+         CREATE POLICY {inbox}_write ON {inbox} FOR INSERT WITH CHECK ({bump}() = 1);"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &view, &format!("{bump}()")),
+            edge("policy", &docs, &format!("{bump}()")),
+            edge("expression", &inbox, &format!("{bump}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write) in [
+        (
+            "a read of a view",
+            format!("SELECT x::int8 FROM {view} WHERE $1::int > 0"),
+        ),
+        (
+            "a read under a policy",
+            format!("SELECT count(*) FROM {docs} WHERE $1::int > 0"),
+        ),
+        (
+            "a write under a policy",
+            format!("INSERT INTO {inbox} VALUES ($1::int)"),
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, 1, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]

@@ -141,8 +141,8 @@ pub struct WriteCallRow {
     pub function_oid: Oid,
     /// Where: `default`, `check`, `domain` (a check of a column's domain), `index`, `cast`
     /// (an assignment or implicit cast to the type of one of its columns, which a value of
-    /// another type written to the column goes through), or `trigger condition` (a
-    /// trigger's `WHEN`).
+    /// another type written to the column goes through), `trigger condition` (a
+    /// trigger's `WHEN`) or `policy` (a row-security policy).
     pub via: String,
 }
 
@@ -321,8 +321,10 @@ AND c.relpersistence <> 't') "
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
 /// those objects on `pg_proc`). Domains inside composite, range and multirange column
 /// types are followed too, and so are the assignment and implicit casts users made to the
-/// types of its columns (a column depends on a type that is not built in), and the `WHEN`
-/// conditions of its triggers (the trigger's own function is a trigger edge already).
+/// types of its columns (a column depends on a type that is not built in), the `WHEN`
+/// conditions of its triggers (the trigger's own function is a trigger edge already), and
+/// its row-security policies when row security is on (a write checks its rows against
+/// them: `WITH CHECK`, and `USING` for the rows an UPDATE or DELETE reads).
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
     "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
@@ -344,6 +346,9 @@ FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_depend d \
 ON d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = c.casttarget \
 AND d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid > 0 \
 WHERE c.castfunc <> 0 AND c.castcontext IN ('a', 'i') AND c.oid >= 16384 \
+UNION ALL SELECT 'pg_catalog.pg_policy'::regclass, p.oid, p.polrelid, 'policy', 0 \
+FROM pg_catalog.pg_policy p JOIN pg_catalog.pg_class r ON r.oid = p.polrelid \
+WHERE r.relrowsecurity \
 UNION ALL SELECT 'pg_catalog.pg_trigger'::regclass, t.oid, t.tgrelid, 'trigger condition', \
 t.tgfoid FROM pg_catalog.pg_trigger t \
 WHERE t.tgqual IS NOT NULL AND NOT t.tgisinternal AND t.tgenabled <> 'D'\

@@ -25,6 +25,8 @@ struct Walk {
     rel_seen: Vec<u32>,
     queue: Vec<Item>,
     out: Vec<RelId>,
+    /// The functions the last read walk ran.
+    funcs_out: Vec<FuncId>,
 }
 
 #[derive(Clone, Copy)]
@@ -44,6 +46,7 @@ impl Walk {
             rel_seen: vec![0; b.rels.len()],
             queue: Vec::new(),
             out: Vec::new(),
+            funcs_out: Vec::new(),
         }
     }
 
@@ -51,6 +54,7 @@ impl Walk {
         self.stamp += 1;
         self.queue.clear();
         self.out.clear();
+        self.funcs_out.clear();
     }
 
     fn collect(&mut self, r: RelId) {
@@ -150,6 +154,7 @@ impl Walk {
                         continue;
                     }
                     self.func[i] = self.stamp;
+                    self.funcs_out.push(f);
                     whole |= b.unanalysable[i].is_some();
                     self.queue
                         .extend(b.func_reads[i].iter().map(|&r| Item::Full(r)));
@@ -196,11 +201,20 @@ impl DepGraph {
 
         let mut rel_read = vec![Span::default(); b.rels.len()];
         let mut rel_write = vec![Span::default(); b.rels.len()];
+        let mut rel_read_write = vec![Span::default(); b.rels.len()];
         for r in 0..b.rels.len() {
             let id = r as RelId;
             if !b.rel_reads[r].is_empty() || !b.read_calls[r].is_empty() {
                 let whole = walk.reads(&b, Item::Full(id));
                 rel_read[r] = push_span(&mut pool, &walk.out, Some(id), whole);
+                // What the functions the read runs (a view's, a policy's) write. Only
+                // what their bodies name: a read running a volatile body pgfresh cannot
+                // read is left to the standby, which refuses a write.
+                let run: Vec<Item> = walk.funcs_out.iter().map(|&f| Item::Func(f)).collect();
+                if !run.is_empty() {
+                    walk.writes_from(&b, &run);
+                    rel_read_write[r] = push_span(&mut pool, &walk.out, None, false);
+                }
             }
             let trivial = b.triggers[r].is_empty()
                 && b.cascades[r].is_empty()
@@ -230,7 +244,10 @@ impl DepGraph {
         };
         let mut rel_index: FastMap<_, Vec<RelId>> = FastMap::default();
         for (r, name) in b.rels.iter().enumerate() {
-            if !rel_write[r].is_trivial() || !rel_read[r].is_trivial() {
+            if !rel_write[r].is_trivial()
+                || !rel_read[r].is_trivial()
+                || !rel_read_write[r].is_trivial()
+            {
                 rel_index
                     .entry(name.name.clone())
                     .or_default()
@@ -248,12 +265,15 @@ impl DepGraph {
         }
         pool.shrink_to_fit();
         let unlogged = Unlogged::build(&b, &pool, &rel_read, &func_read);
+        let reads_write = rel_read_write.iter().any(|s| !s.is_trivial());
         DepGraph {
             rels: b.rels,
             funcs: b.funcs,
             pool,
             rel_write,
             rel_read,
+            rel_read_write,
+            reads_write,
             func_write,
             func_read,
             ddl_write,

@@ -544,6 +544,51 @@ fn aggregates_operators_and_casts_run_their_functions() {
     }
 }
 
+/// A read of a view whose query calls a function that writes, or of a table whose policy
+/// does, writes what the function writes; a read running only functions that read writes
+/// nothing, and one running a volatile body pgfresh cannot read is left to the standby.
+#[test]
+fn reads_that_run_writing_functions_write() {
+    let mut s = Schema::default();
+    s.table("app.audit");
+    let bump = plpgsql_def(
+        "app.bump",
+        "int",
+        "",
+        "  UPDATE app.audit SET n = n + 1;\n  RETURN 1;",
+    );
+    let bump = s.func("app.bump", "plpgsql", 'v', Some(bump));
+    let peek = plpgsql_def(
+        "app.peek",
+        "int",
+        "",
+        "  RETURN (SELECT count(*) FROM app.audit);",
+    );
+    let peek = s.func("app.peek", "plpgsql", 'v', Some(peek));
+    let opaque = s.func("app.opaque", "plpython3u", 'v', None);
+    let audited = s.view("app.audited", 'v', &[]);
+    s.view_call(audited, bump);
+    s.view("app.over_audited", 'v', &[audited]);
+    let peeking = s.view("app.peeking", 'v', &[]);
+    s.view_call(peeking, peek);
+    let docs = s.table("app.docs");
+    s.policy(docs, "docs_audit", bump, 'f');
+    let py = s.view("app.py", 'v', &[]);
+    s.view_call(py, opaque);
+    let g = DepGraph::build(&s.rows, &[]);
+    for read in ["audited", "app.over_audited", "docs"] {
+        assert!(g.reads_write(&[rel(read)]), "{read}");
+        let mut out = Vec::new();
+        g.expand_read_writes(&[rel(read)], &mut out);
+        assert_eq!(out, rels(&["app.audit"]), "{read}");
+    }
+    for read in ["peeking", "py", "audit", "unknown"] {
+        assert!(!g.reads_write(&[rel(read)]), "{read}");
+    }
+    let empty = DepGraph::build(&Schema::default().rows, &[]);
+    assert!(!empty.reads_write(&[rel("audited")]));
+}
+
 /// A write to a foreign table (directly, as a partition of a table written, or through a
 /// view) may write anything: its server may be this very database.
 #[test]

@@ -287,9 +287,11 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         }
         // A STABLE or IMMUTABLE function whose body writes after all (through `nextval`,
         // or a volatile function it calls), as its body's analysis shows.
+        // So is a read of a view or a table whose policy calls a function that writes.
         if ctx.deps.is_some_and(|g| {
             g.calls_writer(&a.functions)
                 || (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                || g.reads_write(&a.reads)
         }) {
             return decision(Target::Primary, Reason::WriteFunction);
         }

@@ -69,6 +69,10 @@ fn expand(
     let mut whole = graph
         .expand_writes(writes, &functions, &mut behind)
         .is_whole_database();
+    // What the unit's reads write through the functions they run (views, policies).
+    for a in &unit.parts {
+        graph.expand_read_writes(&a.reads, &mut behind);
+    }
     if fires_event_triggers {
         whole |= graph.expand_ddl(&mut behind).is_whole_database();
     }
@@ -678,12 +682,14 @@ impl Session {
         };
         if out.writes.is_empty() && !calls && !ddl && !flags.event_ddl {
             // A plain read, unless an operator or cast it applies runs a user function
-            // that writes (only then does the graph know a node of its name).
-            let implicit = unit.parts.iter().any(|a| !a.implicit_calls.is_empty());
-            let writes_behind = implicit
-                && self
-                    .dep_graph()
-                    .is_some_and(|g| unit.parts.iter().any(|a| g.calls_writer(&a.implicit_calls)));
+            // that writes (only then does the graph know a node of its name), or what it
+            // reads runs one (a view's query, a row-security policy).
+            let writes_behind = self.dep_graph().is_some_and(|g| {
+                unit.parts.iter().any(|a| {
+                    (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                        || g.reads_write(&a.reads)
+                })
+            });
             if !writes_behind {
                 return out;
             }
