@@ -983,8 +983,8 @@ async fn functions_behind_refreshes_trigger_conditions_and_operators_in_bodies_a
 }
 
 /// Reads that write: a view whose query calls a function that writes (an audit of who
-/// reads it), a table whose row-security policy does; and a write checked by a policy
-/// that does. The read runs on the primary (a standby would refuse the write) and marks
+/// reads it; read directly or by a function), a table whose row-security policy does; and
+/// a write checked by a policy that does. The read runs on the primary (a standby would refuse the write) and marks
 /// what the function writes; so does the write.
 #[tokio::test]
 async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
@@ -1003,6 +1003,8 @@ async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
          CREATE FUNCTION {bump}() RETURNS int LANGUAGE plpgsql AS $$
          BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
          CREATE VIEW {view} AS SELECT {bump}() AS x;
+         CREATE FUNCTION {p}_reader(v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN RETURN (SELECT x FROM {view}) + v; END $$;
          CREATE TABLE {docs}(x int);
          INSERT INTO {docs} VALUES (1);
          ALTER TABLE {docs} ENABLE ROW LEVEL SECURITY;
@@ -1027,6 +1029,10 @@ async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
         (
             "a read of a view",
             format!("SELECT x::int8 FROM {view} WHERE $1::int > 0"),
+        ),
+        (
+            "a function reading the view",
+            format!("SELECT {p}_reader($1::int)"),
         ),
         (
             "a read under a policy",

@@ -229,10 +229,17 @@ impl DepGraph {
         let mut func_write = vec![Span::default(); b.funcs.len()];
         let mut func_read = vec![Span::default(); b.funcs.len()];
         for f in 0..b.funcs.len() {
-            let whole = walk.writes(&b, Item::Func(f as FuncId));
-            func_write[f] = push_span(&mut pool, &walk.out, None, whole);
             let whole = walk.reads(&b, Item::Func(f as FuncId));
             func_read[f] = push_span(&mut pool, &walk.out, None, whole);
+            // What the call writes: what its body and callees write, and what the
+            // functions run by what they read (views, policies) write. Those are among
+            // the functions the read walk ran, the called one first.
+            let ran: Vec<Item> = walk.funcs_out.iter().map(|&g| Item::Func(g)).collect();
+            let whole = walk.writes(&b, Item::Func(f as FuncId));
+            if ran.len() > 1 {
+                walk.writes_from(&b, &ran);
+            }
+            func_write[f] = push_span(&mut pool, &walk.out, None, whole);
         }
 
         let ddl_write = if b.ddl_calls.is_empty() {

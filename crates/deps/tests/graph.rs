@@ -575,7 +575,18 @@ fn reads_that_run_writing_functions_write() {
     s.policy(docs, "docs_audit", bump, 'f');
     let py = s.view("app.py", 'v', &[]);
     s.view_call(py, opaque);
+    // A function reading the view runs what the view's query calls.
+    let reader = plpgsql_def(
+        "app.reader",
+        "int",
+        "",
+        "  RETURN (SELECT count(*) FROM app.audited);",
+    );
+    s.func("app.reader", "plpgsql", 'v', Some(reader));
     let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(writes(&g, &[], &["reader"]), (rels(&["app.audit"]), P));
+    assert!(g.calls_writer(&[func("reader")]));
+    assert!(!g.calls_writer(&[func("peek")]));
     for read in ["audited", "app.over_audited", "docs"] {
         assert!(g.reads_write(&[rel(read)]), "{read}");
         let mut out = Vec::new();
