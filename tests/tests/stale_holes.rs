@@ -1051,6 +1051,71 @@ async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
     }
 }
 
+/// Operators and aggregates inside what the catalog keeps, not in the statement: a view
+/// whose query applies a user aggregate or operator, a check constraint applying a user
+/// operator. The catalog records the operator (or the aggregate), not the function that
+/// runs; each writes the audit table.
+#[tokio::test]
+async fn operators_and_aggregates_inside_views_and_checks_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("inside");
+    let (audit, bump, step, agg, op_f, summed, added, checked) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_step"),
+        format!("{p}_sum"),
+        format!("{p}_plus"),
+        format!("{p}_summed"),
+        format!("{p}_added"),
+        format!("{p}_checked"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE FUNCTION {step}(s int, v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN s + v; END $$;
+         CREATE AGGREGATE {agg}(int) (sfunc = {step}, stype = int, initcond = '0');
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <<<+>>> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE VIEW {summed} AS SELECT {agg}(x) AS s FROM (VALUES (1)) t(x);
+         CREATE VIEW {added} AS SELECT 1 <<<+>>> 2 AS y;
+         CREATE TABLE {checked}(x int CHECK ((x <<<+>>> 0) IS NOT NULL));"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &summed, &format!("{agg}()")),
+            edge("view", &added, &format!("{op_f}()")),
+            edge("expression", &checked, &format!("{op_f}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write) in [
+        (
+            "a view applying an aggregate",
+            format!("SELECT s::int8 FROM {summed} WHERE $1::int > 0"),
+        ),
+        (
+            "a view applying an operator",
+            format!("SELECT y::int8 FROM {added} WHERE $1::int > 0"),
+        ),
+        (
+            "a check applying an operator",
+            format!("INSERT INTO {checked} VALUES ($1::int)"),
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, 1, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]

@@ -160,6 +160,10 @@ pub struct ImplicitCallRow {
     /// The function that runs (`pg_proc.oid`; built-ins are in no row of
     /// [`FUNCTIONS_SQL`] and add nothing).
     pub function_oid: Oid,
+    /// The aggregate's own `pg_proc.oid` (what a view's or a default's dependencies name),
+    /// the operator's or the cast's oid.
+    #[serde(default)]
+    pub owner_oid: Oid,
 }
 
 /// An enabled event trigger: DDL runs its function (`CREATE EVENT TRIGGER ... ON
@@ -254,28 +258,37 @@ AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v'
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// The user functions a view's or materialized view's query calls: the dependencies of its
-/// `_RETURN` rule on functions; system views left out.
+/// `_RETURN` rule on functions, and on operators (as their functions); system views left
+/// out.
 pub const VIEW_CALLS_SQL: &str = "\
-SELECT DISTINCT r.ev_class::int8 AS view_oid, d.refobjid::int8 AS function_oid \
+SELECT DISTINCT r.ev_class::int8 AS view_oid, \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS function_oid \
 FROM pg_catalog.pg_rewrite r \
 JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
 JOIN pg_catalog.pg_class v ON v.oid = r.ev_class \
 JOIN pg_catalog.pg_namespace n ON n.oid = v.relnamespace \
-WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_proc'::regclass \
+WHERE r.rulename = '_RETURN' \
+AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
 AND d.deptype = 'n' AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// What the policies that filter reads (`FOR SELECT` or `FOR ALL`) of tables with row security
 /// enabled refer to: the relations and functions their expressions use (PostgreSQL records
-/// them as normal dependencies of the policy), the policy's own table left out.
+/// them as normal dependencies of the policy; an operator as its function), the policy's
+/// own table left out.
 pub const POLICY_DEPS_SQL: &str = "\
 SELECT DISTINCT p.polrelid::int8 AS table_oid, p.polname::text AS name, \
-d.refobjid::int8 AS ref_oid, \
-CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN 'f' ELSE 'r' END AS ref_kind \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS ref_oid, \
+CASE WHEN d.refclassid = 'pg_catalog.pg_class'::regclass THEN 'r' ELSE 'f' END AS ref_kind \
 FROM pg_catalog.pg_policy p \
 JOIN pg_catalog.pg_class c ON c.oid = p.polrelid \
 JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_policy'::regclass AND d.objid = p.oid \
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
 WHERE c.relrowsecurity AND p.polcmd IN ('r', '*') AND d.deptype = 'n' \
-AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass) \
+AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass, \
+'pg_catalog.pg_operator'::regclass) \
 AND d.refobjid <> p.polrelid";
 
 /// The domains each type is or contains, and the permanent table columns of those types:
@@ -319,7 +332,8 @@ AND c.relpersistence <> 't') "
 /// and generated columns (`pg_attrdef`), check constraints, index expressions or predicates,
 /// and the checks and defaults of the domains its columns are of (a domain over a domain,
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
-/// those objects on `pg_proc`). Domains inside composite, range and multirange column
+/// those objects on `pg_proc`, or on `pg_operator`: an operator's function). Domains inside
+/// composite, range and multirange column
 /// types are followed too, and so are the assignment and implicit casts users made to the
 /// types of its columns (a column depends on a type that is not built in), the `WHEN`
 /// conditions of its triggers (the trigger's own function is a trigger edge already), and
@@ -327,8 +341,8 @@ AND c.relpersistence <> 't') "
 /// them: `WITH CHECK`, and `USING` for the rows an UPDATE or DELETE reads).
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
-    "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
-x.via::text AS via \
+    "SELECT DISTINCT x.table_oid::int8 AS table_oid, \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS function_oid, x.via::text AS via \
 FROM (\
 SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid AS table_oid, \
 'default' AS via, 0::oid AS skip FROM pg_catalog.pg_attrdef a \
@@ -354,8 +368,10 @@ t.tgfoid FROM pg_catalog.pg_trigger t \
 WHERE t.tgqual IS NOT NULL AND NOT t.tgisinternal AND t.tgenabled <> 'D'\
 ) x \
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
-WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n' \
-AND d.refobjid <> x.skip"
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
+WHERE d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
+AND d.deptype = 'n' AND coalesce(o.oprcode::oid, d.refobjid) <> x.skip"
 );
 
 /// What [`ImplicitCallRow`] describes: the support functions of aggregates outside the
@@ -363,9 +379,9 @@ AND d.refobjid <> x.skip"
 /// built-in functions only).
 pub const IMPLICIT_CALLS_SQL: &str = "\
 SELECT u.kind AS kind, u.schema AS schema, u.name AS name, \
-u.function_oid AS function_oid FROM (\
+u.function_oid AS function_oid, u.owner_oid AS owner_oid FROM (\
 SELECT 'a'::text AS kind, n.nspname::text AS schema, p.proname::text AS name, \
-f.fn::int8 AS function_oid \
+f.fn::int8 AS function_oid, p.oid::int8 AS owner_oid \
 FROM pg_catalog.pg_aggregate a \
 JOIN pg_catalog.pg_proc p ON p.oid = a.aggfnoid \
 JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
@@ -373,10 +389,10 @@ CROSS JOIN LATERAL (VALUES (a.aggtransfn::oid), (a.aggfinalfn::oid), (a.aggcombi
 (a.aggserialfn::oid), (a.aggdeserialfn::oid), (a.aggmtransfn::oid), (a.aggminvtransfn::oid), \
 (a.aggmfinalfn::oid)) f(fn) \
 WHERE f.fn <> 0 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-UNION ALL SELECT 'o', n.nspname::text, o.oprname::text, o.oprcode::oid::int8 \
+UNION ALL SELECT 'o', n.nspname::text, o.oprname::text, o.oprcode::oid::int8, o.oid::int8 \
 FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace \
 WHERE o.oprcode::oid <> 0 AND o.oid >= 16384 \
-UNION ALL SELECT 'c', n.nspname::text, t.typname::text, c.castfunc::int8 \
+UNION ALL SELECT 'c', n.nspname::text, t.typname::text, c.castfunc::int8, c.oid::int8 \
 FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_type t ON t.oid = c.casttarget \
 JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
 WHERE c.castfunc <> 0 AND c.oid >= 16384\

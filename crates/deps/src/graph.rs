@@ -209,6 +209,8 @@ impl Builder {
     }
 
     fn add_catalog_edges(&mut self, rows: &CatalogRows) {
+        // First: views and defaults name aggregates by their oids.
+        self.add_implicit_calls(rows);
         for t in &rows.triggers {
             let (Some(&rel), Some(&f)) = (
                 self.by_oid.get(&t.table_oid),
@@ -283,7 +285,6 @@ impl Builder {
             );
         }
         self.add_read_deps(rows);
-        self.add_implicit_calls(rows);
         for i in &rows.inherits {
             let (Some(&child), Some(&parent)) = (
                 self.by_oid.get(&i.child_oid),
@@ -327,6 +328,10 @@ impl Builder {
                     node
                 }
             };
+            if c.kind == 'a' {
+                // A view's query or a default naming the aggregate names it by this oid.
+                self.func_by_oid.entry(c.owner_oid).or_insert(node);
+            }
             self.calls[node as usize].push(f);
             let (from, to) = (
                 func_label(&self.funcs[node as usize]),

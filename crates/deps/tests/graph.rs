@@ -494,7 +494,10 @@ fn aggregates_operators_and_casts_run_their_functions() {
         'i',
         Some("CREATE FUNCTION app.pure(a int) RETURNS int LANGUAGE sql AS 'SELECT a'".into()),
     );
-    s.implicit_call('a', "app.audit_sum", step);
+    let audit_sum = s.implicit_call('a', "app.audit_sum", step);
+    // A view's query naming the aggregate (by its oid, as the catalog does).
+    let summed = s.view("app.summed", 'v', &[]);
+    s.view_call(summed, audit_sum);
     s.implicit_call('o', "app.<+>", plus);
     s.implicit_call('c', "app.wrapped", wrap);
     s.implicit_call('o', "public.=", pure);
@@ -516,6 +519,7 @@ fn aggregates_operators_and_casts_run_their_functions() {
     let audit = (rels(&["app.audit"]), P);
     assert_eq!(writes(&g, &[], &["audit_sum"]), audit);
     assert_eq!(writes(&g, &[], &["uses_plus"]), audit);
+    assert!(g.reads_write(&[rel("summed")]));
     assert_eq!(writes(&g, &["app.mv"], &[]), audit);
     assert_eq!(reads(&g, &["app.mv"], &[]), (vec![], P));
     for implicit in [

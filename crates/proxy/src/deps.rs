@@ -778,6 +778,7 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<(CatalogRows, 
             schema: text(&r, "schema")?,
             name: text(&r, "name")?,
             function_oid: oid(&r, "function_oid")?,
+            owner_oid: oid(&r, "owner_oid")?,
         });
     }
     let fingerprint = crate::schema_watch::fingerprint(&tx).await?;

@@ -116,15 +116,19 @@ impl Schema {
         });
     }
 
-    /// `function` runs behind aggregate, operator or cast (`kind` a, o, c) `qualified`.
-    pub fn implicit_call(&mut self, kind: char, qualified: &str, function: u32) {
+    /// `function` runs behind aggregate, operator or cast (`kind` a, o, c) `qualified`;
+    /// returns the aggregate's (operator's, cast's) own oid.
+    pub fn implicit_call(&mut self, kind: char, qualified: &str, function: u32) -> u32 {
+        let owner = self.oid();
         let (schema, name) = split(qualified);
         self.rows.implicit_calls.push(ImplicitCallRow {
             kind,
             schema,
             name,
             function_oid: function,
+            owner_oid: owner,
         });
+        owner
     }
 
     /// An enabled event trigger running `function`.
