@@ -442,7 +442,8 @@ AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 /// One text that changes whenever a catalog row the graph is built from may have changed:
 /// user triggers, rewrite rules, foreign keys, inheritance, user functions (their source,
 /// name, schema and volatility), row-security policies, event triggers, the dependencies of
-/// defaults, checks, indexes, views and policies on user functions, the names, kinds and
+/// defaults, checks, indexes, views and policies on user functions and operators (and of
+/// operators, casts and aggregates on their functions), the names, kinds and
 /// row-security flags of the relations the graph can name an edge for (those with triggers,
 /// rules, children, partitions, row security, and views), user schemas, and the columns
 /// whose type is a domain (or an array of one: its checks run on writes). Plain tables,
@@ -476,8 +477,10 @@ coalesce((SELECT pg_catalog.string_agg(p.oid || ':' || p.polrelid || ':' || p.po
 coalesce((SELECT pg_catalog.string_agg(e.oid || ':' || e.evtevent || ':' || e.evtfoid || ':' \
 || e.evtenabled::text, ',' ORDER BY e.oid) FROM pg_catalog.pg_event_trigger e), ''), \
 coalesce((SELECT pg_catalog.string_agg(d.classid || ':' || d.objid || ':' || d.objsubid || ':' \
-|| d.refobjid, ',' ORDER BY d.classid, d.objid, d.objsubid, d.refobjid) \
-FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass \
+|| d.refclassid || ':' || d.refobjid, ',' \
+ORDER BY d.classid, d.objid, d.objsubid, d.refclassid, d.refobjid) \
+FROM pg_catalog.pg_depend d \
+WHERE d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
 AND d.refobjid >= 16384 AND d.deptype = 'n'), ''), \
 coalesce((SELECT pg_catalog.string_agg(c.oid || ':' || c.relnamespace || ':' || c.relname || ':' \
 || c.relkind::text || ':' || c.relrowsecurity || ':' || c.relispartition || ':' \
