@@ -230,7 +230,7 @@ async fn setup(sql: &str) {
     let c = proxy().connect().await;
     c.batch_execute(sql)
         .await
-        .unwrap_or_else(|e| panic!("setup failed: {e}\n{sql}"));
+        .unwrap_or_else(|e| panic!("setup failed: {e:?}\n{sql}"));
     wait_replicated_on(cluster(), &c).await;
 }
 
@@ -822,6 +822,300 @@ async fn functions_in_domain_checks_inside_composite_and_range_columns_are_read_
     .await;
 }
 
+/// Functions that run where a statement names something else: an aggregate's state
+/// transition function, an operator's function, an explicit cast's function and an
+/// assignment cast's (a value of another type written to a column of the cast's type).
+/// Each writes the audit table behind a statement that names none of them: an INSERT
+/// into a plain table, and a SELECT that applies the aggregate, the operator and the
+/// cast only.
+#[tokio::test]
+async fn functions_behind_aggregates_operators_and_casts_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("implicit");
+    let (audit, bump, table) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_plain"),
+    );
+    let (agg, step, op_f, wrapped, to_wrapped, tagged, to_tagged) = (
+        format!("{p}_sum"),
+        format!("{p}_step"),
+        format!("{p}_plus"),
+        format!("{p}_wrapped"),
+        format!("{p}_to_wrapped"),
+        format!("{p}_tagged"),
+        format!("{p}_to_tagged"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE FUNCTION {step}(s int, v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN s + v; END $$;
+         CREATE AGGREGATE {agg}(int) (sfunc = {step}, stype = int, initcond = '0');
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <+> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE TYPE {wrapped} AS (v int);
+         CREATE FUNCTION {to_wrapped}(a int) RETURNS {wrapped} LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN ROW(a)::{wrapped}; END $$;
+         CREATE CAST (int AS {wrapped}) WITH FUNCTION {to_wrapped}(int);
+         CREATE TYPE {tagged} AS (v int);
+         CREATE FUNCTION {to_tagged}(a int) RETURNS {tagged} LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN ROW(a)::{tagged}; END $$;
+         CREATE CAST (int AS {tagged}) WITH FUNCTION {to_tagged}(int) AS ASSIGNMENT;
+         CREATE TABLE {table}(x int, w {wrapped}, t {tagged});"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("function", &format!("{agg}()"), &format!("{step}()")),
+            edge("function", "operator <+>()", &format!("{op_f}()")),
+            edge(
+                "function",
+                &format!("cast to {wrapped}()"),
+                &format!("{to_wrapped}()"),
+            ),
+            edge("expression", &table, &format!("{to_tagged}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    // Four functions a row: the aggregate's step, the operator, both casts.
+    check_hole(
+        Hole::learned(
+            "an INSERT through an aggregate, an operator and casts",
+            format!(
+                "INSERT INTO {table}(x, w, t) \
+                 SELECT {agg}(v) <+> 1, $1::int::{wrapped}, $1::int FROM (VALUES (1)) s(v)"
+            ),
+            4,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+    // A read, as far as its text shows.
+    check_hole(
+        Hole::learned(
+            "a SELECT applying an aggregate, an operator and a cast",
+            format!(
+                "SELECT {agg}(v <+> 1), max((v::{wrapped}).v) \
+                 FROM (VALUES ($1::int)) s(v)"
+            ),
+            3,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+}
+
+/// More functions that run behind a statement naming none of them: those a materialized
+/// view's query calls run at its refresh, a trigger's `WHEN` condition runs with the write
+/// it guards, and a function applying a user operator (PL/pgSQL and SQL bodies alike) runs
+/// the operator's function. Each writes the audit table.
+#[tokio::test]
+async fn functions_behind_refreshes_trigger_conditions_and_operators_in_bodies_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("behind");
+    let (audit, bump, mv, guarded, noop, op_f, uses_pl, uses_sql) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_mv"),
+        format!("{p}_guarded"),
+        format!("{p}_noop"),
+        format!("{p}_plus"),
+        format!("{p}_uses_pl"),
+        format!("{p}_uses_sql"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
+         CREATE MATERIALIZED VIEW {mv} AS SELECT {bump}() AS x;
+         CREATE FUNCTION {noop}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RETURN NEW; END $$;
+         CREATE TABLE {guarded}(x int);
+         CREATE TRIGGER {guarded}_trg BEFORE INSERT ON {guarded} FOR EACH ROW
+           WHEN ({bump}() = 1) EXECUTE FUNCTION {noop}();
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <<+>> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE FUNCTION {uses_pl}(v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN RETURN v <<+>> 1; END $$;
+         CREATE FUNCTION {uses_sql}(v int) RETURNS int LANGUAGE sql AS $$ SELECT v <<+>> 1 $$;"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &mv, &format!("{bump}()")),
+            edge("expression", &guarded, &format!("{bump}()")),
+            edge("function", &format!("{uses_pl}()"), "operator <<+>>()"),
+            edge("function", &format!("{uses_sql}()"), "operator <<+>>()"),
+            edge("function", "operator <<+>>()", &format!("{op_f}()")),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write, delta) in [
+        ("a refresh", format!("REFRESH MATERIALIZED VIEW {mv}"), 1),
+        (
+            "a trigger's condition",
+            format!("INSERT INTO {guarded} VALUES ($1::int)"),
+            1,
+        ),
+        (
+            "operators in function bodies",
+            format!("SELECT {uses_pl}($1::int), {uses_sql}($1::int)"),
+            2,
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, delta, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
+/// Reads that write: a view whose query calls a function that writes (an audit of who
+/// reads it; read directly or by a function), a table whose row-security policy does; and
+/// a write checked by a policy that does. The read runs on the primary (a standby would refuse the write) and marks
+/// what the function writes; so does the write.
+#[tokio::test]
+async fn writes_of_functions_run_by_views_and_policies_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("audited");
+    let (audit, bump, view, docs, inbox) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_view"),
+        format!("{p}_docs"),
+        format!("{p}_inbox"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; RETURN 1; END $$;
+         CREATE VIEW {view} AS SELECT {bump}() AS x;
+         CREATE FUNCTION {p}_reader(v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN RETURN (SELECT x FROM {view}) + v; END $$;
+         CREATE TABLE {docs}(x int);
+         INSERT INTO {docs} VALUES (1);
+         ALTER TABLE {docs} ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {docs} FORCE ROW LEVEL SECURITY;
+         CREATE POLICY {docs}_read ON {docs} FOR SELECT USING ({bump}() = 1);
+         CREATE TABLE {inbox}(x int);
+         ALTER TABLE {inbox} ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {inbox} FORCE ROW LEVEL SECURITY;
+         CREATE POLICY {inbox}_write ON {inbox} FOR INSERT WITH CHECK ({bump}() = 1);"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &view, &format!("{bump}()")),
+            edge("policy", &docs, &format!("{bump}()")),
+            edge("expression", &inbox, &format!("{bump}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write) in [
+        (
+            "a read of a view",
+            format!("SELECT x::int8 FROM {view} WHERE $1::int > 0"),
+        ),
+        (
+            "a function reading the view",
+            format!("SELECT {p}_reader($1::int)"),
+        ),
+        (
+            "a read under a policy",
+            format!("SELECT count(*) FROM {docs} WHERE $1::int > 0"),
+        ),
+        (
+            "a write under a policy",
+            format!("INSERT INTO {inbox} VALUES ($1::int)"),
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, 1, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
+/// Operators and aggregates inside what the catalog keeps, not in the statement: a view
+/// whose query applies a user aggregate or operator, a check constraint applying a user
+/// operator. The catalog records the operator (or the aggregate), not the function that
+/// runs; each writes the audit table.
+#[tokio::test]
+async fn operators_and_aggregates_inside_views_and_checks_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("inside");
+    let (audit, bump, step, agg, op_f, summed, added, checked) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_step"),
+        format!("{p}_sum"),
+        format!("{p}_plus"),
+        format!("{p}_summed"),
+        format!("{p}_added"),
+        format!("{p}_checked"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE FUNCTION {step}(s int, v int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN s + v; END $$;
+         CREATE AGGREGATE {agg}(int) (sfunc = {step}, stype = int, initcond = '0');
+         CREATE FUNCTION {op_f}(a int, b int) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN a + b; END $$;
+         CREATE OPERATOR <<<+>>> (leftarg = int, rightarg = int, function = {op_f});
+         CREATE VIEW {summed} AS SELECT {agg}(x) AS s FROM (VALUES (1)) t(x);
+         CREATE VIEW {added} AS SELECT 1 <<<+>>> 2 AS y;
+         CREATE TABLE {checked}(x int CHECK ((x <<<+>>> 0) IS NOT NULL));"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("view", &summed, &format!("{agg}()")),
+            edge("view", &added, &format!("{op_f}()")),
+            edge("expression", &checked, &format!("{op_f}()")),
+            edge("function", &format!("{bump}()"), &audit),
+        ]
+    };
+    let read = format!("SELECT n FROM {audit} WHERE id = $1::int");
+    for (name, write) in [
+        (
+            "a view applying an aggregate",
+            format!("SELECT s::int8 FROM {summed} WHERE $1::int > 0"),
+        ),
+        (
+            "a view applying an operator",
+            format!("SELECT y::int8 FROM {added} WHERE $1::int > 0"),
+        ),
+        (
+            "a check applying an operator",
+            format!("INSERT INTO {checked} VALUES ($1::int)"),
+        ),
+    ] {
+        check_hole(
+            Hole::learned(name, write, 1, plain(&read, 1), edges()),
+            CONTROL,
+        )
+        .await;
+    }
+}
+
 /// A view whose query calls a function: a read of the view reads what the function reads
 /// (here a balance summed from a ledger the view does not name).
 #[tokio::test]
@@ -1181,6 +1475,67 @@ async fn truncate_cascade_is_read_fresh() {
     }
 }
 
+/// `TRUNCATE … RESTART IDENTITY` resets the sequences owned by the truncated tables'
+/// columns, and `ALTER TABLE … ALTER COLUMN … RESTART` an identity column's sequence,
+/// which the text does not name: the whole database counts as written, and a read of
+/// such a sequence (`SELECT last_value FROM t_id_seq`) sees the reset. (Replay is
+/// paused, as for `TRUNCATE … CASCADE` above.)
+#[tokio::test]
+async fn sequence_restarts_behind_a_table_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let t = unique("tri_serial");
+    let seq = format!("{t}_id_seq");
+    setup(&format!(
+        "CREATE TABLE {t}(id int GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY)"
+    ))
+    .await;
+    let p = proxy();
+    let c = p.connect().await;
+    let other = p.connect().await;
+    let direct = primary_direct().await;
+    let read = format!("SELECT last_value FROM {seq} WHERE $1::int = 0");
+    let mut stale = Vec::new();
+    for i in 0..4 {
+        direct
+            .batch_execute(&format!(
+                "INSERT INTO {t} DEFAULT VALUES; INSERT INTO {t} DEFAULT VALUES"
+            ))
+            .await
+            .unwrap();
+        wait_replicated_on(cluster(), &c).await;
+        p.wait_cold(&[&t, &seq]).await;
+        let paused = PausedReplay::now();
+        let restart = if i % 4 < 2 {
+            format!("TRUNCATE {t} RESTART IDENTITY")
+        } else {
+            format!("ALTER TABLE {t} ALTER COLUMN id RESTART WITH 1")
+        };
+        c.batch_execute(&restart).await.unwrap();
+        let proto = if i % 2 == 0 {
+            Proto::Simple
+        } else {
+            Proto::Extended
+        };
+        let want = read_i64(&direct, Proto::Extended, &read, 0).await;
+        for (label, client) in [("writer", &c), ("other", &other)] {
+            let got = read_i64(client, proto, &read, 0).await;
+            if got != want {
+                stale.push(format!("{restart}, {label}: saw {got}, expected {want}"));
+            }
+        }
+        drop(paused);
+        // TRUNCATE left the table empty; the restarted identity would collide.
+        direct
+            .batch_execute(&format!("TRUNCATE {t}"))
+            .await
+            .unwrap();
+    }
+    assert!(
+        stale.is_empty(),
+        "stale reads of a restarted sequence: {stale:?}"
+    );
+}
+
 /// Replay paused on both standbys while this lives.
 struct PausedReplay;
 
@@ -1251,6 +1606,103 @@ async fn writes_of_a_prepared_transaction_are_read_fresh_after_commit_prepared()
         control > 0,
         "the control without recency routing saw no stale read, so the test proves nothing"
     );
+}
+
+/// The dblink extension runs SQL over a connection of its own, here to the database the
+/// client is in (an autonomous audit write): what it writes commits behind the call, and
+/// the whole database counts as written.
+#[tokio::test]
+async fn writes_over_dblink_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let counts = unique("dblink_counts");
+    cluster()
+        .psql(0, "app", "CREATE EXTENSION IF NOT EXISTS dblink")
+        .expect("the dblink extension");
+    struct DropDblink;
+    impl Drop for DropDblink {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", "DROP EXTENSION IF EXISTS dblink");
+        }
+    }
+    let _dblink = DropDblink;
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);"
+    ))
+    .await;
+    let conn = format!(
+        "host=127.0.0.1 port={} dbname=app user=app password={APP_PASSWORD}",
+        node_port(0)
+    );
+    check_hole(
+        Hole::plain(
+            "dblink",
+            format!(
+                "SELECT dblink_exec('{conn}', 'UPDATE {counts} SET n = n + 1 WHERE id = 1'), \
+                 $1::int"
+            ),
+            &format!("SELECT n FROM {counts} WHERE id = $1::int"),
+        ),
+        "enable_recent_access_routing = false",
+    )
+    .await;
+}
+
+/// A write to a foreign table goes to another server, which may be this very database
+/// (`postgres_fdw` pointed back at it, to write outside the caller's transaction): what
+/// it writes there is not known, so the whole database counts as written.
+#[tokio::test]
+async fn writes_through_a_foreign_table_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (counts, server, foreign, view) = (
+        unique("fdw_counts"),
+        unique("fdw_loopback"),
+        unique("fdw_counts_remote"),
+        unique("fdw_counts_view"),
+    );
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+                 CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw
+                   OPTIONS (host '127.0.0.1', port '{}', dbname 'app');
+                 CREATE USER MAPPING FOR app SERVER {server}
+                   OPTIONS (user 'app', password '{APP_PASSWORD}');
+                 GRANT USAGE ON FOREIGN SERVER {server} TO app;",
+                node_port(0)
+            ),
+        )
+        .expect("a loopback foreign server");
+    // Dropped with the test: the server, its mapping, the foreign table and the view.
+    struct DropFdw;
+    impl Drop for DropFdw {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", "DROP EXTENSION IF EXISTS postgres_fdw CASCADE");
+        }
+    }
+    let _fdw = DropFdw;
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);
+         CREATE FOREIGN TABLE {foreign}(id int, n bigint) SERVER {server}
+           OPTIONS (table_name '{counts}');
+         CREATE VIEW {view} AS SELECT id, n FROM {foreign};"
+    ))
+    .await;
+    check_hole(
+        Hole::learned(
+            "a foreign table",
+            format!("UPDATE {foreign} SET n = n + 1 WHERE id = 1 AND $1::int > 0"),
+            1,
+            plain(&format!("SELECT n FROM {counts} WHERE id = $1::int"), 1),
+            // (Proof the graph is loaded: the view's edge.)
+            vec![edge("view", &view, &foreign)],
+        ),
+        CONTROL,
+    )
+    .await;
 }
 
 /// How a write meets a trigger created just before it, with the dependency graph not yet
@@ -2102,4 +2554,127 @@ async fn asynchronous_commits_are_read_fresh() {
     assert!(stale.is_empty(), "{} stale reads: {stale:?}", stale.len());
     // The position is one the standbys reach: reads of the table go back to them.
     wait_replica_read(&p, &read).await;
+}
+
+/// A FunctionCall message (`F`) runs a function by its oid, as libpq's `PQfn` does for
+/// its large-object calls (`lo_write`, `lo_creat`, `lo_truncate` ...; psycopg2's
+/// `lobject`). pgfresh cannot see what it writes, so it counts as a write of the whole
+/// database. Returns the stale reads of `rounds` rounds through `p`: each calls a user
+/// function bumping `counts` and `lo_put` on large object `lo` over a raw connection, then
+/// reads both through the raw connection's neighbours.
+async fn function_call_misses(
+    p: &ProxyHandle,
+    counts: &str,
+    f: &str,
+    lo: i64,
+    rounds: usize,
+) -> usize {
+    use tokio::io::AsyncWriteExt;
+    let truth = primary_direct().await;
+    let oid = |sig: &str| {
+        let truth = &truth;
+        let sql = format!("SELECT '{sig}'::regprocedure::oid::int8");
+        async move {
+            let oid: i64 = truth.query_one(&sql, &[]).await.expect("an oid").get(0);
+            u32::try_from(oid).expect("an oid")
+        }
+    };
+    let (bump, lo_put) = (
+        oid(&format!("{f}()")).await,
+        oid("lo_put(oid, bigint, bytea)").await,
+    );
+    let mut s = raw::connect(p.addr).await;
+    let writer = p.connect().await;
+    let other = p.connect().await;
+    let count = format!("SELECT n FROM {counts} WHERE id = 1");
+    let object = format!("SELECT ('x' || encode(lo_get({lo}), 'hex'))::bit(32)::int::int8");
+    let mut misses = 0;
+    for i in 0..rounds {
+        let value = format!("\\x{:08x}", i + 1);
+        // Every other round in an explicit transaction, marked at its COMMIT.
+        let in_tx = i % 2 == 1;
+        if in_tx {
+            s.write_all(&raw::msg(b'Q', &raw::cstr("BEGIN")))
+                .await
+                .expect("BEGIN");
+            raw::read_until(&mut s, b'Z').await;
+        }
+        for call in [
+            function_call(bump, &[]),
+            function_call(lo_put, &[&lo.to_string(), "0", &value]),
+        ] {
+            s.write_all(&call).await.expect("write to pgfresh");
+            let replies = raw::read_until(&mut s, b'Z').await;
+            assert!(
+                raw::tags(&replies).contains(&b'V'),
+                "no FunctionCallResponse: {replies:?}"
+            );
+        }
+        if in_tx {
+            s.write_all(&raw::msg(b'Q', &raw::cstr("COMMIT")))
+                .await
+                .expect("COMMIT");
+            raw::read_until(&mut s, b'Z').await;
+        }
+        for read in [&count, &object] {
+            let want = read_i64(&truth, Proto::Extended, read, 0).await;
+            for (c, proto) in [(&writer, Proto::Simple), (&other, Proto::Extended)] {
+                misses += usize::from(read_i64(c, proto, read, 0).await != want);
+            }
+        }
+    }
+    misses
+}
+
+/// A FunctionCall message of the function `oid`, text arguments, a text result.
+fn function_call(oid: u32, args: &[&str]) -> Vec<u8> {
+    let mut body = oid.to_be_bytes().to_vec();
+    body.extend_from_slice(&1u16.to_be_bytes());
+    body.extend_from_slice(&0u16.to_be_bytes());
+    body.extend_from_slice(
+        &u16::try_from(args.len())
+            .expect("few arguments")
+            .to_be_bytes(),
+    );
+    for a in args {
+        body.extend_from_slice(
+            &i32::try_from(a.len())
+                .expect("a short argument")
+                .to_be_bytes(),
+        );
+        body.extend_from_slice(a.as_bytes());
+    }
+    body.extend_from_slice(&0u16.to_be_bytes());
+    raw::msg(b'F', &body)
+}
+
+#[tokio::test]
+async fn writes_of_a_function_call_message_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (counts, f) = (unique("fastpath_counts"), unique("fastpath_bump"));
+    setup(&format!(
+        "CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {counts} VALUES (1, 0);
+         CREATE FUNCTION {f}() RETURNS bigint LANGUAGE plpgsql AS $$
+         DECLARE v bigint;
+         BEGIN UPDATE {counts} SET n = n + 1 WHERE id = 1 RETURNING n INTO v; RETURN v; END $$;"
+    ))
+    .await;
+    let lo: i64 = primary_direct()
+        .await
+        .query_one("SELECT lo_from_bytea(0, int4send(0))::int8", &[])
+        .await
+        .expect("a large object")
+        .get(0);
+    setup("SELECT 1").await;
+    let guarded = start_proxy(&config_text(""));
+    let blind = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let misses = function_call_misses(&guarded, &counts, &f, lo, 10).await;
+    let control = function_call_misses(&blind, &counts, &f, lo, 10).await;
+    assert_eq!(misses, 0, "stale reads after FunctionCall messages");
+    assert!(
+        control > 0,
+        "the control without recency routing saw no stale read, so the test proves nothing"
+    );
 }

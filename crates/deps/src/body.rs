@@ -27,6 +27,9 @@ pub struct BodyEffects {
     pub writes: Vec<RelName>,
     /// Functions called.
     pub calls: Vec<FuncName>,
+    /// Operators applied and types cast to (`Statement::implicit_calls`): a user-defined
+    /// one runs its function, which the graph knows by these names.
+    pub implicit_calls: Vec<FuncName>,
     /// Why the body cannot be analysed, when it cannot.
     pub unanalysable: Option<String>,
 }
@@ -66,6 +69,7 @@ impl BodyEffects {
         self.reads.extend(a.reads.iter().cloned());
         self.writes.extend(a.writes.iter().cloned());
         self.calls.extend(a.functions.iter().cloned());
+        self.implicit_calls.extend(a.implicit_calls.iter().cloned());
     }
 
     fn finish(mut self) -> Self {
@@ -73,8 +77,10 @@ impl BodyEffects {
             v.sort();
             v.dedup();
         }
-        self.calls.sort();
-        self.calls.dedup();
+        for v in [&mut self.calls, &mut self.implicit_calls] {
+            v.sort();
+            v.dedup();
+        }
         self
     }
 }

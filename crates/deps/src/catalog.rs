@@ -47,6 +47,11 @@ pub struct CatalogRows {
     /// were read).
     #[serde(default)]
     pub event_triggers: Vec<EventTriggerRow>,
+    /// Functions that run behind syntax naming none: aggregates' support functions,
+    /// operators' and casts' functions ([`IMPLICIT_CALLS_SQL`]; absent from rows saved
+    /// before they were read).
+    #[serde(default)]
+    pub implicit_calls: Vec<ImplicitCallRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -134,8 +139,31 @@ pub struct WriteCallRow {
     pub table_oid: Oid,
     /// The function its expression calls (`pg_proc.oid`).
     pub function_oid: Oid,
-    /// Where: `default`, `check`, `domain` (a check of a column's domain) or `index`.
+    /// Where: `default`, `check`, `domain` (a check of a column's domain), `index`, `cast`
+    /// (an assignment or implicit cast to the type of one of its columns, which a value of
+    /// another type written to the column goes through), `trigger condition` (a
+    /// trigger's `WHEN`) or `policy` (a row-security policy).
     pub via: String,
+}
+
+/// A function that runs where a statement names something else: an aggregate's support
+/// function (`audit_sum(x)` runs its state transition function), an operator's function
+/// (`a <+> b`), a cast's function (`x::money_t`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImplicitCallRow {
+    /// `a` an aggregate, `o` an operator, `c` a cast.
+    pub kind: char,
+    /// The schema of the aggregate, the operator, or the type cast to.
+    pub schema: String,
+    /// The aggregate's name, the operator's symbol, or the name of the type cast to.
+    pub name: String,
+    /// The function that runs (`pg_proc.oid`; built-ins are in no row of
+    /// [`FUNCTIONS_SQL`] and add nothing).
+    pub function_oid: Oid,
+    /// The aggregate's own `pg_proc.oid` (what a view's or a default's dependencies name),
+    /// the operator's or the cast's oid.
+    #[serde(default)]
+    pub owner_oid: Oid,
 }
 
 /// An enabled event trigger: DDL runs its function (`CREATE EVENT TRIGGER ... ON
@@ -230,28 +258,37 @@ AND d.deptype = 'n' AND d.refobjid <> r.ev_class AND b.relkind IN ('r', 'p', 'v'
 AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// The user functions a view's or materialized view's query calls: the dependencies of its
-/// `_RETURN` rule on functions; system views left out.
+/// `_RETURN` rule on functions, and on operators (as their functions); system views left
+/// out.
 pub const VIEW_CALLS_SQL: &str = "\
-SELECT DISTINCT r.ev_class::int8 AS view_oid, d.refobjid::int8 AS function_oid \
+SELECT DISTINCT r.ev_class::int8 AS view_oid, \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS function_oid \
 FROM pg_catalog.pg_rewrite r \
 JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid \
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
 JOIN pg_catalog.pg_class v ON v.oid = r.ev_class \
 JOIN pg_catalog.pg_namespace n ON n.oid = v.relnamespace \
-WHERE r.rulename = '_RETURN' AND d.refclassid = 'pg_catalog.pg_proc'::regclass \
+WHERE r.rulename = '_RETURN' \
+AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
 AND d.deptype = 'n' AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 
 /// What the policies that filter reads (`FOR SELECT` or `FOR ALL`) of tables with row security
 /// enabled refer to: the relations and functions their expressions use (PostgreSQL records
-/// them as normal dependencies of the policy), the policy's own table left out.
+/// them as normal dependencies of the policy; an operator as its function), the policy's
+/// own table left out.
 pub const POLICY_DEPS_SQL: &str = "\
 SELECT DISTINCT p.polrelid::int8 AS table_oid, p.polname::text AS name, \
-d.refobjid::int8 AS ref_oid, \
-CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN 'f' ELSE 'r' END AS ref_kind \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS ref_oid, \
+CASE WHEN d.refclassid = 'pg_catalog.pg_class'::regclass THEN 'r' ELSE 'f' END AS ref_kind \
 FROM pg_catalog.pg_policy p \
 JOIN pg_catalog.pg_class c ON c.oid = p.polrelid \
 JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_policy'::regclass AND d.objid = p.oid \
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
 WHERE c.relrowsecurity AND p.polcmd IN ('r', '*') AND d.deptype = 'n' \
-AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass) \
+AND d.refclassid IN ('pg_catalog.pg_class'::regclass, 'pg_catalog.pg_proc'::regclass, \
+'pg_catalog.pg_operator'::regclass) \
 AND d.refobjid <> p.polrelid";
 
 /// The domains each type is or contains, and the permanent table columns of those types:
@@ -295,28 +332,71 @@ AND c.relpersistence <> 't') "
 /// and generated columns (`pg_attrdef`), check constraints, index expressions or predicates,
 /// and the checks and defaults of the domains its columns are of (a domain over a domain,
 /// or an array of one, included: see `domain_columns_cte`) call (normal dependencies of
-/// those objects on `pg_proc`). Domains inside composite, range and multirange column
-/// types are followed too.
+/// those objects on `pg_proc`, or on `pg_operator`: an operator's function). Domains inside
+/// composite, range and multirange column
+/// types are followed too, and so are the assignment and implicit casts users made to the
+/// types of its columns (a column depends on a type that is not built in), the `WHEN`
+/// conditions of its triggers (the trigger's own function is a trigger edge already), and
+/// its row-security policies when row security is on (a write checks its rows against
+/// them: `WITH CHECK`, and `USING` for the rows an UPDATE or DELETE reads).
 pub const WRITE_CALLS_SQL: &str = concat!(
     domain_columns_cte!(),
-    "SELECT DISTINCT x.table_oid::int8 AS table_oid, d.refobjid::int8 AS function_oid, \
-x.via::text AS via \
+    "SELECT DISTINCT x.table_oid::int8 AS table_oid, \
+coalesce(o.oprcode::oid, d.refobjid)::int8 AS function_oid, x.via::text AS via \
 FROM (\
 SELECT 'pg_catalog.pg_attrdef'::regclass AS classid, a.oid AS objid, a.adrelid AS table_oid, \
-'default' AS via FROM pg_catalog.pg_attrdef a \
-UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check' \
+'default' AS via, 0::oid AS skip FROM pg_catalog.pg_attrdef a \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, c.conrelid, 'check', 0 \
 FROM pg_catalog.pg_constraint c WHERE c.contype = 'c' AND c.conrelid <> 0 \
-UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, dc.table_oid, 'domain' \
+UNION ALL SELECT 'pg_catalog.pg_constraint'::regclass, c.oid, dc.table_oid, 'domain', 0 \
 FROM domain_column dc \
 JOIN pg_catalog.pg_constraint c ON c.contypid = dc.domain_oid AND c.contype = 'c' \
-UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain' \
+UNION ALL SELECT 'pg_catalog.pg_type'::regclass, dc.domain_oid, dc.table_oid, 'domain', 0 \
 FROM domain_column dc \
-UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index' \
-FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL\
+UNION ALL SELECT 'pg_catalog.pg_class'::regclass, i.indexrelid, i.indrelid, 'index', 0 \
+FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL \
+UNION ALL SELECT 'pg_catalog.pg_cast'::regclass, c.oid, d.objid, 'cast', 0 \
+FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_depend d \
+ON d.refclassid = 'pg_catalog.pg_type'::regclass AND d.refobjid = c.casttarget \
+AND d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid > 0 \
+WHERE c.castfunc <> 0 AND c.castcontext IN ('a', 'i') AND c.oid >= 16384 \
+UNION ALL SELECT 'pg_catalog.pg_policy'::regclass, p.oid, p.polrelid, 'policy', 0 \
+FROM pg_catalog.pg_policy p JOIN pg_catalog.pg_class r ON r.oid = p.polrelid \
+WHERE r.relrowsecurity \
+UNION ALL SELECT 'pg_catalog.pg_trigger'::regclass, t.oid, t.tgrelid, 'trigger condition', \
+t.tgfoid FROM pg_catalog.pg_trigger t \
+WHERE t.tgqual IS NOT NULL AND NOT t.tgisinternal AND t.tgenabled <> 'D'\
 ) x \
 JOIN pg_catalog.pg_depend d ON d.classid = x.classid AND d.objid = x.objid \
-WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass AND d.deptype = 'n'"
+LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass \
+AND o.oid = d.refobjid \
+WHERE d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
+AND d.deptype = 'n' AND coalesce(o.oprcode::oid, d.refobjid) <> x.skip"
 );
+
+/// What [`ImplicitCallRow`] describes: the support functions of aggregates outside the
+/// system schemas, and the functions of operators and casts users made (built-in ones run
+/// built-in functions only).
+pub const IMPLICIT_CALLS_SQL: &str = "\
+SELECT u.kind AS kind, u.schema AS schema, u.name AS name, \
+u.function_oid AS function_oid, u.owner_oid AS owner_oid FROM (\
+SELECT 'a'::text AS kind, n.nspname::text AS schema, p.proname::text AS name, \
+f.fn::int8 AS function_oid, p.oid::int8 AS owner_oid \
+FROM pg_catalog.pg_aggregate a \
+JOIN pg_catalog.pg_proc p ON p.oid = a.aggfnoid \
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+CROSS JOIN LATERAL (VALUES (a.aggtransfn::oid), (a.aggfinalfn::oid), (a.aggcombinefn::oid), \
+(a.aggserialfn::oid), (a.aggdeserialfn::oid), (a.aggmtransfn::oid), (a.aggminvtransfn::oid), \
+(a.aggmfinalfn::oid)) f(fn) \
+WHERE f.fn <> 0 AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+UNION ALL SELECT 'o', n.nspname::text, o.oprname::text, o.oprcode::oid::int8, o.oid::int8 \
+FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace \
+WHERE o.oprcode::oid <> 0 AND o.oid >= 16384 \
+UNION ALL SELECT 'c', n.nspname::text, t.typname::text, c.castfunc::int8, c.oid::int8 \
+FROM pg_catalog.pg_cast c JOIN pg_catalog.pg_type t ON t.oid = c.casttarget \
+JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
+WHERE c.castfunc <> 0 AND c.oid >= 16384\
+) u";
 
 /// Event triggers that can fire (`evtenabled <> 'D'`; `O`, `R` and `A` all fire in some
 /// session replication role).
@@ -362,7 +442,8 @@ AND n.nspname NOT IN ('pg_catalog', 'information_schema')";
 /// One text that changes whenever a catalog row the graph is built from may have changed:
 /// user triggers, rewrite rules, foreign keys, inheritance, user functions (their source,
 /// name, schema and volatility), row-security policies, event triggers, the dependencies of
-/// defaults, checks, indexes, views and policies on user functions, the names, kinds and
+/// defaults, checks, indexes, views and policies on user functions and operators (and of
+/// operators, casts and aggregates on their functions), the names, kinds and
 /// row-security flags of the relations the graph can name an edge for (those with triggers,
 /// rules, children, partitions, row security, and views), user schemas, and the columns
 /// whose type is a domain (or an array of one: its checks run on writes). Plain tables,
@@ -396,8 +477,10 @@ coalesce((SELECT pg_catalog.string_agg(p.oid || ':' || p.polrelid || ':' || p.po
 coalesce((SELECT pg_catalog.string_agg(e.oid || ':' || e.evtevent || ':' || e.evtfoid || ':' \
 || e.evtenabled::text, ',' ORDER BY e.oid) FROM pg_catalog.pg_event_trigger e), ''), \
 coalesce((SELECT pg_catalog.string_agg(d.classid || ':' || d.objid || ':' || d.objsubid || ':' \
-|| d.refobjid, ',' ORDER BY d.classid, d.objid, d.objsubid, d.refobjid) \
-FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass \
+|| d.refclassid || ':' || d.refobjid, ',' \
+ORDER BY d.classid, d.objid, d.objsubid, d.refclassid, d.refobjid) \
+FROM pg_catalog.pg_depend d \
+WHERE d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass) \
 AND d.refobjid >= 16384 AND d.deptype = 'n'), ''), \
 coalesce((SELECT pg_catalog.string_agg(c.oid || ':' || c.relnamespace || ':' || c.relname || ':' \
 || c.relkind::text || ':' || c.relrowsecurity || ':' || c.relispartition || ':' \
@@ -413,7 +496,7 @@ coalesce((SELECT pg_catalog.string_agg(dc.table_oid || ':' || dc.attnum || ':' \
 );
 
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 11] = [
+pub const QUERIES: [(&str, &str); 12] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
@@ -425,6 +508,7 @@ pub const QUERIES: [(&str, &str); 11] = [
     ("policy_deps", POLICY_DEPS_SQL),
     ("write_calls", WRITE_CALLS_SQL),
     ("event_triggers", EVENT_TRIGGERS_SQL),
+    ("implicit_calls", IMPLICIT_CALLS_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when
@@ -477,6 +561,7 @@ mod tests {
             fields::<PolicyDepRow>(),
             fields::<WriteCallRow>(),
             fields::<EventTriggerRow>(),
+            fields::<ImplicitCallRow>(),
         ];
         for ((what, sql), want) in QUERIES.iter().zip(expected) {
             let mut got = columns(sql);

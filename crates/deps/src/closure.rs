@@ -8,7 +8,8 @@
 //! follows triggers, cascades, children and parents; one reached *upwards* (as an ancestor of
 //! a written relation) follows triggers, cascades and parents only. Row triggers defined on a
 //! partitioned table fire for writes to its partitions, so an ancestor's triggers count.
-//! Functions follow their writes and calls. Cycles end at already-visited states.
+//! Functions follow their writes and calls. Cycles end at already-visited states. A foreign
+//! table written makes the closure the whole database: its server may be this one.
 
 use crate::expand::{DepGraph, FastMap, Span};
 use crate::graph::{Builder, FuncId, RelId};
@@ -24,6 +25,8 @@ struct Walk {
     rel_seen: Vec<u32>,
     queue: Vec<Item>,
     out: Vec<RelId>,
+    /// The functions the last read walk ran.
+    funcs_out: Vec<FuncId>,
 }
 
 #[derive(Clone, Copy)]
@@ -43,6 +46,7 @@ impl Walk {
             rel_seen: vec![0; b.rels.len()],
             queue: Vec::new(),
             out: Vec::new(),
+            funcs_out: Vec::new(),
         }
     }
 
@@ -50,6 +54,7 @@ impl Walk {
         self.stamp += 1;
         self.queue.clear();
         self.out.clear();
+        self.funcs_out.clear();
     }
 
     fn collect(&mut self, r: RelId) {
@@ -78,6 +83,10 @@ impl Walk {
                     }
                     self.full[i] = self.stamp;
                     self.collect(r);
+                    // A foreign table's rows live on another server, which may be this
+                    // database (`postgres_fdw` pointed back at it): what a write there
+                    // changes is not known.
+                    whole |= b.relkind[i] == 'f';
                     self.queue
                         .extend(b.children[i].iter().map(|&c| Item::Full(c)));
                     self.relation_common(b, i);
@@ -145,6 +154,7 @@ impl Walk {
                         continue;
                     }
                     self.func[i] = self.stamp;
+                    self.funcs_out.push(f);
                     whole |= b.unanalysable[i].is_some();
                     self.queue
                         .extend(b.func_reads[i].iter().map(|&r| Item::Full(r)));
@@ -191,16 +201,26 @@ impl DepGraph {
 
         let mut rel_read = vec![Span::default(); b.rels.len()];
         let mut rel_write = vec![Span::default(); b.rels.len()];
+        let mut rel_read_write = vec![Span::default(); b.rels.len()];
         for r in 0..b.rels.len() {
             let id = r as RelId;
             if !b.rel_reads[r].is_empty() || !b.read_calls[r].is_empty() {
                 let whole = walk.reads(&b, Item::Full(id));
                 rel_read[r] = push_span(&mut pool, &walk.out, Some(id), whole);
+                // What the functions the read runs (a view's, a policy's) write. Only
+                // what their bodies name: a read running a volatile body pgfresh cannot
+                // read is left to the standby, which refuses a write.
+                let run: Vec<Item> = walk.funcs_out.iter().map(|&f| Item::Func(f)).collect();
+                if !run.is_empty() {
+                    walk.writes_from(&b, &run);
+                    rel_read_write[r] = push_span(&mut pool, &walk.out, None, false);
+                }
             }
             let trivial = b.triggers[r].is_empty()
                 && b.cascades[r].is_empty()
                 && b.children[r].is_empty()
-                && b.parents[r].is_empty();
+                && b.parents[r].is_empty()
+                && b.relkind[r] != 'f';
             if !trivial {
                 let whole = walk.writes(&b, Item::Full(id));
                 rel_write[r] = push_span(&mut pool, &walk.out, Some(id), whole);
@@ -209,10 +229,17 @@ impl DepGraph {
         let mut func_write = vec![Span::default(); b.funcs.len()];
         let mut func_read = vec![Span::default(); b.funcs.len()];
         for f in 0..b.funcs.len() {
-            let whole = walk.writes(&b, Item::Func(f as FuncId));
-            func_write[f] = push_span(&mut pool, &walk.out, None, whole);
             let whole = walk.reads(&b, Item::Func(f as FuncId));
             func_read[f] = push_span(&mut pool, &walk.out, None, whole);
+            // What the call writes: what its body and callees write, and what the
+            // functions run by what they read (views, policies) write. Those are among
+            // the functions the read walk ran, the called one first.
+            let ran: Vec<Item> = walk.funcs_out.iter().map(|&g| Item::Func(g)).collect();
+            let whole = walk.writes(&b, Item::Func(f as FuncId));
+            if ran.len() > 1 {
+                walk.writes_from(&b, &ran);
+            }
+            func_write[f] = push_span(&mut pool, &walk.out, None, whole);
         }
 
         let ddl_write = if b.ddl_calls.is_empty() {
@@ -224,7 +251,10 @@ impl DepGraph {
         };
         let mut rel_index: FastMap<_, Vec<RelId>> = FastMap::default();
         for (r, name) in b.rels.iter().enumerate() {
-            if !rel_write[r].is_trivial() || !rel_read[r].is_trivial() {
+            if !rel_write[r].is_trivial()
+                || !rel_read[r].is_trivial()
+                || !rel_read_write[r].is_trivial()
+            {
                 rel_index
                     .entry(name.name.clone())
                     .or_default()
@@ -242,12 +272,15 @@ impl DepGraph {
         }
         pool.shrink_to_fit();
         let unlogged = Unlogged::build(&b, &pool, &rel_read, &func_read);
+        let reads_write = rel_read_write.iter().any(|s| !s.is_trivial());
         DepGraph {
             rels: b.rels,
             funcs: b.funcs,
             pool,
             rel_write,
             rel_read,
+            rel_read_write,
+            reads_write,
             func_write,
             func_read,
             ddl_write,

@@ -57,6 +57,11 @@ pub struct DepGraph {
     pub(crate) pool: Vec<RelId>,
     pub(crate) rel_write: Vec<Span>,
     pub(crate) rel_read: Vec<Span>,
+    /// What a read of each relation writes through the functions it runs (a view's query,
+    /// a row-security policy's expression).
+    pub(crate) rel_read_write: Vec<Span>,
+    /// Some read writes (a `rel_read_write` is not empty).
+    pub(crate) reads_write: bool,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
     /// What DDL writes through the event triggers it fires.
@@ -99,6 +104,31 @@ impl DepGraph {
                 })
             })
         })
+    }
+
+    /// Whether reading `reads` runs a function that writes: a view's query or a
+    /// row-security policy calls one (an audit of reads). Such a read runs on the primary
+    /// and marks what it writes ([`DepGraph::expand_read_writes`]).
+    pub fn reads_write(&self, reads: &[RelName]) -> bool {
+        self.reads_write
+            && reads.iter().any(|n| {
+                self.rel_index.get(&*n.name).is_some_and(|ids| {
+                    ids.iter().any(|&r| {
+                        n.may_match(&self.rels[r as usize])
+                            && !self.rel_read_write[r as usize].is_trivial()
+                    })
+                })
+            })
+    }
+
+    /// Appends to `out` what reading `reads` writes through the functions the reads run
+    /// (see [`DepGraph::reads_write`]).
+    pub fn expand_read_writes(&self, reads: &[RelName], out: &mut Vec<RelName>) {
+        if !self.reads_write {
+            return;
+        }
+        let spans = (&self.rel_read_write[..], &self.func_write[..]);
+        self.expand(reads, &[], spans, &mut |r| out.push(r.clone()));
     }
 
     /// Whether reading `reads` and calling `called` reaches an unlogged table, which only

@@ -63,6 +63,8 @@ pub(crate) struct Builder {
     func_by_oid: HashMap<Oid, FuncId>,
     by_name: HashMap<Arc<str>, Vec<RelId>>,
     func_by_name: HashMap<Arc<str>, Vec<FuncId>>,
+    /// The aggregate, operator and cast nodes, by (kind, schema, name).
+    implicit_by_name: HashMap<(char, String, String), FuncId>,
     pub report: DependencyReport,
 }
 
@@ -207,6 +209,8 @@ impl Builder {
     }
 
     fn add_catalog_edges(&mut self, rows: &CatalogRows) {
+        // First: views and defaults name aggregates by their oids.
+        self.add_implicit_calls(rows);
         for t in &rows.triggers {
             let (Some(&rel), Some(&f)) = (
                 self.by_oid.get(&t.table_oid),
@@ -300,6 +304,43 @@ impl Builder {
         }
     }
 
+    /// The functions that run behind syntax naming none: a call of an aggregate calls its
+    /// support functions; an operator and a cast are function nodes of their own, named as
+    /// the analysis names them ([`FuncName::operator`], [`FuncName::cast_to`]), calling
+    /// their functions.
+    fn add_implicit_calls(&mut self, rows: &CatalogRows) {
+        for c in &rows.implicit_calls {
+            let Some(&f) = self.func_by_oid.get(&c.function_oid) else {
+                continue; // a built-in or extension function: writes nothing of ours
+            };
+            let (name, via) = match c.kind {
+                'a' => (FuncName::new(Some(&c.schema), &c.name), "aggregate"),
+                'o' => (FuncName::operator(Some(&c.schema), &c.name), "operator"),
+                'c' => (FuncName::cast_to(Some(&c.schema), &c.name), "cast"),
+                _ => continue,
+            };
+            let key = (c.kind, c.schema.clone(), c.name.clone());
+            let node = match self.implicit_by_name.get(&key) {
+                Some(&node) => node,
+                None => {
+                    let node = self.add_func(name, 'v');
+                    self.implicit_by_name.insert(key, node);
+                    node
+                }
+            };
+            if c.kind == 'a' {
+                // A view's query or a default naming the aggregate names it by this oid.
+                self.func_by_oid.entry(c.owner_oid).or_insert(node);
+            }
+            self.calls[node as usize].push(f);
+            let (from, to) = (
+                func_label(&self.funcs[node as usize]),
+                func_label(&self.funcs[f as usize]),
+            );
+            self.edge(EdgeKind::Function, from, to, Some(via), "calls");
+        }
+    }
+
     /// What a read runs behind a relation's name: the functions a view's query calls, and
     /// what the row-security policies filtering its reads read and call.
     fn add_read_deps(&mut self, rows: &CatalogRows) {
@@ -312,7 +353,10 @@ impl Builder {
             };
             let (from, to) = (self.rel_label(view), func_label(&self.funcs[f as usize]));
             if self.relkind[view as usize] == 'm' {
-                let action = "materialized: called only at refresh";
+                // Its refresh, a write of the materialized view, runs the function (as a
+                // write to a table runs its triggers' functions); a read of it runs none.
+                self.triggers[view as usize].push(f);
+                let action = "materialized: called at refresh";
                 self.edge(EdgeKind::View, from, to, None, action);
                 continue;
             }
@@ -374,7 +418,7 @@ impl Builder {
                 }
             }
         }
-        for name in &fx.calls {
+        for name in fx.calls.iter().chain(&fx.implicit_calls) {
             for callee in self.resolve_func(name) {
                 self.calls[f as usize].push(callee);
                 let to = func_label(&self.funcs[callee as usize]);
@@ -421,7 +465,7 @@ impl Builder {
                 self.edge(EdgeKind::Rule, from.clone(), to, Some(&rule.name), "writes");
             }
         }
-        for name in &fx.calls {
+        for name in fx.calls.iter().chain(&fx.implicit_calls) {
             for f in self.resolve_func(name) {
                 self.triggers[rel as usize].push(f);
                 let to = func_label(&self.funcs[f as usize]);

@@ -411,8 +411,10 @@ fn view_calls_and_policies_join_the_read_closures() {
         reads(&g, &["balance_report"], &[]),
         (rels(&["app.accounts", "app.balances", "app.ledger"]), P)
     );
-    // A materialized view's calls run only at refresh.
+    // A materialized view's calls run only at refresh, a write of it: there they write
+    // what the functions write (the stable `bal` nothing).
     assert_eq!(reads(&g, &["app.mv_balances"], &[]), (vec![], P));
+    assert_eq!(writes(&g, &["app.mv_balances"], &[]), (vec![], P));
     assert_eq!(
         reads(&g, &["docs"], &[]),
         (rels(&["app.grants", "app.memberships"]), P)
@@ -467,6 +469,162 @@ fn functions_in_defaults_run_with_writes() {
             && e.from == "app.invoices"
             && e.to == "app.next_invoice_no()"
             && e.via.as_deref() == Some("default")));
+}
+
+/// An aggregate runs its support functions, an operator and a cast their functions: a call
+/// of the aggregate, and the names the analysis gives an operator applied and a type cast
+/// to, write what those functions write. Operators and casts whose functions write nothing
+/// (or are built-ins, in no row) add nothing.
+#[test]
+fn aggregates_operators_and_casts_run_their_functions() {
+    let mut s = Schema::default();
+    s.table("app.audit");
+    let bump = plpgsql_def(
+        "app.bump",
+        "int",
+        "",
+        "  UPDATE app.audit SET n = n + 1;\n  RETURN 1;",
+    );
+    let step = s.func("app.step", "plpgsql", 'v', Some(bump.clone()));
+    let plus = s.func("app.plus", "plpgsql", 'v', Some(bump.clone()));
+    let wrap = s.func("app.wrap", "plpgsql", 'v', Some(bump));
+    let pure = s.func(
+        "app.pure",
+        "sql",
+        'i',
+        Some("CREATE FUNCTION app.pure(a int) RETURNS int LANGUAGE sql AS 'SELECT a'".into()),
+    );
+    let audit_sum = s.implicit_call('a', "app.audit_sum", step);
+    // A view's query naming the aggregate (by its oid, as the catalog does).
+    let summed = s.view("app.summed", 'v', &[]);
+    s.view_call(summed, audit_sum);
+    s.implicit_call('o', "app.<+>", plus);
+    s.implicit_call('c', "app.wrapped", wrap);
+    s.implicit_call('o', "public.=", pure);
+    s.implicit_call('o', "public.<->", 12345);
+    // A body applying the operator runs its function; so does a materialized view's
+    // refresh, a write of it, run what its query calls.
+    s.func(
+        "app.uses_plus",
+        "sql",
+        'v',
+        Some(
+            "CREATE FUNCTION app.uses_plus(v int) RETURNS int LANGUAGE sql AS 'SELECT v <+> 1'"
+                .into(),
+        ),
+    );
+    let mv = s.view("app.mv", 'm', &[]);
+    s.view_call(mv, step);
+    let g = DepGraph::build(&s.rows, &[]);
+    let audit = (rels(&["app.audit"]), P);
+    assert_eq!(writes(&g, &[], &["audit_sum"]), audit);
+    assert_eq!(writes(&g, &[], &["uses_plus"]), audit);
+    assert!(g.reads_write(&[rel("summed")]));
+    assert_eq!(writes(&g, &["app.mv"], &[]), audit);
+    assert_eq!(reads(&g, &["app.mv"], &[]), (vec![], P));
+    for implicit in [
+        FuncName::operator(None, "<+>"),
+        FuncName::operator(Some("app"), "<+>"),
+        FuncName::cast_to(None, "wrapped"),
+    ] {
+        let mut out = Vec::new();
+        assert_eq!(
+            g.expand_writes(&[], std::slice::from_ref(&implicit), &mut out),
+            P
+        );
+        assert_eq!((out, P), audit, "{implicit}");
+        assert!(g.calls_writer(&[implicit]));
+    }
+    for harmless in [
+        FuncName::operator(None, "="),
+        FuncName::operator(None, "<->"),
+        FuncName::operator(Some("public"), "<+>"),
+        FuncName::cast_to(None, "int4"),
+    ] {
+        assert!(
+            !g.calls_writer(std::slice::from_ref(&harmless)),
+            "{harmless}"
+        );
+    }
+}
+
+/// A read of a view whose query calls a function that writes, or of a table whose policy
+/// does, writes what the function writes; a read running only functions that read writes
+/// nothing, and one running a volatile body pgfresh cannot read is left to the standby.
+#[test]
+fn reads_that_run_writing_functions_write() {
+    let mut s = Schema::default();
+    s.table("app.audit");
+    let bump = plpgsql_def(
+        "app.bump",
+        "int",
+        "",
+        "  UPDATE app.audit SET n = n + 1;\n  RETURN 1;",
+    );
+    let bump = s.func("app.bump", "plpgsql", 'v', Some(bump));
+    let peek = plpgsql_def(
+        "app.peek",
+        "int",
+        "",
+        "  RETURN (SELECT count(*) FROM app.audit);",
+    );
+    let peek = s.func("app.peek", "plpgsql", 'v', Some(peek));
+    let opaque = s.func("app.opaque", "plpython3u", 'v', None);
+    let audited = s.view("app.audited", 'v', &[]);
+    s.view_call(audited, bump);
+    s.view("app.over_audited", 'v', &[audited]);
+    let peeking = s.view("app.peeking", 'v', &[]);
+    s.view_call(peeking, peek);
+    let docs = s.table("app.docs");
+    s.policy(docs, "docs_audit", bump, 'f');
+    let py = s.view("app.py", 'v', &[]);
+    s.view_call(py, opaque);
+    // A function reading the view runs what the view's query calls.
+    let reader = plpgsql_def(
+        "app.reader",
+        "int",
+        "",
+        "  RETURN (SELECT count(*) FROM app.audited);",
+    );
+    s.func("app.reader", "plpgsql", 'v', Some(reader));
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(writes(&g, &[], &["reader"]), (rels(&["app.audit"]), P));
+    assert!(g.calls_writer(&[func("reader")]));
+    assert!(!g.calls_writer(&[func("peek")]));
+    for read in ["audited", "app.over_audited", "docs"] {
+        assert!(g.reads_write(&[rel(read)]), "{read}");
+        let mut out = Vec::new();
+        g.expand_read_writes(&[rel(read)], &mut out);
+        assert_eq!(out, rels(&["app.audit"]), "{read}");
+    }
+    for read in ["peeking", "py", "audit", "unknown"] {
+        assert!(!g.reads_write(&[rel(read)]), "{read}");
+    }
+    let empty = DepGraph::build(&Schema::default().rows, &[]);
+    assert!(!empty.reads_write(&[rel("audited")]));
+}
+
+/// A write to a foreign table (directly, as a partition of a table written, or through a
+/// view) may write anything: its server may be this very database.
+#[test]
+fn writes_to_foreign_tables_may_write_anything() {
+    let mut s = Schema::default();
+    let remote = s.rel("app.remote_counts", 'f');
+    let events = s.rel("app.events", 'p');
+    let local = s.table("app.events_local");
+    s.inherit(local, events);
+    s.inherit(remote, events);
+    s.view("app.remote_view", 'v', &[remote]);
+    s.table("app.plain");
+    let g = DepGraph::build(&s.rows, &[]);
+    assert_eq!(writes(&g, &["remote_counts"], &[]).1, W);
+    assert_eq!(writes(&g, &["events"], &[]).1, W);
+    assert_eq!(writes(&g, &["remote_view"], &[]).1, W);
+    assert_eq!(
+        writes(&g, &["events_local"], &[]),
+        (rels(&["app.events"]), P)
+    );
+    assert_eq!(writes(&g, &["plain"], &[]), (vec![], P));
 }
 
 /// DDL fires event triggers: their functions' writes are the DDL's too.

@@ -290,7 +290,12 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
         }
         // A STABLE or IMMUTABLE function whose body writes after all (through `nextval`,
         // or a volatile function it calls), as its body's analysis shows.
-        if ctx.deps.is_some_and(|g| g.calls_writer(&a.functions)) {
+        // So is a read of a view or a table whose policy calls a function that writes.
+        if ctx.deps.is_some_and(|g| {
+            g.calls_writer(&a.functions)
+                || (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                || g.reads_write(&a.reads)
+        }) {
             return decision(Target::Primary, Reason::WriteFunction);
         }
     }
@@ -388,6 +393,12 @@ fn read_requirement(
         whole = g
             .expand_reads_borrowed(&a.reads, &a.functions, &mut behind)
             .is_whole_database();
+        // What the functions of user-defined operators and casts read.
+        if !a.implicit_calls.is_empty() {
+            whole |= g
+                .expand_reads_borrowed(&[], &a.implicit_calls, &mut behind)
+                .is_whole_database();
+        }
     }
     if whole {
         // An unanalysable function body may read anything.

@@ -93,6 +93,7 @@ pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
         a.writes.clone_from(&only.writes);
         a.must_primary.clone_from(&only.must_primary);
         a.functions.clone_from(&only.functions);
+        a.implicit_calls.clone_from(&only.implicit_calls);
         a.touches_catalog = only.touches_catalog;
     } else {
         for s in &statements {
@@ -101,12 +102,14 @@ pub(crate) fn combine(statements: Vec<Statement>) -> Analysis {
             a.writes.extend(s.writes.iter().cloned());
             a.must_primary.extend(s.must_primary.iter().cloned());
             a.functions.extend(s.functions.iter().cloned());
+            a.implicit_calls.extend(s.implicit_calls.iter().cloned());
             a.touches_catalog |= s.touches_catalog;
         }
         sort_dedup(&mut a.reads);
         sort_dedup(&mut a.writes);
         sort_dedup(&mut a.must_primary);
         sort_dedup(&mut a.functions);
+        sort_dedup(&mut a.implicit_calls);
     }
     if a.kind == Kind::Unclassified {
         a.error = Some("statement could not be classified".to_owned());

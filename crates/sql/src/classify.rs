@@ -168,8 +168,10 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         NodeEnum::TruncateStmt(t) => {
             w.write_rels(&t.relations);
             // CASCADE also empties every table with a foreign key to these, whatever
-            // the key's actions: pgfresh cannot name them from the text.
-            w.writes_unnamed = t.behavior == protobuf::DropBehavior::DropCascade as i32;
+            // the key's actions, and RESTART IDENTITY resets the sequences their
+            // columns own: pgfresh cannot name them from the text.
+            w.writes_unnamed =
+                t.behavior == protobuf::DropBehavior::DropCascade as i32 || t.restart_seqs;
             Kind::Write
         }
         NodeEnum::CallStmt(c) => {
@@ -243,6 +245,7 @@ fn classify_into(w: &mut Walker, node: &NodeEnum) -> Kind {
     w.writes.extend(s.writes);
     w.reasons.extend(s.must_primary);
     w.functions.extend(s.functions);
+    w.implicit_calls.extend(s.implicit_calls);
     w.touches_catalog |= s.touches_catalog;
     w.ddl_events |= s.fires_event_triggers;
     if w.session.is_none() {
@@ -257,6 +260,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         mut writes,
         reasons: mut must_primary,
         mut functions,
+        mut implicit_calls,
         session,
         touches_catalog,
         writes_unnamed,
@@ -268,12 +272,14 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
     sort_dedup(&mut writes);
     sort_dedup(&mut must_primary);
     sort_dedup(&mut functions);
+    sort_dedup(&mut implicit_calls);
     Statement {
         kind,
         reads,
         writes,
         must_primary,
         functions,
+        implicit_calls,
         tx,
         session,
         touches_catalog,
@@ -467,6 +473,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         writes: Vec::new(),
         must_primary: Vec::new(),
         functions: Vec::new(),
+        implicit_calls: Vec::new(),
         tx: None,
         session,
         touches_catalog: s.touches_catalog,
@@ -519,6 +526,12 @@ fn ddl(w: &mut Walker, node: &NodeEnum) -> Kind {
             if let Some(rel) = &a.relation {
                 w.write_rel(rel);
             }
+            // `ALTER COLUMN ... RESTART` (or another identity option) changes the identity
+            // column's sequence, which the text does not name.
+            w.writes_unnamed |= a.cmds.iter().any(|c| {
+                matches!(&c.node, Some(NodeEnum::AlterTableCmd(cmd))
+                    if cmd.subtype == protobuf::AlterTableType::AtSetIdentity as i32)
+            });
         }
         NodeEnum::IndexStmt(i) => {
             if let Some(rel) = &i.relation {

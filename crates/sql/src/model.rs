@@ -288,6 +288,11 @@ pub struct Statement {
     pub must_primary: Vec<MustPrimary>,
     /// Functions the statement calls (sorted, deduplicated).
     pub functions: Vec<FuncName>,
+    /// Operators the statement applies and types it casts to, under the names the
+    /// dependency graph knows the user functions behind them by ([`FuncName::operator`],
+    /// [`FuncName::cast_to`]; sorted, deduplicated). Built-in operators and casts run no
+    /// user function; a user-defined one runs a function the text does not name.
+    pub implicit_calls: Vec<FuncName>,
     /// Effect on the transaction, for transaction-control statements.
     pub tx: Option<TxEffect>,
     /// Effect on the session state.
@@ -320,6 +325,7 @@ impl Statement {
             writes: Vec::new(),
             must_primary: Vec::new(),
             functions: Vec::new(),
+            implicit_calls: Vec::new(),
             tx: None,
             session: None,
             touches_catalog: false,
@@ -353,6 +359,9 @@ pub struct Analysis {
     pub must_primary: Vec<MustPrimary>,
     /// Union of the functions called (sorted, deduplicated).
     pub functions: Vec<FuncName>,
+    /// Union of the operators applied and types cast to (see
+    /// [`Statement::implicit_calls`]).
+    pub implicit_calls: Vec<FuncName>,
     /// Some function called is not a known built-in ([`crate::is_known_builtin`]): what it
     /// may write or fire only the dependency graph tells (decided once, with the analysis).
     pub calls_user_functions: bool,
@@ -387,6 +396,7 @@ impl Analysis {
             writes: Vec::new(),
             must_primary: Vec::new(),
             functions: Vec::new(),
+            implicit_calls: Vec::new(),
             calls_user_functions: false,
             touches_catalog: false,
             hint: None,
@@ -473,12 +483,16 @@ impl Analysis {
                 &self.must_primary,
                 &self.functions,
             )
+            + self.implicit_calls.iter().map(func).sum::<usize>()
+            + block(self.implicit_calls.len())
             + self
                 .statements
                 .iter()
                 .map(|s| {
                     size_of::<Statement>()
                         + lists(&s.reads, &s.writes, &s.must_primary, &s.functions)
+                        + s.implicit_calls.iter().map(func).sum::<usize>()
+                        + block(s.implicit_calls.len())
                         + session(&s.session)
                         + if s.tx.is_some() { 32 } else { 0 }
                 })

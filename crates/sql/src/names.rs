@@ -105,6 +105,22 @@ macro_rules! qualified_name_impl {
 qualified_name_impl!(RelName);
 qualified_name_impl!(FuncName);
 
+impl FuncName {
+    /// The name under which the user functions behind operator `symbol` are known (`1 <+>
+    /// 2` runs the operator's function, which the text does not name): `operator <+>`, in
+    /// `schema` when the operator was qualified (`OPERATOR(app.<+>)`).
+    pub fn operator(schema: Option<&str>, symbol: &str) -> Self {
+        Self::new(schema, &format!("operator {symbol}"))
+    }
+
+    /// The name under which the user functions behind casts to type `type_name` are known
+    /// (`x::app.money` runs the cast's function): `cast to money`, in `schema` when the type
+    /// was qualified.
+    pub fn cast_to(schema: Option<&str>, type_name: &str) -> Self {
+        Self::new(schema, &format!("cast to {type_name}"))
+    }
+}
+
 impl RelName {
     /// `pg_catalog.pg_largeobject`: what the large-object functions read and write.
     pub fn large_objects() -> RelName {

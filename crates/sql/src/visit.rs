@@ -17,6 +17,8 @@ pub(crate) struct Walker {
     pub writes: Vec<RelName>,
     pub reasons: Vec<MustPrimary>,
     pub functions: Vec<FuncName>,
+    /// Operators applied and types cast to (see `Statement::implicit_calls`).
+    pub implicit_calls: Vec<FuncName>,
     pub session: Option<SessionEffect>,
     pub touches_catalog: bool,
     /// A data-modifying statement (INSERT/UPDATE/DELETE/MERGE/SELECT INTO) was seen.
@@ -378,6 +380,9 @@ impl Walker {
                 Some(LargeObjects::Write) => self.writes.push(RelName::large_objects()),
                 None => {}
             }
+            if remote_sql_may_write(&name, &f.args) {
+                self.writes_unnamed = true;
+            }
             match advanced_sequence(&name, &f.args) {
                 // A read of the sequence relation (`SELECT last_value FROM s`) sees it.
                 Some(Some(seq)) => self.writes.push(seq),
@@ -392,6 +397,27 @@ impl Walker {
         self.opt(&f.agg_filter);
         if let Some(w) = &f.over {
             self.window(w);
+        }
+    }
+
+    /// An operator applied (`a <+> b`, `x = ANY (...)`): its name, `[schema, ]symbol`.
+    fn operator(&mut self, name: &[Node]) {
+        match string_parts(name)[..] {
+            [symbol] => self.implicit_calls.push(FuncName::operator(None, symbol)),
+            [schema, symbol] => self
+                .implicit_calls
+                .push(FuncName::operator(Some(schema), symbol)),
+            _ => {}
+        }
+    }
+
+    /// A cast to type `t` (`x::t`, `CAST(x AS t)`, an array of `t` too: each element is
+    /// cast).
+    fn cast(&mut self, t: &protobuf::TypeName) {
+        let parts = string_parts(&t.names);
+        if let Some((name, rest)) = parts.split_last() {
+            self.implicit_calls
+                .push(FuncName::cast_to(rest.last().copied(), name));
         }
     }
 
@@ -433,6 +459,7 @@ impl Walker {
             | NodeEnum::JsonOutput(_)
             | NodeEnum::JsonReturning(_) => {}
             NodeEnum::AExpr(e) => {
+                self.operator(&e.name);
                 self.opt(&e.lexpr);
                 self.opt(&e.rexpr);
             }
@@ -440,9 +467,12 @@ impl Walker {
             NodeEnum::NullTest(e) => self.opt(&e.arg),
             NodeEnum::BooleanTest(e) => self.opt(&e.arg),
             NodeEnum::TypeCast(e) => {
-                if e.type_name.as_ref().is_some_and(names_catalog_type) {
-                    // `'orders'::regclass` looks the name up in the catalogs.
-                    self.touches_catalog = true;
+                if let Some(t) = &e.type_name {
+                    if names_catalog_type(t) {
+                        // `'orders'::regclass` looks the name up in the catalogs.
+                        self.touches_catalog = true;
+                    }
+                    self.cast(t);
                 }
                 self.opt(&e.arg)
             }
@@ -476,13 +506,18 @@ impl Walker {
             }
             NodeEnum::MultiAssignRef(m) => self.opt(&m.source),
             NodeEnum::SubLink(s) => {
+                self.operator(&s.oper_name);
                 self.opt(&s.testexpr);
                 if let Some(q) = &s.subselect {
                     self.query(q, true);
                 }
             }
             NodeEnum::FuncCall(f) => self.func_call(f),
-            NodeEnum::SortBy(s) => self.opt(&s.node),
+            NodeEnum::SortBy(s) => {
+                // `ORDER BY x USING <+>`
+                self.operator(&s.use_op);
+                self.opt(&s.node)
+            }
             NodeEnum::WindowDef(w) => self.window(w),
             NodeEnum::GroupingSet(g) => self.list(&g.content),
             NodeEnum::XmlExpr(x) => {
@@ -550,6 +585,13 @@ impl Walker {
                         self.functions.push(name);
                     }
                 }
+                NodeRef::AExpr(e) => self.operator(&e.name),
+                NodeRef::SubLink(s) => self.operator(&s.oper_name),
+                NodeRef::TypeCast(c) => {
+                    if let Some(t) = &c.type_name {
+                        self.cast(t);
+                    }
+                }
                 NodeRef::InsertStmt(s) => self.fallback_write(s.relation.as_ref()),
                 NodeRef::UpdateStmt(s) => self.fallback_write(s.relation.as_ref()),
                 NodeRef::DeleteStmt(s) => self.fallback_write(s.relation.as_ref()),
@@ -574,6 +616,25 @@ impl Walker {
             self.write_rel(rv);
         }
     }
+}
+
+/// `dblink_exec`, `dblink` and `dblink_send_query` (the dblink extension, in whatever
+/// schema it was installed) run SQL over a connection of their own, which may well be to
+/// this database (dblink is the usual way to an autonomous audit write): what that SQL
+/// writes commits behind the call, named nowhere in the text. Unless one argument is a
+/// constant that only reads, the call may write any relation.
+fn remote_sql_may_write(f: &FuncName, args: &[Node]) -> bool {
+    if !matches!(&*f.name, "dblink_exec" | "dblink" | "dblink_send_query") {
+        return false;
+    }
+    !args.iter().filter_map(const_text).any(|sql| {
+        let a = crate::analyze_uncached(&sql);
+        a.kind == crate::model::Kind::Read
+            && a.writes.is_empty()
+            && a.must_primary.is_empty()
+            && !a.calls_user_functions
+            && a.statements.iter().all(|s| !s.writes_unnamed)
+    })
 }
 
 /// The sequence `nextval(...)` or `setval(...)` advances: `Some(Some(s))` when named by a

@@ -266,6 +266,26 @@ fn a_do_block_and_commit_prepared_may_write_anything() {
     assert!(!prepare.statements[0].writes_unnamed);
     let truncate = pgfresh_sql::analyze_uncached("TRUNCATE t");
     assert!(!truncate.statements[0].writes_unnamed);
+    for sql in [
+        "TRUNCATE t CASCADE",
+        "TRUNCATE t RESTART IDENTITY",
+        "TRUNCATE ONLY a, b RESTART IDENTITY RESTRICT",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(a.statements[0].writes_unnamed, "{sql}");
+    }
+    let continued = pgfresh_sql::analyze_uncached("TRUNCATE t CONTINUE IDENTITY");
+    assert!(!continued.statements[0].writes_unnamed);
+    for (sql, unnamed) in [
+        ("ALTER TABLE t ALTER COLUMN id RESTART WITH 1", true),
+        ("ALTER TABLE t ALTER COLUMN id RESTART", true),
+        ("ALTER TABLE t ALTER COLUMN id SET INCREMENT BY 2", true),
+        ("ALTER TABLE t ALTER COLUMN id SET NOT NULL", false),
+        ("ALTER TABLE t ADD COLUMN n int", false),
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert_eq!(a.statements[0].writes_unnamed, unnamed, "{sql}");
+    }
 }
 
 #[test]
@@ -284,6 +304,29 @@ fn a_sequence_named_at_run_time_may_be_any_relation() {
         "SELECT nextval('s')",
         "SELECT currval('s')",
         "SELECT lastval()",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(!a.statements[0].writes_unnamed, "{sql}");
+    }
+}
+
+#[test]
+fn sql_run_over_dblink_may_write_anything() {
+    for sql in [
+        "SELECT dblink_exec('dbname=app', 'UPDATE audit SET n = n + 1')",
+        "SELECT public.dblink_exec('UPDATE audit SET n = n + 1')",
+        "SELECT * FROM dblink('dbname=app', 'INSERT INTO t VALUES (1) RETURNING id') AS r(id int)",
+        "SELECT dblink_send_query('conn', 'DELETE FROM t')",
+        "SELECT dblink_exec('dbname=app', $1)",
+        "SELECT dblink_exec('dbname=app', 'SELECT app.bump()')",
+    ] {
+        let a = pgfresh_sql::analyze_uncached(sql);
+        assert!(a.statements[0].writes_unnamed, "{sql}");
+    }
+    for sql in [
+        "SELECT * FROM dblink('dbname=app', 'SELECT id FROM t') AS r(id int)",
+        "SELECT dblink_connect('conn', 'dbname=app')",
+        "SELECT dblink_get_result('conn')",
     ] {
         let a = pgfresh_sql::analyze_uncached(sql);
         assert!(!a.statements[0].writes_unnamed, "{sql}");

@@ -99,3 +99,42 @@ fn names_display_round_trip() {
         assert_eq!(&RelName::parse(&r.to_string()).unwrap(), r);
     }
 }
+
+#[test]
+fn operators_and_casts_are_implicit_calls() {
+    let names = |sql: &str| {
+        let a = analyze_uncached(sql);
+        assert!(a.error.is_none(), "{sql}: {:?}", a.error);
+        a.implicit_calls
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names("SELECT 1"), Vec::<String>::new());
+    assert_eq!(names("SELECT a <+> b FROM t"), ["\"operator <+>\""]);
+    assert_eq!(
+        names("SELECT 1 OPERATOR(app.<+>) 2"),
+        ["app.\"operator <+>\""]
+    );
+    assert_eq!(
+        names("INSERT INTO t VALUES ($1::app.wrapped, CAST(2 AS wrapped[]))"),
+        ["\"cast to wrapped\"", "app.\"cast to wrapped\""]
+    );
+    assert_eq!(
+        names("SELECT x FROM t WHERE x = ANY (SELECT y FROM u) AND x::int > 0"),
+        [
+            "\"operator =\"",
+            "\"operator >\"",
+            "pg_catalog.\"cast to int4\""
+        ]
+    );
+    assert_eq!(
+        names("SELECT x FROM t ORDER BY x USING <+>"),
+        ["\"operator <+>\""]
+    );
+    // In a CTE, a subquery, a DEFAULT-less VALUES list, and across statements.
+    assert_eq!(
+        names("WITH c AS (SELECT 1 <+> 2) SELECT * FROM c; SELECT '1'::wrapped"),
+        ["\"cast to wrapped\"", "\"operator <+>\""]
+    );
+}

@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use pgfresh_deps::{
-    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, InheritsRow, PolicyDepRow,
-    RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
+    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, ImplicitCallRow, InheritsRow,
+    PolicyDepRow, RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use pgfresh_sql::{FuncName, RelName};
 
@@ -114,6 +114,21 @@ impl Schema {
             function_oid: function,
             via: via.to_owned(),
         });
+    }
+
+    /// `function` runs behind aggregate, operator or cast (`kind` a, o, c) `qualified`;
+    /// returns the aggregate's (operator's, cast's) own oid.
+    pub fn implicit_call(&mut self, kind: char, qualified: &str, function: u32) -> u32 {
+        let owner = self.oid();
+        let (schema, name) = split(qualified);
+        self.rows.implicit_calls.push(ImplicitCallRow {
+            kind,
+            schema,
+            name,
+            function_oid: function,
+            owner_oid: owner,
+        });
+        owner
     }
 
     /// An enabled event trigger running `function`.

@@ -198,6 +198,15 @@ impl Session {
                 }
                 Action::Forward
             }
+            b'V' if !injected => {
+                // FunctionCallResponse: the FunctionCall ran, and outside a transaction
+                // it has committed (no CommandComplete comes for it).
+                if let Some(u) = self.inflight.front_mut() {
+                    u.replied = true;
+                }
+                self.mark_autocommit_write();
+                Action::Forward
+            }
             // Notifications and notices are the client's whoever caused them.
             b'A' | b'N' => Action::Forward,
             _ if injected => Action::Swallow,

@@ -26,6 +26,7 @@ fn analysis_of(stmt: &Statement) -> Analysis {
         writes: stmt.writes.clone(),
         must_primary: stmt.must_primary.clone(),
         functions: stmt.functions.clone(),
+        implicit_calls: stmt.implicit_calls.clone(),
         calls_user_functions: pgfresh_sql::calls_user_functions(&stmt.functions),
         touches_catalog: stmt.touches_catalog,
         hint: None,
@@ -58,15 +59,20 @@ fn expand(
     fires_event_triggers: bool,
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
+    // Operators and casts count as calls: a user-defined one runs its function.
     let functions: Vec<pgfresh_sql::FuncName> = unit
         .parts
         .iter()
-        .flat_map(|a| a.functions.iter().cloned())
+        .flat_map(|a| a.functions.iter().chain(&a.implicit_calls).cloned())
         .collect();
     let mut behind = Vec::new();
     let mut whole = graph
         .expand_writes(writes, &functions, &mut behind)
         .is_whole_database();
+    // What the unit's reads write through the functions they run (views, policies).
+    for a in &unit.parts {
+        graph.expand_read_writes(&a.reads, &mut behind);
+    }
     if fires_event_triggers {
         whole |= graph.expand_ddl(&mut behind).is_whole_database();
     }
@@ -674,14 +680,26 @@ impl Session {
         let mut out = UnitWrites {
             writes,
             // TRUNCATE … CASCADE empties every table with a foreign key to these; a DO
-            // block or COMMIT PREPARED may write anything.
-            whole_db: flags.writes_unnamed,
+            // block or COMMIT PREPARED may write anything, and so may a FunctionCall
+            // message (libpq's `lo_write`, `lo_creat` ..., or any function by its oid).
+            whole_db: flags.writes_unnamed || unit.force_primary,
             ddl,
             schema_stamp: None,
             schema_change: None,
         };
         if out.writes.is_empty() && !calls && !ddl && !flags.event_ddl {
-            return out; // a plain read
+            // A plain read, unless an operator or cast it applies runs a user function
+            // that writes (only then does the graph know a node of its name), or what it
+            // reads runs one (a view's query, a row-security policy).
+            let writes_behind = self.dep_graph().is_some_and(|g| {
+                unit.parts.iter().any(|a| {
+                    (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                        || g.reads_write(&a.reads)
+                })
+            });
+            if !writes_behind {
+                return out;
+            }
         }
         let graph = self.dep_graph();
         if let Some(window) = self.shared.deps.window(&self.deps_entry) {
