@@ -525,6 +525,71 @@ async fn clients_keep_their_own_statements_under_colliding_names() {
     assert_eq!(values(&r), ["cy"]);
 }
 
+/// A batch whose error skips a statement's Parse (one pgfresh prepares first on the
+/// connection, or the client's own) while the client's next batch, pipelined behind it,
+/// runs that statement's content: the next batch still finds it on the server.
+#[tokio::test]
+async fn a_parse_an_error_skipped_leaves_no_hole_for_the_batch_pipelined_behind() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    for (name, tag) in [("s1", "one"), ("s2", "two"), ("s3", "three")] {
+        let r = exchange(&mut a, [parse(name, &select(tag)), sync()].concat()).await;
+        assert_eq!(raw::tags(&r), b"1Z");
+    }
+    let fail = || {
+        [
+            parse("", "/* pgfresh:primary */ SELECT 1/0"),
+            raw::bind("", &[]),
+            raw::execute(),
+        ]
+        .concat()
+    };
+    // s1 was evicted from the connection (at most two): the first batch's Bind of it
+    // prepares it first, after the error; the second batch binds it too.
+    let r = exchange(
+        &mut a,
+        [
+            fail(),
+            bind_execute("s1", "x"),
+            sync(),
+            bind_execute("s1", "y"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("22012"));
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(values(&r), ["oney"], "{:?}", sqlstate(&r));
+    // The client's Parse of a new text is skipped; the next batch parses the same text
+    // under another name.
+    let r = exchange(
+        &mut a,
+        [
+            fail(),
+            parse("s4", &select("four")),
+            sync(),
+            parse("s5", &select("four")),
+            bind_execute("s5", "z"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("22012"));
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(values(&r), ["fourz"], "{:?}", sqlstate(&r));
+    // What the skipped Parse would have made does not exist; the rest is intact.
+    let r = exchange(&mut a, [bind_execute("s4", "w"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"));
+    for (name, want) in [("s1", "onew"), ("s2", "twow"), ("s5", "fourw")] {
+        let r = exchange(&mut a, [bind_execute(name, "w"), sync()].concat()).await;
+        assert_eq!(values(&r), [want], "{name}: {:?}", sqlstate(&r));
+    }
+}
+
 #[tokio::test]
 async fn sql_prepare_and_execute_per_client() {
     let p = start_proxy(&tx_config(1, ""));

@@ -10,7 +10,7 @@ use pgfresh_wire::{parse_frontend, FrontendMessage};
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
 use super::state::Prepared;
-use super::unit::{ClientUnit, InFlight, Undo};
+use super::unit::{ClientUnit, Expect, InFlight, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
@@ -389,6 +389,20 @@ impl Session {
         unit.controls_transaction() || self.inflight.iter().any(|u| u.tx_control)
     }
 
+    /// Transaction mode: a unit is mapped onto the statements its connection holds when
+    /// it is sent. A Parse or Close of pgfresh's still unanswered in a unit ahead may be
+    /// skipped (an error before it in that batch), and the statement would then not be
+    /// there after all, or still be there: a unit that names statements waits until
+    /// they are answered.
+    fn waits_for_statements(&self, unit: &ClientUnit) -> bool {
+        self.mode == PoolMode::Transaction
+            && !super::rewrite::plain_unit(unit)
+            && self
+                .inflight
+                .iter()
+                .any(|u| u.expect.iter().any(Expect::changes_server_statements))
+    }
+
     fn push_batch(&mut self, raw: Bytes) {
         self.batch.frames.push(raw);
         if self.batch.bytes() > MAX_BATCH_BYTES {
@@ -423,8 +437,11 @@ impl Session {
                     .await?;
                 continue;
             }
-            if self.client_busy() && self.waits_for_transaction_state(&unit) {
-                // The replies to the units ahead settle the transaction state first.
+            if self.client_busy()
+                && (self.waits_for_transaction_state(&unit) || self.waits_for_statements(&unit))
+            {
+                // The replies to the units ahead settle the transaction state (and the
+                // statements on their connection) first.
                 self.ready.push_front(unit);
                 return Ok(());
             }

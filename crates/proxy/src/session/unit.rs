@@ -402,6 +402,19 @@ impl Expect {
         matches!(self, Expect::Client { sync: true, .. })
     }
 
+    /// Transaction mode: the message prepares or closes a statement under pgfresh's
+    /// name, and the connection's record already counts it done (an error before it
+    /// would undo that).
+    pub fn changes_server_statements(&self) -> bool {
+        matches!(
+            self,
+            Expect::Client { parse: Some(_), .. }
+                | Expect::Hidden {
+                    record: Some(ConnRecord::Prepared(_) | ConnRecord::Evicted { .. })
+                }
+        )
+    }
+
     pub fn client() -> Self {
         Expect::Client {
             parse: None,
