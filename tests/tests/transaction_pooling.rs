@@ -590,6 +590,53 @@ async fn a_parse_an_error_skipped_leaves_no_hole_for_the_batch_pipelined_behind(
     }
 }
 
+/// On a shared connection pgfresh's statements live under its own names: SQL-level
+/// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
+/// run, or be gone for it), as a Bind or Describe cannot.
+#[tokio::test]
+async fn sql_statements_cannot_reach_the_names_pgfresh_gives_statements() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let b = p.connect().await;
+    let select = "/* pgfresh:primary */ SELECT 'a'::text || $1::text";
+    let r = exchange(&mut a, [parse("s1", select), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    for sql in [
+        "EXECUTE __pgfresh_1('x')",
+        "DEALLOCATE __pgfresh_1",
+        "DEALLOCATE PREPARE \"__pgfresh_1\"",
+        "PREPARE __pgfresh_2 AS SELECT 1",
+    ] {
+        let sql = format!("/* pgfresh:primary */ {sql}");
+        let e = b.simple_query(&sql).await.map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME),
+            "{sql}: {e:?}"
+        );
+        let e = b.query(&sql, &[]).await.map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME),
+            "{sql}: {e:?}"
+        );
+    }
+    // A's statement is still its own.
+    let r = exchange(&mut a, [bind_execute("s1", "y"), sync()].concat()).await;
+    assert_eq!(values(&r), ["ay"], "{:?}", sqlstate(&r));
+    // The names are free to the client's own statements at the protocol level.
+    let r = exchange(
+        &mut a,
+        [parse("__pgfresh_1", "SELECT 'own'"), sync()].concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    let q = pgfresh_tests::raw::msg(b'Q', &pgfresh_tests::raw::cstr("DEALLOCATE __pgfresh_1"));
+    let r = exchange(&mut a, q).await;
+    assert_eq!(raw::tags(&r), b"CZ", "{:?}", sqlstate(&r));
+}
+
 #[tokio::test]
 async fn sql_prepare_and_execute_per_client() {
     let p = start_proxy(&tx_config(1, ""));

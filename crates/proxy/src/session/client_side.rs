@@ -459,6 +459,10 @@ impl Session {
                 }
                 Local::No => {}
             }
+            if let Some(e) = self.reserved_statement_name(&unit) {
+                self.fail_unit(&unit, &e);
+                continue;
+            }
             let token = self.token_need(&unit);
             let decision = match self.check_tokens(&unit) {
                 Ok(()) => self.route(&unit, token),
