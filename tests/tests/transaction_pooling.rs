@@ -590,6 +590,54 @@ async fn a_parse_an_error_skipped_leaves_no_hole_for_the_batch_pipelined_behind(
     }
 }
 
+/// The client's Parses and Closes that an error skips never happened: a batch pipelined
+/// behind them sees the client's statements as PostgreSQL does, the skipped change undone.
+#[tokio::test]
+async fn a_batch_pipelined_behind_a_skipped_parse_or_close_sees_it_undone() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(&mut a, [parse("a", &select("x")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    // A Close skipped, then the name parsed again: it still exists (42P05), and keeps
+    // its text.
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            close("a"),
+            sync(),
+            parse("a", &select("y")),
+            bind_execute("a", "1"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("42P05"), "{:?}", values(&r));
+    let r = exchange(&mut a, [bind_execute("a", "2"), sync()].concat()).await;
+    assert_eq!(values(&r), ["x2"], "{:?}", sqlstate(&r));
+    // A Parse skipped: the statement does not exist for the batch behind.
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            parse("b", &select("z")),
+            sync(),
+            bind_execute("b", "1"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+}
+
 /// On a shared connection pgfresh's statements live under its own names: SQL-level
 /// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
 /// run, or be gone for it), as a Bind or Describe cannot.

@@ -92,6 +92,9 @@ impl Session {
         self.parser_enabled = self.config.routing.enable_query_parser;
         let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
+            if self.statements_unsettled() {
+                return Ok(consumed);
+            }
             if let Some(unit) = self.take_unnamed_batch() {
                 consumed = true;
                 self.ready.push_back(unit);
@@ -387,6 +390,21 @@ impl Session {
     /// its first statement, as usual), and a unit behind one that does waits for it.
     fn waits_for_transaction_state(&self, unit: &ClientUnit) -> bool {
         unit.controls_transaction() || self.inflight.iter().any(|u| u.tx_control)
+    }
+
+    /// Transaction mode: a unit's Parses, Binds and Closes are read against the client's
+    /// statements as they are when it is read. A Parse or Close of the client's still
+    /// unanswered in a batch ahead may be skipped (an error before it), and the change it
+    /// made taken back: the next batch is read once none is (within an open batch the
+    /// server skips the rest too, and what it changed is taken back in order).
+    fn statements_unsettled(&self) -> bool {
+        self.mode == PoolMode::Transaction
+            && self.batch.frames.is_empty()
+            && self.wire == super::WirePhase::Units
+            && self
+                .inflight
+                .iter()
+                .any(|u| u.expect.iter().any(Expect::may_undo))
     }
 
     /// Transaction mode: a unit is mapped onto the statements its connection holds when

@@ -402,6 +402,15 @@ impl Expect {
         matches!(self, Expect::Client { sync: true, .. })
     }
 
+    /// A Parse or Close of the client's whose change to the client's statements an error
+    /// before it would take back.
+    pub fn may_undo(&self) -> bool {
+        matches!(
+            self,
+            Expect::Client { undo: Some(_), .. } | Expect::Synth { undo: Some(_), .. }
+        )
+    }
+
     /// Transaction mode: the message prepares or closes a statement under pgfresh's
     /// name, and the connection's record already counts it done (an error before it
     /// would undo that).
