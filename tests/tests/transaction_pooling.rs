@@ -638,6 +638,60 @@ async fn a_batch_pipelined_behind_a_skipped_parse_or_close_sees_it_undone() {
     assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
 }
 
+/// Parse, Bind and Execute of the unnamed statement (`tag`), answered.
+async fn run_unnamed(s: &mut tokio::net::TcpStream, tag: &str) {
+    use wire::*;
+    let sql = format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(s, [parse("", &sql), bind_execute("", "1"), sync()].concat()).await;
+    assert_eq!(values(&r), [format!("{tag}1")]);
+}
+
+/// The unnamed statement is the client's own too: a Bind or Describe of it where the
+/// client has none fails as PostgreSQL fails it, never reaching the unnamed statement
+/// another client left on the connection, and a batch that binds the client's earlier
+/// one before parsing a new one runs each in turn.
+#[tokio::test]
+async fn the_unnamed_statement_of_another_client_is_out_of_reach() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let mut b = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(&mut a, [bind_execute("", "2"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+    let r = exchange(&mut a, [describe(""), sync()].concat()).await;
+    assert_eq!(
+        sqlstate(&r).as_deref(),
+        Some("26000"),
+        "{:?}",
+        raw::tags(&r)
+    );
+    // Closed by the client: gone for it, whatever the connection holds.
+    run_unnamed(&mut a, "a").await;
+    let close = pgfresh_tests::raw::msg(b'C', b"S\0");
+    let r = exchange(&mut a, [close, sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"3Z");
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(&mut a, [bind_execute("", "3"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+    // The client's unnamed statement, then a new one, in one batch.
+    run_unnamed(&mut a, "a").await;
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("", "4"),
+            parse("", &select("c")),
+            bind_execute("", "5"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(values(&r), ["a4", "c5"], "{:?}", sqlstate(&r));
+}
+
 /// On a shared connection pgfresh's statements live under its own names: SQL-level
 /// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
 /// run, or be gone for it), as a Bind or Describe cannot.

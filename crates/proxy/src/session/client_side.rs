@@ -189,7 +189,7 @@ impl Session {
                             &mut self.batch,
                         );
                     }
-                    if self.mode == PoolMode::Transaction && !statement.is_empty() {
+                    if self.refers_to_statement(statement) {
                         // The statement as it is now: a later Close or Parse in the same
                         // batch must not change what this Bind runs.
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
@@ -208,7 +208,7 @@ impl Session {
                     if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
                         self.batch.uses_statements.push(name.to_string());
                     }
-                    if kind == b'S' && self.mode == PoolMode::Transaction && !name.is_empty() {
+                    if kind == b'S' && self.refers_to_statement(name) {
                         let p = self.state.prepared.get(name);
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
                     }
@@ -390,6 +390,14 @@ impl Session {
     /// its first statement, as usual), and a unit behind one that does waits for it.
     fn waits_for_transaction_state(&self, unit: &ClientUnit) -> bool {
         unit.controls_transaction() || self.inflight.iter().any(|u| u.tx_control)
+    }
+
+    /// Transaction mode: a Bind or Describe of statement `name` records what the name
+    /// stands for as it is read (`ClientUnit::statement_refs`): a named statement, and the
+    /// unnamed one unless the batch parsed it (it is then the batch's own).
+    fn refers_to_statement(&self, name: &str) -> bool {
+        self.mode == PoolMode::Transaction
+            && (!name.is_empty() || !self.batch.parses.iter().any(String::is_empty))
     }
 
     /// Transaction mode: a unit's Parses, Binds and Closes are read against the client's

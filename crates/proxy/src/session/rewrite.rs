@@ -35,17 +35,7 @@ fn server_statement(
     name: &str,
     resolved: Option<Bytes>,
     out: &mut Rewritten,
-    unnamed: Option<&Bytes>,
 ) -> Option<String> {
-    if name.is_empty() {
-        // The unnamed statement, parsed by an earlier unit (`unnamed` is then its
-        // content): prepare it again here, as the connection may have changed.
-        if let Some(content) = unnamed {
-            out.frames.push(statements::parse("", content));
-            out.expect.push_back(Expect::Hidden { record: None });
-        }
-        return None;
-    }
     let Some(content) = resolved else {
         // Not a statement of this client's: the server answers that it does not exist,
         // and a name in pgfresh's own space never reaches another client's statement.
@@ -64,6 +54,46 @@ fn server_statement(
         }
     };
     Some(server_name(id))
+}
+
+/// Where a unit stands with the unnamed statement on its connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unnamed {
+    /// What the connection holds is not the client's (another client's, or none).
+    Foreign,
+    /// The client parsed it in this unit.
+    Parsed,
+    /// The client's from an earlier unit, prepared here again.
+    Prepared,
+}
+
+impl Unnamed {
+    /// The name a Bind or Describe of the unnamed statement uses on the server (`None`:
+    /// as it is). `resolved` is the client's unnamed statement as of the message, taken
+    /// from the unit's references unless the unit parsed it: prepared here again first
+    /// (the connection may have changed), or, where the client has none, a name that
+    /// does not exist, so that the message fails as it would on the client's own
+    /// connection instead of running another client's statement.
+    fn server_name(
+        &mut self,
+        refs: &mut impl Iterator<Item = Option<Bytes>>,
+        out: &mut Rewritten,
+    ) -> Option<String> {
+        if *self == Unnamed::Parsed {
+            return None;
+        }
+        let resolved = refs.next().flatten();
+        if *self == Unnamed::Prepared {
+            return None;
+        }
+        let Some(content) = resolved else {
+            return Some(PREFIX.to_string());
+        };
+        out.frames.push(statements::parse("", &content));
+        out.expect.push_back(Expect::Hidden { record: None });
+        *self = Unnamed::Prepared;
+        None
+    }
 }
 
 /// Whether a unit needs no mapping at all: a complete batch (not continued after a Flush)
@@ -91,13 +121,7 @@ impl Session {
         };
         let cache = &mut leased.conn.statements;
         let since = cache.begin_use();
-        // The client's unnamed statement from an earlier unit, until this unit parses one.
-        let mut unnamed = self
-            .state
-            .prepared
-            .get("")
-            .map(|p| p.content.clone())
-            .filter(|_| !unit.parses.iter().any(String::is_empty));
+        let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
         for raw in unit.frames.iter().cloned() {
@@ -119,7 +143,7 @@ impl Session {
                         // answers 42P05 and skips the rest of the batch. Parse under the
                         // existing statement's server name, which the server refuses
                         // just so; the client's statement stays as it was (undo).
-                        let server = server_statement(cache, name, Some(existing), &mut out, None)
+                        let server = server_statement(cache, name, Some(existing), &mut out)
                             .unwrap_or_else(|| PREFIX.to_string());
                         out.frames.push(statements::parse(&server, &content));
                         out.expect.push_back(Expect::Client {
@@ -144,23 +168,19 @@ impl Session {
                     }
                 }
                 Ok(FrontendMessage::Parse { .. }) => {
-                    unnamed = None;
+                    unnamed = Unnamed::Parsed;
                     out.frames.push(raw);
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Bind {
                     portal, statement, ..
                 }) => {
-                    let resolved = if statement.is_empty() {
-                        None
+                    let name = if statement.is_empty() {
+                        unnamed.server_name(&mut refs, &mut out)
                     } else {
-                        refs.next().flatten()
+                        let resolved = refs.next().flatten();
+                        server_statement(cache, statement, resolved, &mut out)
                     };
-                    let name =
-                        server_statement(cache, statement, resolved, &mut out, unnamed.as_ref());
-                    if statement.is_empty() {
-                        unnamed = None;
-                    }
                     out.frames.push(match name {
                         Some(n) => statements::bind_renamed(&raw, portal, statement, &n),
                         None => raw.clone(),
@@ -168,16 +188,12 @@ impl Session {
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Describe { kind: b'S', name }) => {
-                    let resolved = if name.is_empty() {
-                        None
+                    let server = if name.is_empty() {
+                        unnamed.server_name(&mut refs, &mut out)
                     } else {
-                        refs.next().flatten()
+                        let resolved = refs.next().flatten();
+                        server_statement(cache, name, resolved, &mut out)
                     };
-                    let server =
-                        server_statement(cache, name, resolved, &mut out, unnamed.as_ref());
-                    if name.is_empty() {
-                        unnamed = None;
-                    }
                     out.frames.push(match server {
                         Some(n) => statements::statement_message(b'D', &n),
                         None => raw.clone(),
@@ -189,6 +205,12 @@ impl Session {
                         reply: build::close_complete(),
                         undo: undos.next(),
                     });
+                }
+                Ok(FrontendMessage::Close { kind: b'S', .. }) => {
+                    // The unnamed statement (a named one is answered above).
+                    unnamed = Unnamed::Foreign;
+                    out.frames.push(raw);
+                    out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Sync) => {
                     out.frames.push(raw);

@@ -50,7 +50,8 @@ pub struct ClientUnit {
     pub events: Vec<StmtEvent>,
     /// Transaction mode: for each Bind and each Describe of a statement, in order, the
     /// content of the client's statement it names as of that message (`None` when the
-    /// client has no statement by that name).
+    /// client has no statement by that name); of the unnamed statement only where the
+    /// batch has not parsed it.
     pub statement_refs: Vec<Option<Bytes>>,
     /// For each Parse and Close of a named statement, in order, what it changed in the
     /// client's statements (taken back if the server skips or refuses the message).
