@@ -692,6 +692,48 @@ async fn the_unnamed_statement_of_another_client_is_out_of_reach() {
     assert_eq!(values(&r), ["a4", "c5"], "{:?}", sqlstate(&r));
 }
 
+/// A continuation of a batch left open by a Flush closes least recently used statements
+/// in front of its messages. When an error earlier in the batch skips both the Parse of
+/// a statement and that Close, the statement was never prepared: it is not counted as
+/// on the connection, and the next Parse of its text prepares it.
+#[tokio::test]
+async fn a_statement_whose_parse_and_eviction_an_error_skipped_is_not_counted() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 1\n"));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(&mut a, [parse("s1", &select("x")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    // Two new statements after the error, then the Sync, which closes one of them.
+    let flush = pgfresh_tests::raw::msg(b'H', &[]);
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            parse("s2", &select("y")),
+            parse("s3", &select("z")),
+            flush,
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    for (name, tag) in [("s4", "y"), ("s5", "z")] {
+        let r = exchange(
+            &mut a,
+            [parse(name, &select(tag)), bind_execute(name, "1"), sync()].concat(),
+        )
+        .await;
+        assert_eq!(
+            values(&r),
+            [format!("{tag}1")],
+            "{name}: {:?}",
+            sqlstate(&r)
+        );
+    }
+}
+
 /// On a shared connection pgfresh's statements live under its own names: SQL-level
 /// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
 /// run, or be gone for it), as a Bind or Describe cannot.

@@ -309,10 +309,12 @@ impl Session {
 
     /// Messages the server skipped or refused never happened: the statements their
     /// Parses would have prepared are not on the connection, those their Closes would
-    /// have closed still are, and the client's Parses and Closes are taken back from its
-    /// statements.
+    /// have closed still are (unless their Parse was skipped too: a continuation closes
+    /// what the batch prepared before it), and the client's Parses and Closes are taken
+    /// back from its statements.
     fn skipped(&mut self, node: usize, entries: Vec<Expect>) {
         let mut undone: Vec<Undo> = Vec::new();
+        let mut never_prepared: Vec<Bytes> = Vec::new();
         for e in entries {
             let (record, undo) = match e {
                 Expect::Client { parse, undo, .. } => (parse.map(ConnRecord::Prepared), undo),
@@ -326,8 +328,9 @@ impl Session {
             match record {
                 Some(ConnRecord::Prepared(content)) => {
                     l.conn.statements.remove(&content);
+                    never_prepared.push(content);
                 }
-                Some(ConnRecord::Evicted { id, content }) => {
+                Some(ConnRecord::Evicted { id, content }) if !never_prepared.contains(&content) => {
                     l.conn.statements.restore(id, content);
                 }
                 Some(ConnRecord::Named { name, previous }) => match previous {
@@ -338,7 +341,8 @@ impl Session {
                         l.conn.prepared.remove(&name);
                     }
                 },
-                None => {}
+                // Its Parse was skipped as well: it was never on the connection.
+                Some(ConnRecord::Evicted { .. }) | None => {}
             }
         }
         for u in undone.into_iter().rev() {
