@@ -1523,3 +1523,204 @@ async fn show_servers_follows_each_connection_between_lent_and_pooled() {
     .await;
     assert!(!rows.is_empty() && rows.len() <= 9, "{rows:?}");
 }
+
+/// Raw protocol helpers for the comparison of pipelined batches with PostgreSQL.
+mod script {
+    use pgfresh_tests::raw::{bind, cstr, execute, msg};
+
+    /// The texts the scripts parse: their content (text and parameter types) decides which
+    /// share a server statement; one fails at Execute for the parameter 0, one at Parse.
+    const TEXTS: [(&str, &[u32]); 7] = [
+        ("SELECT 'x0'::text || $1::text", &[]),
+        ("SELECT 'x0'::text || $1::text", &[25]),
+        ("SELECT 'x1'::text || $1::text", &[]),
+        ("SELECT 'x2'::text || $1::text", &[]),
+        ("SELECT 'x3'::text || $1::text", &[]),
+        // random() keeps the division out of planning: it fails at Execute on any plan.
+        (
+            "SELECT (10 / ($1::text::int + (random() * 0)::int))::text",
+            &[],
+        ),
+        ("SELEC oops $1", &[]),
+    ];
+
+    pub fn parse(name: &str, text: usize) -> Vec<u8> {
+        let (sql, types) = TEXTS[text % TEXTS.len()];
+        let mut b = cstr(name);
+        b.extend(cstr(&format!("/* pgfresh:primary */ {sql}")));
+        b.extend((types.len() as u16).to_be_bytes());
+        for t in types {
+            b.extend(t.to_be_bytes());
+        }
+        msg(b'P', &b)
+    }
+
+    /// Describe (`D`) or Close (`C`) of statement `name`.
+    pub fn statement(tag: u8, name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        b.extend(cstr(name));
+        msg(tag, &b)
+    }
+
+    pub fn bind_execute(name: &str, param: &str, describe: bool) -> Vec<u8> {
+        let mut out = bind(name, &[param]);
+        if describe {
+            out.extend(msg(b'D', b"P\0"));
+        }
+        out.extend(execute());
+        out
+    }
+
+    /// A round of 1 to 3 batches sent at once, each up to its Sync, of messages picked
+    /// by `pick` (a number below its argument) among Parse, Bind + Execute, Describe,
+    /// Close and Flush of the statements `a`, `b` and `c`; and its number of batches.
+    pub fn round(pick: &mut impl FnMut(u64) -> u64) -> (Vec<u8>, usize) {
+        let batches = 1 + pick(3) as usize;
+        let mut bytes = Vec::new();
+        for _ in 0..batches {
+            for _ in 0..=pick(5) {
+                let name = ["a", "b", "c"][pick(3) as usize];
+                match pick(10) {
+                    0..=2 => bytes.extend(parse(name, pick(7) as usize)),
+                    3..=5 => {
+                        let param = if pick(6) == 0 { "0" } else { "5" };
+                        bytes.extend(bind_execute(name, param, false));
+                    }
+                    6 => bytes.extend(statement(b'D', name)),
+                    7 => bytes.extend(statement(b'C', name)),
+                    8 => bytes.extend(msg(b'H', &[])),
+                    _ => bytes.extend(bind_execute(name, "5", true)),
+                }
+            }
+            bytes.extend(msg(b'S', &[]));
+        }
+        (bytes, batches)
+    }
+
+    /// What came back, as comparable text: message tags, rows' values, errors' SQLSTATEs
+    /// (not their messages, which name the statement as the server knows it).
+    pub fn summary(messages: &[(u8, Vec<u8>)]) -> String {
+        let mut out = String::new();
+        for (tag, body) in messages {
+            match tag {
+                b'D' => {
+                    let len = i32::from_be_bytes(body[2..6].try_into().unwrap());
+                    let value = usize::try_from(len).map_or("null".into(), |len| {
+                        String::from_utf8_lossy(&body[6..6 + len]).into_owned()
+                    });
+                    out.push_str(&format!("D({value})"));
+                }
+                b'E' => {
+                    let code = body.split(|b| *b == 0).find_map(|f| f.strip_prefix(b"C"));
+                    out.push_str(&format!(
+                        "E({})",
+                        String::from_utf8_lossy(code.unwrap_or(b""))
+                    ));
+                }
+                b'N' | b'S' => {}
+                b'Z' => out.push_str("Z "),
+                t => out.push(*t as char),
+            }
+        }
+        out
+    }
+}
+
+/// Reads messages from a stream of any kind until one with `tag`.
+async fn read_until_tag(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    tag: u8,
+) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut head))
+            .await
+            .expect("answered")
+            .expect("read header");
+        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).await.expect("read body");
+        out.push((head[0], body));
+        if head[0] == tag {
+            return out;
+        }
+    }
+}
+
+/// Runs `rounds` through `s`, answering each with the summary of its replies; between
+/// rounds, `noise` (a client of the same proxy, if any) parses, runs and closes the same
+/// names with other texts, on the same server connection.
+async fn run_script(
+    s: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    mut noise: Option<&mut tokio::net::TcpStream>,
+    rounds: &[(Vec<u8>, usize)],
+) -> Vec<String> {
+    use tokio::io::AsyncWriteExt;
+    let mut out = Vec::new();
+    for (i, (bytes, batches)) in rounds.iter().enumerate() {
+        s.write_all(bytes).await.unwrap();
+        let mut got = String::new();
+        for _ in 0..*batches {
+            got.push_str(&script::summary(&read_until_tag(s, b'Z').await));
+        }
+        out.push(got);
+        if let Some(noise) = noise.as_deref_mut() {
+            let n = ["a", "b", "c"][i % 3];
+            let batch = [
+                script::parse(n, 2 + i % 3),
+                script::bind_execute(n, "n", false),
+                script::statement(b'C', n),
+                wire::sync(),
+            ];
+            let r = exchange(noise, batch.concat()).await;
+            assert_eq!(raw::tags(&r), b"12DC3Z");
+        }
+    }
+    out
+}
+
+/// Pipelined batches of Parse, Bind, Execute, Describe, Close and Flush of a few
+/// statement names, with errors in the middle (at Parse, at Execute, names that do not
+/// exist, names parsed twice), get the very replies PostgreSQL gives on a connection of
+/// its own, through a transaction-mode connection shared with another client and
+/// bounded to two statements (every script evicts).
+#[tokio::test]
+async fn pipelined_batches_with_errors_answer_as_postgresql_does() {
+    use tokio::io::AsyncWriteExt;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let socket = cluster()
+        .data_dir(0)
+        .parent()
+        .expect("the cluster's directory")
+        .join(format!(".s.PGSQL.{}", node_port(0)));
+    let mut differences = Vec::new();
+    for seed in 0..40u64 {
+        let mut state = seed.wrapping_mul(6364136223846793005) | 1;
+        let mut pick = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let rounds: Vec<(Vec<u8>, usize)> = (0..8).map(|_| script::round(&mut pick)).collect();
+        let mut direct = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        direct
+            .write_all(&raw::startup(cluster().superuser().0, "app"))
+            .await
+            .unwrap();
+        read_until_tag(&mut direct, b'Z').await;
+        let expected = run_script(&mut direct, None, &rounds).await;
+        let mut client = raw_login(&p).await;
+        let mut noise = raw_login(&p).await;
+        let got = run_script(&mut client, Some(&mut noise), &rounds).await;
+        if let Some(i) = (0..rounds.len()).find(|i| expected[*i] != got[*i]) {
+            differences.push(format!(
+                "seed {seed}, round {i}: PostgreSQL {:?}, pgfresh {:?}",
+                expected[i], got[i]
+            ));
+        }
+    }
+    assert!(differences.is_empty(), "{differences:#?}");
+}
