@@ -1724,3 +1724,80 @@ async fn pipelined_batches_with_errors_answer_as_postgresql_does() {
     }
     assert!(differences.is_empty(), "{differences:#?}");
 }
+
+/// Clients running the same texts and their own, more than a connection keeps
+/// (`max_prepared_statements = 2`), prepared and run concurrently (tokio-postgres
+/// pipelines them), with an error among them, on one connection per node: each gets
+/// its own statement's results, and its writes are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_over_the_statement_bound_each_run_their_own_statements() {
+    use futures_util::future::join_all;
+    use tokio_postgres::error::SqlState;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let table = unique("bound");
+    let admin = p.connect().await;
+    admin
+        .batch_execute(&format!("CREATE TABLE {table} (client int, round int)"))
+        .await
+        .unwrap();
+    let client = |i: i32| {
+        let (p, table) = (&p, &table);
+        async move {
+            let c = p.connect().await;
+            let mut wrong = Vec::new();
+            for round in 0..8i32 {
+                let texts = [
+                    "SELECT $1::int + 1".to_string(),
+                    "SELECT $1::int + 2".to_string(),
+                    format!("SELECT $1::int * 1000 + {i}"),
+                ];
+                let want = [round + 1, round + 2, round * 1000 + i];
+                let runs = texts.iter().zip(want).map(|(text, want)| {
+                    let c = &c;
+                    async move {
+                        let s = c.prepare(text).await.map_err(|e| e.to_string())?;
+                        let v: i32 = c
+                            .query_one(&s, &[&round])
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .get(0);
+                        (v == want).then_some(()).ok_or(format!("{text}: {v}"))
+                    }
+                });
+                let write = async {
+                    let s = c
+                        .prepare(&format!("INSERT INTO {table} VALUES ($1, $2)"))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    c.execute(&s, &[&i, &round])
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let s = c
+                        .prepare("SELECT 1 / $1::int")
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match c.query_one(&s, &[&0i32]).await {
+                        Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => Ok(()),
+                        other => Err(format!("1 / 0: {other:?}")),
+                    }
+                };
+                let (runs, write) = tokio::join!(join_all(runs), write);
+                wrong.extend(runs.into_iter().chain([write]).filter_map(Result::err));
+            }
+            let n: i64 = c
+                .query_one(
+                    &format!("SELECT count(*) FROM {table} WHERE client = $1"),
+                    &[&i],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n != 8 {
+                wrong.push(format!("{n} rows written"));
+            }
+            wrong
+        }
+    };
+    let wrong: Vec<String> = join_all((0..8).map(client)).await.concat();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
