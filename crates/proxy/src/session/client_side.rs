@@ -405,7 +405,7 @@ impl Session {
     /// unanswered in a batch ahead may be skipped (an error before it), and the change it
     /// made taken back: the next batch is read once none is (within an open batch the
     /// server skips the rest too, and what it changed is taken back in order).
-    fn statements_unsettled(&self) -> bool {
+    pub(super) fn statements_unsettled(&self) -> bool {
         self.mode == PoolMode::Transaction
             && self.batch.frames.is_empty()
             && self.wire == super::WirePhase::Units
