@@ -734,6 +734,47 @@ async fn a_statement_whose_parse_and_eviction_an_error_skipped_is_not_counted() 
     }
 }
 
+/// The same text names other relations under another search_path: clients whose
+/// search_path differs do not share its statement (PostgreSQL would refuse to run it
+/// for the other, "cached plan must not change result type", where their tables
+/// differ), each runs it against its own tables.
+#[tokio::test]
+async fn clients_with_other_search_paths_keep_their_own_statements() {
+    let p = start_proxy(&tx_config(1, ""));
+    let admin = p.connect().await;
+    let (sa, sb) = (unique("path_a"), unique("path_b"));
+    admin
+        .batch_execute(&format!(
+            "/* pgfresh:primary */ CREATE SCHEMA {sa}; CREATE SCHEMA {sb};
+             CREATE TABLE {sa}.t (v int); CREATE TABLE {sb}.t (v text, w int);
+             INSERT INTO {sa}.t VALUES (1); INSERT INTO {sb}.t VALUES ('b', 2)"
+        ))
+        .await
+        .unwrap();
+    let sql = "/* pgfresh:primary */ SELECT * FROM t";
+    for _ in 0..2 {
+        for (schema, want) in [(&sa, "1"), (&sb, "b")] {
+            let c = p.connect().await;
+            c.batch_execute(&format!("SET search_path = {schema}"))
+                .await
+                .unwrap();
+            let s = c
+                .prepare(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let rows = c
+                .query(&s, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let got = match s.columns()[0].type_() {
+                &tokio_postgres::types::Type::INT4 => rows[0].get::<_, i32>(0).to_string(),
+                _ => rows[0].get::<_, String>(0),
+            };
+            assert_eq!(got, want, "{schema}");
+        }
+    }
+}
+
 /// On a shared connection pgfresh's statements live under its own names: SQL-level
 /// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
 /// run, or be gone for it), as a Bind or Describe cannot.

@@ -3,7 +3,8 @@
 //!
 //! Clients keep their own statement names; on a server connection statements live
 //! under pgfresh's names (`__pgfresh_N`), one per distinct content (query text and
-//! parameter types), shared by every client whose statement has that content. A Parse
+//! parameter types, and the search_path and role set for the session, see
+//! `resolution_scope`), shared by every client whose statement has that content. A Parse
 //! of content the connection already has is not sent (its ParseComplete is made here,
 //! in its turn); a Bind or Describe of a statement the connection lacks prepares it
 //! first (that ParseComplete is swallowed); a client's Close of a statement is answered
@@ -28,12 +29,32 @@ pub(super) struct Rewritten {
     pub expect: VecDeque<Expect>,
 }
 
+/// What besides its content decides the relations a statement's names resolve to, as a
+/// suffix of its cache key ([`statements::cache_key`]): the session's search_path and
+/// role as replayed on the connection. Clients that set them differently do not share a
+/// statement (the same text may name other tables; PostgreSQL plans it again under the
+/// search_path in force, and refuses to run it when its result type changed).
+fn resolution_scope(settings: &[(String, String)]) -> Vec<u8> {
+    let mut scope = Vec::new();
+    for (name, stmt) in settings {
+        if ["search_path", "role", "session_authorization"]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
+        {
+            scope.push(0);
+            scope.extend_from_slice(stmt.as_bytes());
+        }
+    }
+    scope
+}
+
 /// The name a Bind or Describe of the client's statement uses on the server, preparing
 /// the statement there first if the connection lacks it.
 fn server_statement(
     cache: &mut StatementCache,
     name: &str,
     resolved: Option<Bytes>,
+    scope: &[u8],
     out: &mut Rewritten,
 ) -> Option<String> {
     let Some(content) = resolved else {
@@ -41,14 +62,15 @@ fn server_statement(
         // and a name in pgfresh's own space never reaches another client's statement.
         return name.starts_with(PREFIX).then(|| PREFIX.to_string());
     };
-    let id = match cache.lookup(&content) {
+    let key = statements::cache_key(&content, scope);
+    let id = match cache.lookup(&key) {
         Some(id) => id,
         None => {
-            let id = cache.insert(content.clone());
+            let id = cache.insert(key.clone());
             out.frames
                 .push(statements::parse(&server_name(id), &content));
             out.expect.push_back(Expect::Hidden {
-                record: Some(ConnRecord::Prepared(content)),
+                record: Some(ConnRecord::Prepared(key)),
             });
             id
         }
@@ -120,6 +142,7 @@ impl Session {
             return out;
         };
         let cache = &mut leased.conn.statements;
+        let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
         let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
@@ -133,6 +156,7 @@ impl Session {
             match parse_frontend(&frame) {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
+                    let key = statements::cache_key(&content, &scope);
                     let undo = undos.next();
                     let existing = undo
                         .as_ref()
@@ -143,25 +167,26 @@ impl Session {
                         // answers 42P05 and skips the rest of the batch. Parse under the
                         // existing statement's server name, which the server refuses
                         // just so; the client's statement stays as it was (undo).
-                        let server = server_statement(cache, name, Some(existing), &mut out)
-                            .unwrap_or_else(|| PREFIX.to_string());
+                        let server =
+                            server_statement(cache, name, Some(existing), &scope, &mut out)
+                                .unwrap_or_else(|| PREFIX.to_string());
                         out.frames.push(statements::parse(&server, &content));
                         out.expect.push_back(Expect::Client {
                             parse: None,
                             sync: false,
                             undo,
                         });
-                    } else if cache.lookup(&content).is_some() {
+                    } else if cache.lookup(&key).is_some() {
                         out.expect.push_back(Expect::Synth {
                             reply: build::parse_complete(),
                             undo,
                         });
                     } else {
-                        let id = cache.insert(content.clone());
+                        let id = cache.insert(key.clone());
                         out.frames
                             .push(statements::parse(&server_name(id), &content));
                         out.expect.push_back(Expect::Client {
-                            parse: Some(content),
+                            parse: Some(key),
                             sync: false,
                             undo,
                         });
@@ -179,7 +204,7 @@ impl Session {
                         unnamed.server_name(&mut refs, &mut out)
                     } else {
                         let resolved = refs.next().flatten();
-                        server_statement(cache, statement, resolved, &mut out)
+                        server_statement(cache, statement, resolved, &scope, &mut out)
                     };
                     out.frames.push(match name {
                         Some(n) => statements::bind_renamed(&raw, portal, statement, &n),
@@ -192,7 +217,7 @@ impl Session {
                         unnamed.server_name(&mut refs, &mut out)
                     } else {
                         let resolved = refs.next().flatten();
-                        server_statement(cache, name, resolved, &mut out)
+                        server_statement(cache, name, resolved, &scope, &mut out)
                     };
                     out.frames.push(match server {
                         Some(n) => statements::statement_message(b'D', &n),

@@ -329,7 +329,7 @@ pub struct InFlight {
 /// unit it rewrites.
 #[derive(Debug)]
 pub enum Expect {
-    /// A reply to the client's message: forwarded. `parse` is the content of a Parse
+    /// A reply to the client's message: forwarded. `parse` is the cache key of a Parse
     /// sent under pgfresh's name, dropped from the connection's cache if the server
     /// does not prepare it; `sync` marks a Sync (errors skip to it).
     Client {
@@ -379,7 +379,7 @@ impl Refusal {
 /// statements.
 #[derive(Debug)]
 pub enum ConnRecord {
-    /// Transaction mode: a statement prepared under pgfresh's name, by its content.
+    /// Transaction mode: a statement prepared under pgfresh's name, by its cache key.
     Prepared(Bytes),
     /// Transaction mode: a least recently used statement closed, by its id and content
     /// (still on the connection if the Close is skipped).
