@@ -1584,3 +1584,42 @@ async fn a_read_a_standby_refuses_runs_again_on_the_primary() {
         "{refused}"
     );
 }
+
+/// The transaction `COMMIT AND CHAIN` begins after a read-only one on a standby is read-only
+/// too, and, as on a single server, may be made read-write before its first statement: it
+/// starts with that statement, on the primary then (it began on the standby, which refused
+/// `SET TRANSACTION READ WRITE`).
+#[tokio::test]
+async fn a_transaction_chained_after_one_on_a_standby_may_become_read_write() {
+    let _g = SERIAL.lock().await;
+    let p = proxy();
+    let c = p.connect().await;
+    let t = p.cold_table(&c, "chain_rw").await;
+    let read = format!("SELECT inet_server_port() FROM {t} LIMIT 1");
+    for chain in ["COMMIT AND CHAIN", "ROLLBACK AND CHAIN"] {
+        for read_write in [false, true] {
+            c.batch_execute("BEGIN READ ONLY").await.unwrap();
+            let first = port_of(&c, &read).await;
+            assert!(standby_ports().contains(&first), "a cold read on a standby");
+            c.batch_execute(chain).await.unwrap();
+            if read_write {
+                c.batch_execute("SET TRANSACTION READ WRITE")
+                    .await
+                    .unwrap_or_else(|e| panic!("{chain}: SET TRANSACTION READ WRITE: {e}"));
+            }
+            let insert = c
+                .batch_execute(&format!("INSERT INTO {t} VALUES (2)"))
+                .await
+                .map_err(|e| e.code().cloned());
+            if read_write {
+                let port = port_of(&c, &read).await;
+                c.batch_execute("ROLLBACK").await.unwrap();
+                assert_eq!((insert, port), (Ok(()), primary_port()), "{chain}");
+            } else {
+                c.batch_execute("ROLLBACK").await.unwrap();
+                let read_only = tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION;
+                assert_eq!(insert, Err(Some(read_only)), "{chain}: inherits READ ONLY");
+            }
+        }
+    }
+}

@@ -1842,3 +1842,192 @@ async fn many_clients_over_the_statement_bound_each_run_their_own_statements() {
     let wrong: Vec<String> = join_all((0..8).map(client)).await.concat();
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A WITH HOLD cursor keeps the client on its connection from the commit that keeps it to
+/// its CLOSE (or CLOSE ALL), and no longer: the pin stayed after `CLOSE name`, and was
+/// taken when the cursor never outlived its transaction (a rollback, a failed DECLARE).
+#[tokio::test]
+async fn a_hold_cursor_keeps_the_connection_until_it_is_closed() {
+    let p = start_proxy(&tx_config(1, "query_wait_timeout_ms = 300\n"));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    // Whether B gets the primary's only connection now.
+    let b_gets_it = || async {
+        b.batch_execute("/* pgfresh:primary */ SELECT 1")
+            .await
+            .is_ok()
+    };
+    let mut wrong = Vec::new();
+    a.batch_execute(
+        "BEGIN; DECLARE tp_c CURSOR WITH HOLD FOR SELECT generate_series(1, 3); COMMIT",
+    )
+    .await
+    .unwrap();
+    if b_gets_it().await {
+        wrong.push("declared and committed: B got A's connection");
+    }
+    for want in ["1", "2"] {
+        assert_eq!(first_value(&a, "FETCH 1 FROM tp_c").await, want);
+        assert_eq!(first_value(&a, "/* pgfresh:primary */ SELECT 7").await, "7");
+    }
+    a.batch_execute("CLOSE tp_c").await.unwrap();
+    if !b_gets_it().await {
+        wrong.push("closed: B waited");
+    }
+    // Declared in a transaction that rolled back, or not declared at all: no cursor.
+    a.batch_execute("BEGIN; DECLARE tp_r CURSOR WITH HOLD FOR SELECT 1; ROLLBACK")
+        .await
+        .unwrap();
+    if !b_gets_it().await {
+        wrong.push("rolled back: B waited");
+    }
+    a.batch_execute("DECLARE tp_f CURSOR WITH HOLD FOR SELECT * FROM tp_no_such_table")
+        .await
+        .expect_err("no such table");
+    if !b_gets_it().await {
+        wrong.push("failed DECLARE: B waited");
+    }
+    // Two cursors: the connection goes back when the last one is closed.
+    a.batch_execute(
+        "BEGIN; DECLARE tp_x CURSOR WITH HOLD FOR SELECT 1; \
+         DECLARE tp_y CURSOR WITH HOLD FOR SELECT 2; COMMIT",
+    )
+    .await
+    .unwrap();
+    a.batch_execute("CLOSE tp_x").await.unwrap();
+    if b_gets_it().await {
+        wrong.push("one of two closed: B got A's connection");
+    }
+    assert_eq!(first_value(&a, "FETCH 1 FROM tp_y").await, "2");
+    a.batch_execute("CLOSE ALL").await.unwrap();
+    if !b_gets_it().await {
+        wrong.push("CLOSE ALL: B waited");
+    }
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
+/// A WITH HOLD cursor lives on the node that declared it, a standby included (a read-only
+/// transaction's, or an autocommit read's): its FETCH, MOVE and CLOSE go there in both pool
+/// modes, whatever ran elsewhere meanwhile, and so does a read-only transaction that starts
+/// with a FETCH (they went to the primary, where the session's reads go while it holds the
+/// cursor, and found no cursor), over both protocols.
+#[tokio::test]
+async fn a_hold_cursor_is_fetched_where_it_was_declared() {
+    let primary = node_port(0).to_string();
+    let mut wrong = Vec::new();
+    for config in [config_text(""), tx_config(POOL_SIZE, "")] {
+        let p = start_proxy(&config);
+        let declares = [
+            (
+                "BEGIN READ ONLY; SELECT 1; \
+                 DECLARE tp_h CURSOR WITH HOLD FOR SELECT generate_series(1, 3); COMMIT",
+                false,
+            ),
+            (
+                "DECLARE tp_h CURSOR WITH HOLD FOR SELECT generate_series(1, 3)",
+                false,
+            ),
+            (
+                "DECLARE tp_h CURSOR WITH HOLD FOR SELECT generate_series(1, 3)",
+                true,
+            ),
+        ];
+        for (declare, extended) in declares {
+            let c = p.connect().await;
+            if extended {
+                c.execute(declare, &[]).await.unwrap();
+            } else {
+                c.batch_execute(declare).await.unwrap();
+            }
+            let mut fetched = Vec::new();
+            for fetch in ["FETCH 1 FROM tp_h", "MOVE 1 IN tp_h", "FETCH 1 FROM tp_h"] {
+                // Something else runs in between, on the primary.
+                first_value(&c, "/* pgfresh:primary */ SELECT 1").await;
+                // The last FETCH starts a read-only transaction.
+                let in_transaction = fetched.len() == 2;
+                if in_transaction {
+                    c.batch_execute("BEGIN READ ONLY").await.unwrap();
+                }
+                let got = if extended {
+                    c.query(fetch, &[])
+                        .await
+                        .map(|rows| rows.first().map(|r| r.get::<_, i32>(0).to_string()))
+                } else {
+                    c.simple_query(fetch).await.map(|m| {
+                        m.iter().find_map(|m| match m {
+                            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                            _ => None,
+                        })
+                    })
+                };
+                fetched.push(got.map_err(|e| e.to_string()));
+                if in_transaction {
+                    c.batch_execute("COMMIT").await.unwrap();
+                }
+            }
+            let closed = c
+                .batch_execute("CLOSE tp_h")
+                .await
+                .map_err(|e| e.to_string());
+            // Closed: the session's reads may leave the primary again.
+            let port = first_value(&c, "SELECT inet_server_port()").await;
+            let want = vec![
+                Ok(Some("1".to_string())),
+                Ok(None),
+                Ok(Some("3".to_string())),
+            ];
+            if fetched != want || closed.is_err() || port == primary {
+                wrong.push((declare, extended, fetched, closed, port));
+            }
+            // Declared in a transaction that rolled back: no cursor, nothing held.
+            c.batch_execute(
+                "BEGIN READ ONLY; DECLARE tp_r CURSOR WITH HOLD FOR SELECT 1; ROLLBACK",
+            )
+            .await
+            .unwrap();
+            let port = first_value(&c, "SELECT inet_server_port()").await;
+            if port == primary {
+                wrong.push(("rolled back", extended, Vec::new(), Ok(()), port));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "(declared, extended, fetched, closed, next read's port): {wrong:?}"
+    );
+}
+
+/// `COMMIT AND CHAIN` and `ROLLBACK AND CHAIN` on the primary go on in the transaction they
+/// begin: the client keeps its connection through the chain to the final COMMIT.
+#[tokio::test]
+async fn a_chained_transaction_keeps_its_connection() {
+    let p = start_proxy(&tx_config(1, "query_wait_timeout_ms = 300\n"));
+    let a = p.connect().await;
+    let b = p.connect().await;
+    let pid = "/* pgfresh:primary */ SELECT pg_backend_pid()";
+    for (chain, extended) in [("COMMIT AND CHAIN", false), ("ROLLBACK AND CHAIN", true)] {
+        a.batch_execute("BEGIN").await.unwrap();
+        let before = first_value(&a, pid).await;
+        if extended {
+            a.execute(chain, &[]).await.unwrap();
+        } else {
+            a.batch_execute(chain).await.unwrap();
+        }
+        let err = b
+            .batch_execute("/* pgfresh:primary */ SELECT 1")
+            .await
+            .expect_err("A holds the primary's only connection");
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+            "{chain}: {err}"
+        );
+        assert_eq!(
+            first_value(&a, "SELECT pg_backend_pid()").await,
+            before,
+            "{chain}"
+        );
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(first_value(&b, "/* pgfresh:primary */ SELECT 2").await, "2");
+    }
+}

@@ -547,3 +547,89 @@ async fn a_write_older_than_the_ttl_is_read_fresh_inside_the_lag_budget() {
     }
     assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
 }
+
+/// A read-only transaction chained (`COMMIT AND CHAIN`, `ROLLBACK AND CHAIN`, `END` and
+/// `ABORT AND CHAIN`, over both protocols) after one on a replica is a new transaction: it
+/// starts where every write acknowledged before its first statement has been replayed, with
+/// the modes of the one before (it began on the same standby at the chain, and read rows
+/// older than a write the client had seen acknowledged meanwhile).
+#[tokio::test]
+async fn a_chained_read_only_transaction_reads_fresh() {
+    let _g = SERIAL.lock().await;
+    // (how the transaction begins, the chain, sent over the extended protocol, the
+    // isolation the chained transaction keeps)
+    let cases = [
+        (
+            "BEGIN READ ONLY",
+            "COMMIT AND CHAIN",
+            false,
+            "read committed",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            "ROLLBACK AND CHAIN",
+            true,
+            "repeatable read",
+        ),
+        (
+            "BEGIN; SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            "END AND CHAIN",
+            false,
+            "repeatable read",
+        ),
+        ("BEGIN", "ABORT AND CHAIN", true, "read committed"),
+    ];
+    let mut wrong = Vec::new();
+    for config in [config_text(""), tx_config()] {
+        let s = Setup::new(&config, "uh_chain").await;
+        for (i, (begin, chain, extended, isolation)) in cases.into_iter().enumerate() {
+            let i = i as i64;
+            let read_only_default = begin == "BEGIN";
+            if read_only_default {
+                s.c.batch_execute("SET default_transaction_read_only = on")
+                    .await
+                    .unwrap();
+            }
+            s.c.batch_execute(begin).await.unwrap();
+            port_count(&s.c, &count_sql(&s.t)).await;
+            s.writer
+                .batch_execute(&format!("INSERT INTO {} VALUES ({})", s.t, 10 + i))
+                .await
+                .unwrap();
+            if extended {
+                s.c.execute(chain, &[]).await.unwrap();
+            } else {
+                s.c.batch_execute(chain).await.unwrap();
+            }
+            let sql = format!(
+                "SELECT inet_server_port(), count(*), current_setting('transaction_isolation'), \
+                 current_setting('transaction_read_only') FROM {}",
+                s.t
+            );
+            let r = simple_row(&s.c, &sql).await;
+            let got = (
+                r.get(1).unwrap_or("").parse::<i64>().unwrap_or(-1),
+                r.get(2).unwrap_or("").to_string(),
+                r.get(3).unwrap_or("").to_string(),
+            );
+            // The chained transaction stays on its node.
+            let again = port_count(&s.c, &count_sql(&s.t)).await;
+            s.c.batch_execute("COMMIT").await.unwrap();
+            let port: u16 = r.get(0).unwrap_or("0").parse().unwrap_or(0);
+            if got != (2 + i, isolation.to_string(), "on".to_string()) || again.0 != port {
+                wrong.push((chain, port, got, again));
+            }
+            if read_only_default {
+                s.c.batch_execute("RESET default_transaction_read_only")
+                    .await
+                    .unwrap();
+            }
+            s.caught_up().await;
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "stale or misplaced chained transactions \
+         (chain, port, (count, isolation, read only), next read): {wrong:?}"
+    );
+}

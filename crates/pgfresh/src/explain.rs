@@ -67,6 +67,7 @@ pub fn explain(config_path: &Path, sql: &str) -> ExitCode {
         Target::Current => "the node the session is using (primary when none)".to_string(),
         Target::Replica { required: None } => "a replica inside the lag thresholds".to_string(),
         Target::Replica { required: Some(l) } => format!("a replica that has replayed {l}"),
+        Target::Node(n) => format!("node {n}, which holds what the statement uses"),
     };
     println!("route:        {target}");
     match d.reason.detail() {

@@ -22,6 +22,9 @@ pub enum Target {
     },
     /// The node the session is already using (open transaction, session-only statements).
     Current,
+    /// The node that holds what the unit uses (a WITH HOLD cursor), chosen by the session:
+    /// `decide` never answers it.
+    Node(usize),
 }
 
 /// Why. Used as the `reason` label of `pgfresh_routed_total`, in debug logs and in

@@ -5,8 +5,6 @@
 //! statement when they prepared the same content under whatever names; the cache is
 //! bounded, least recently used first out.
 
-use std::collections::HashMap;
-
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Server-side statement names pgfresh gives out start with this.
@@ -14,7 +12,9 @@ pub const PREFIX: &str = "__pgfresh_";
 
 #[derive(Default, Debug)]
 pub struct StatementCache {
-    by_content: HashMap<Bytes, Entry>,
+    /// (foldhash, not SipHash: a Bind looks its statement's content up here, a hundred
+    /// bytes or so, in nearly every statement.)
+    by_content: foldhash::HashMap<Bytes, Entry>,
     next_id: u64,
     tick: u64,
 }
@@ -114,9 +114,45 @@ pub fn cache_key(content: &Bytes, scope: &[u8]) -> Bytes {
     key.freeze()
 }
 
-/// The server-side name of statement `id`.
-pub fn server_name(id: u64) -> String {
-    format!("{PREFIX}{id}")
+/// A server-side statement name, built on the stack: the transaction-mode rewrite
+/// names one in nearly every Bind, and `format!` there cost about 700 instructions a
+/// statement.
+#[derive(Clone, Copy)]
+pub struct ServerName {
+    buf: [u8; PREFIX.len() + 20],
+    len: u8,
+}
+
+impl ServerName {
+    /// The name of statement `id`.
+    pub fn of(id: u64) -> ServerName {
+        let mut n = ServerName::prefix();
+        let mut digits = itoa::Buffer::new();
+        let d = digits.format(id).as_bytes();
+        n.buf[PREFIX.len()..PREFIX.len() + d.len()].copy_from_slice(d);
+        n.len += d.len() as u8;
+        n
+    }
+
+    /// The prefix alone: a name in pgfresh's space that no statement has.
+    pub fn prefix() -> ServerName {
+        let mut buf = [0; PREFIX.len() + 20];
+        buf[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+        ServerName {
+            buf,
+            len: PREFIX.len() as u8,
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Debug for ServerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+    }
 }
 
 fn frame(tag: u8, body: &[&[u8]]) -> Bytes {
@@ -132,12 +168,12 @@ fn frame(tag: u8, body: &[&[u8]]) -> Bytes {
 
 /// Parse of `content` (query text and parameter types, as in a client's Parse after
 /// its name) under `name`.
-pub fn parse(name: &str, content: &[u8]) -> Bytes {
-    frame(b'P', &[name.as_bytes(), b"\0", content])
+pub fn parse(name: &[u8], content: &[u8]) -> Bytes {
+    frame(b'P', &[name, b"\0", content])
 }
 
 /// The client's Bind frame with its statement name replaced.
-pub fn bind_renamed(raw: &[u8], portal: &str, statement: &str, new_name: &str) -> Bytes {
+pub fn bind_renamed(raw: &[u8], portal: &str, statement: &str, new_name: &ServerName) -> Bytes {
     // Body: portal\0 statement\0 rest.
     let rest = &raw[5 + portal.len() + 1 + statement.len() + 1..];
     frame(
@@ -147,7 +183,7 @@ pub fn bind_renamed(raw: &[u8], portal: &str, statement: &str, new_name: &str) -
 }
 
 /// Describe or Close of statement `name`.
-pub fn statement_message(tag: u8, name: &str) -> Bytes {
+pub fn statement_message(tag: u8, name: &ServerName) -> Bytes {
     frame(tag, &[b"S", name.as_bytes(), b"\0"])
 }
 
@@ -194,11 +230,21 @@ mod tests {
     }
 
     #[test]
+    fn server_names_are_the_prefix_and_the_id() {
+        assert_eq!(ServerName::of(7).as_bytes(), b"__pgfresh_7");
+        assert_eq!(
+            ServerName::of(u64::MAX).as_bytes(),
+            format!("{PREFIX}{}", u64::MAX).as_bytes()
+        );
+        assert_eq!(ServerName::prefix().as_bytes(), PREFIX.as_bytes());
+    }
+
+    #[test]
     fn frames_round_trip_through_the_wire_parser() {
-        let client = parse("stmt1", b"select $1\0\0\x01\0\0\0\x17");
+        let client = parse(b"stmt1", b"select $1\0\0\x01\0\0\0\x17");
         let content = parse_content(&client, "stmt1");
         assert_eq!(&content[..], b"select $1\0\0\x01\0\0\0\x17");
-        let server = parse("__pgfresh_7", &content);
+        let server = parse(ServerName::of(7).as_bytes(), &content);
         let f = pgfresh_wire::Frame {
             tag: b'P',
             raw: server,
@@ -211,7 +257,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let bind = frame(b'B', &[b"p\0s1\0", b"\0\0\0\0\0\0"]);
-        let renamed = bind_renamed(&bind, "p", "s1", "__pgfresh_2");
+        let renamed = bind_renamed(&bind, "p", "s1", &ServerName::of(2));
         let f = pgfresh_wire::Frame {
             tag: b'B',
             raw: renamed,

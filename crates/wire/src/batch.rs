@@ -9,6 +9,11 @@
 //! other message, a name that is not empty, a malformed field, a message over the
 //! length limit, or a batch not complete yet gives `None`, and the caller takes the
 //! frames one by one (and reports what is wrong with them).
+//!
+//! [`named_batch`] does the same for the batch that runs a statement prepared earlier
+//! under a name: Bind of it to the unnamed portal, an optional Describe of the portal,
+//! Execute, Sync (pgbench `-M prepared`, JDBC past its prepare threshold, asyncpg,
+//! psycopg 3 with prepared statements).
 
 use std::ops::Range;
 
@@ -58,6 +63,64 @@ pub fn unnamed_batch(buf: &[u8], limits: &Limits) -> Option<UnnamedBatch> {
     })
 }
 
+/// Where the parts of a [`named_batch`] lie in the buffer it was found at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedBatch {
+    /// The whole batch, Bind to Sync: `buf[..len]`.
+    pub len: usize,
+    /// Where each message ends: Bind, the Describe if there is one, Execute, Sync.
+    pub ends: [usize; 4],
+    /// How many of `ends` there are (3 without a Describe, else 4).
+    pub messages: usize,
+    /// The statement's name (UTF-8, not empty): `buf[statement]`.
+    pub statement: Range<usize>,
+}
+
+/// The batch at the start of `buf`, when it is the one-statement batch of a named
+/// statement, complete and well formed (see the module comment).
+pub fn named_batch(buf: &[u8], limits: &Limits) -> Option<NamedBatch> {
+    let mut pos = 0;
+    let mut ends = [0; 4];
+    let mut n = 0;
+    let bind = message(buf, &mut pos, b'B', limits)?;
+    ends[n] = pos;
+    n += 1;
+    // The unnamed portal, then the statement's name.
+    let b = buf[bind.clone()].strip_prefix(&[0])?;
+    let name_len = memchr::memchr(0, b)?;
+    if name_len == 0 {
+        return None;
+    }
+    std::str::from_utf8(&b[..name_len]).ok()?;
+    params_body(&b[name_len + 1..])?;
+    let statement = bind.start + 1..bind.start + 1 + name_len;
+    if buf.get(pos) == Some(&b'D') {
+        let describe = message(buf, &mut pos, b'D', limits)?;
+        if buf[describe] != [b'P', 0] {
+            return None;
+        }
+        ends[n] = pos;
+        n += 1;
+    }
+    let execute = message(buf, &mut pos, b'E', limits)?;
+    if buf[execute.clone()].len() != 5 || buf[execute.start] != 0 {
+        return None;
+    }
+    ends[n] = pos;
+    n += 1;
+    let sync = message(buf, &mut pos, b'S', limits)?;
+    if !sync.is_empty() {
+        return None;
+    }
+    ends[n] = pos;
+    Some(NamedBatch {
+        len: pos,
+        ends,
+        messages: n + 1,
+        statement,
+    })
+}
+
 /// The body of the complete message with `tag` at `*pos` (moved past it).
 fn message(buf: &[u8], pos: &mut usize, tag: u8, limits: &Limits) -> Option<Range<usize>> {
     let (found, end) = frame_at(buf, *pos, limits.max_message).ok()??;
@@ -88,6 +151,12 @@ fn parse_body(buf: &[u8], body: Range<usize>) -> Option<Range<usize>> {
 /// value NULL or within the body, nothing after the result formats. (Read here with
 /// plain slices: this runs for every statement of such clients.)
 fn bind_body(b: &[u8]) -> Option<()> {
+    // The unnamed portal, then the unnamed statement.
+    params_body(b.strip_prefix(&[0, 0])?)
+}
+
+/// Whether the rest of a Bind body, after its names, is well formed (see `bind_body`).
+fn params_body(mut b: &[u8]) -> Option<()> {
     fn count(b: &mut &[u8]) -> Option<usize> {
         let (n, rest) = b.split_first_chunk::<2>()?;
         *b = rest;
@@ -97,8 +166,6 @@ fn bind_body(b: &[u8]) -> Option<()> {
         *b = b.get(n..)?;
         Some(())
     }
-    // The unnamed portal, then the unnamed statement.
-    let mut b = b.strip_prefix(&[0, 0])?;
     let formats = count(&mut b)?;
     skip(&mut b, 2 * formats)?;
     for _ in 0..count(&mut b)? {
@@ -315,6 +382,163 @@ mod tests {
                 tags.push(frame.tag);
             }
             assert!(tags == b"PBDES" || tags == b"PBES", "{tags:?}");
+        }
+        assert!(accepted > 0);
+    }
+
+    fn prepared(name: &str) -> Vec<Bytes> {
+        vec![
+            build::bind("", name, &[0], &[Some(b"42".as_slice())], &[0]),
+            build::describe(b'P', ""),
+            build::execute("", 0),
+            build::sync(),
+        ]
+    }
+
+    #[test]
+    fn the_batch_of_a_named_statement_is_found_whole() {
+        let parts = prepared("P0_1");
+        let buf = batch(&parts);
+        let b = named_batch(&buf, &Limits::default()).expect("found");
+        assert_eq!(b.len, buf.len());
+        assert_eq!(&buf[b.statement.clone()], b"P0_1");
+        let mut end = 0;
+        let ends: Vec<usize> = parts
+            .iter()
+            .map(|p| {
+                end += p.len();
+                end
+            })
+            .collect();
+        assert_eq!(&b.ends[..b.messages], &ends[..]);
+        // Without Describe, followed by the next batch.
+        let mut short = parts.clone();
+        short.remove(1);
+        let mut buf2 = batch(&short);
+        let len = buf2.len();
+        buf2.extend_from_slice(&build::sync());
+        let b2 = named_batch(&buf2, &Limits::default()).expect("found");
+        assert_eq!((b2.len, b2.messages), (len, 3));
+        // Incomplete: not yet.
+        assert_eq!(named_batch(&buf[..buf.len() - 1], &Limits::default()), None);
+        // The unnamed statement's is not this batch, and this one is not that.
+        let unnamed = batch(&prepared("")[..]);
+        assert_eq!(named_batch(&unnamed, &Limits::default()), None);
+        assert_eq!(unnamed_batch(&buf, &Limits::default()), None);
+    }
+
+    #[test]
+    fn other_batches_of_named_statements_are_left_to_the_frames() {
+        let cases = [
+            // A named portal.
+            vec![
+                build::bind("p", "s1", &[], &[], &[]),
+                build::execute("p", 0),
+                build::sync(),
+            ],
+            // Describe of the statement.
+            vec![
+                build::bind("", "s1", &[], &[], &[]),
+                build::describe(b'S', "s1"),
+                build::execute("", 0),
+                build::sync(),
+            ],
+            // A row limit is fine, a Flush is not.
+            vec![
+                build::bind("", "s1", &[], &[], &[]),
+                build::execute("", 0),
+                build::flush(),
+            ],
+            // Parse first.
+            vec![
+                build::parse("s1", "SELECT 1", &[]),
+                build::bind("", "s1", &[], &[], &[]),
+                build::execute("", 0),
+                build::sync(),
+            ],
+        ];
+        for (i, parts) in cases.iter().enumerate() {
+            assert_eq!(
+                named_batch(&batch(parts), &Limits::default()),
+                None,
+                "case {i}"
+            );
+        }
+        // A name that is not UTF-8.
+        let mut bad = batch(&prepared("s1"));
+        bad[6] = 0xff;
+        assert_eq!(named_batch(&bad, &Limits::default()), None);
+    }
+
+    /// Whether the frame-by-frame parser reads `buf` as exactly a named statement's batch.
+    fn frames_make_the_named_batch(buf: &[u8]) -> bool {
+        let mut rest = BytesMut::from(buf);
+        let mut tags = Vec::new();
+        while !rest.is_empty() {
+            let Ok(crate::Decoded::Frame(frame)) =
+                crate::decode_frontend(&mut rest, &Limits::default())
+            else {
+                return false;
+            };
+            let ok = match parse_frontend(&frame) {
+                Ok(FrontendMessage::Bind {
+                    portal: "",
+                    statement,
+                    ..
+                }) => !statement.is_empty(),
+                Ok(
+                    FrontendMessage::Describe {
+                        kind: b'P',
+                        name: "",
+                    }
+                    | FrontendMessage::Execute { portal: "", .. }
+                    | FrontendMessage::Sync,
+                ) => true,
+                _ => false,
+            };
+            if !ok {
+                return false;
+            }
+            tags.push(frame.tag);
+        }
+        tags == b"BDES" || tags == b"BES"
+    }
+
+    /// As for the unnamed batch: random mutations are either refused or read by the frame
+    /// parser as the same messages, with the same statement name.
+    #[test]
+    fn the_named_batch_accepts_only_what_the_frame_parser_accepts() {
+        let base = batch(&prepared("stmt_1"));
+        let mut seed = 0x2545_f491_u32;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            let mut buf = base.clone();
+            for _ in 0..(next() % 3 + 1) {
+                let i = next() as usize % buf.len();
+                buf[i] = next() as u8;
+            }
+            let Some(b) = named_batch(&buf, &Limits::default()) else {
+                assert!(!frames_make_the_named_batch(&buf), "refused {buf:?}");
+                continue;
+            };
+            accepted += 1;
+            assert!(
+                frames_make_the_named_batch(&buf[..b.len]),
+                "accepted {buf:?}"
+            );
+            let first = Frame::from_raw(Bytes::copy_from_slice(&buf[..b.ends[0]])).expect("frame");
+            match parse_frontend(&first) {
+                Ok(FrontendMessage::Bind { statement, .. }) => {
+                    assert_eq!(statement.as_bytes(), &buf[b.statement.clone()]);
+                }
+                other => panic!("{other:?}"),
+            }
         }
         assert!(accepted > 0);
     }

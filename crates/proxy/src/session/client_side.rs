@@ -95,7 +95,10 @@ impl Session {
             if self.statements_unsettled() {
                 return Ok(consumed);
             }
-            if let Some(unit) = self.take_unnamed_batch() {
+            if let Some(unit) = self
+                .take_unnamed_batch()
+                .or_else(|| self.take_named_batch())
+            {
                 consumed = true;
                 self.ready.push_back(unit);
                 continue;
@@ -336,6 +339,54 @@ impl Session {
         Some(unit)
     }
 
+    /// The one-statement batch of a statement the client prepared under a name (Bind,
+    /// Describe of the portal, Execute, Sync: see `pgfresh_wire::batch`), taken whole
+    /// when the client has sent all of it and nothing is open that it would continue.
+    /// The unit is the one its frames would make one by one, each message a frame of
+    /// its own; a statement pgfresh does not hold, or one that changes the session's
+    /// settings or transaction state (an SQL `EXECUTE` among them), goes frame by frame.
+    fn take_named_batch(&mut self) -> Option<Box<ClientUnit>> {
+        if !self.batch.frames.is_empty()
+            || !self.ready.is_empty()
+            || self.wire != super::WirePhase::Units
+        {
+            return None;
+        }
+        let found = pgfresh_wire::named_batch(&self.cbuf, &self.limits)?;
+        if found.len > MAX_BATCH_BYTES {
+            return None;
+        }
+        let name = std::str::from_utf8(&self.cbuf[found.statement.clone()]).ok()?;
+        let p = self.state.prepared.get(name)?;
+        if p.analysis
+            .statements
+            .iter()
+            .any(|s| s.session.is_some() || s.tx.is_some())
+        {
+            return None;
+        }
+        let (analysis, content) = (p.analysis.clone(), p.content.clone());
+        let name = name.to_string();
+        let mut unit = self.fresh_unit();
+        if self.mode == PoolMode::Transaction {
+            unit.statement_refs.push(Some(content));
+        }
+        unit.uses_statements.push(name);
+        if !self.portal_events.is_empty() {
+            self.portal_events.remove("");
+        }
+        let chunk = self.cbuf.split_to(found.len).freeze();
+        let mut start = 0;
+        for &end in &found.ends[..found.messages] {
+            unit.frames.push(chunk.slice(start..end));
+            start = end;
+        }
+        unit.parts.push(analysis);
+        unit.events.push(StmtEvent::Other);
+        unit.synced = true;
+        Some(unit)
+    }
+
     /// Send the extended messages collected so far as a unit of their own, before a
     /// message that does not belong to the batch.
     fn close_batch_early(&mut self) {
@@ -550,8 +601,9 @@ impl Session {
                     self.retry_read(unit, node, &e.to_string());
                     continue;
                 }
-                let to_primary = !matches!(decision.target, Target::Replica { .. })
-                    || Some(node) == self.shared.balancer.primary();
+                let to_primary =
+                    !matches!(decision.target, Target::Replica { .. } | Target::Node(_))
+                        || Some(node) == self.shared.balancer.primary();
                 if to_primary && self.wait_out_failover(&mut unit, &e).await {
                     self.ready.push_front(unit);
                     continue;

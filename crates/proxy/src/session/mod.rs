@@ -168,6 +168,9 @@ pub struct Session {
     tx_writes: TxWrites,
     /// The COMMIT in flight pgfresh can resolve if its connection is lost.
     lost: lost_commit::LostCommits,
+    /// The modes the transaction open on a server named (BEGIN, SET TRANSACTION): those
+    /// of the transaction an AND CHAIN begins (see `Session::chain_anew`).
+    tx_modes: pgfresh_sql::TxModes,
     // Rarely touched after the login.
     /// Setting changes waiting for their transaction to commit.
     pending_settings: settings::Pending,
@@ -265,6 +268,7 @@ impl Session {
             terminating: false,
             parser_enabled: true,
             lost: Default::default(),
+            tx_modes: Default::default(),
             mode: config.pool.pool_mode,
             pool_settings: Shared::pool_settings(&config),
             pin_gauge: Default::default(),
@@ -785,6 +789,7 @@ impl Session {
             .map(|l| l.conn.target.node_name.to_string())
             .unwrap_or_default();
         self.backends[node] = None;
+        self.state.connection_gone(node);
         if self.active == Some(node) {
             self.active = None;
         }
@@ -879,6 +884,7 @@ impl Session {
             // terminated backend): nothing was sent on it, so a new one serves the unit.
             tracing::info!(node, "server closed an idle connection; connecting again");
             self.backends[node] = None;
+            self.state.connection_gone(node);
         }
         if let Some(l) = &self.backends[node] {
             if l.is_current() {
@@ -892,6 +898,7 @@ impl Session {
             // The node changed role since this connection was made: do not reuse it.
             if let Some(stale) = self.backends[node].take() {
                 tokio::spawn(stale.conn.terminate());
+                self.state.connection_gone(node);
             }
             if self.active == Some(node) {
                 self.active = None;

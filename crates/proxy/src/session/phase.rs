@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use pgfresh_sql::{Isolation, TxEffect, TxModes};
 use pgfresh_wire::TxStatus;
 
 /// A transaction BEGIN that pgfresh answered itself and will send to the node the
@@ -10,6 +11,43 @@ use pgfresh_wire::TxStatus;
 pub struct DeferredBegin {
     pub sql: String,
     pub analysis: Arc<pgfresh_sql::Analysis>,
+}
+
+/// The BEGIN that opens, on another node, the transaction an AND CHAIN began on a standby:
+/// read-only (as every transaction a standby runs), with the isolation level and
+/// deferrability the transaction before it named (`modes`); what it did not name comes
+/// from the session's defaults, as it did for that one.
+pub fn chained_begin(modes: &TxModes) -> String {
+    let mut sql = String::from("BEGIN");
+    if let Some(level) = modes.isolation {
+        sql.push_str(match level {
+            Isolation::ReadUncommitted => " ISOLATION LEVEL READ UNCOMMITTED",
+            Isolation::ReadCommitted => " ISOLATION LEVEL READ COMMITTED",
+            Isolation::RepeatableRead => " ISOLATION LEVEL REPEATABLE READ",
+            Isolation::Serializable => " ISOLATION LEVEL SERIALIZABLE",
+        });
+    }
+    sql.push_str(" READ ONLY");
+    match modes.deferrable {
+        Some(true) => sql.push_str(" DEFERRABLE"),
+        Some(false) => sql.push_str(" NOT DEFERRABLE"),
+        None => {}
+    }
+    sql
+}
+
+/// The modes a transaction-control statement names for the transaction open on a server:
+/// BEGIN names them anew, SET TRANSACTION changes those it names.
+pub fn follow_modes(modes: &mut TxModes, stmt: &pgfresh_sql::Statement) {
+    match &stmt.tx {
+        Some(TxEffect::Begin(m)) => *modes = *m,
+        Some(TxEffect::SetTransaction(m)) => {
+            modes.read_only = m.read_only.or(modes.read_only);
+            modes.isolation = m.isolation.or(modes.isolation);
+            modes.deferrable = m.deferrable.or(modes.deferrable);
+        }
+        _ => {}
+    }
 }
 
 /// The client's transaction, as the client last saw it.
@@ -143,6 +181,31 @@ mod tests {
         assert!(phase.take_deferred().is_some());
         assert!(phase.on_server() && phase.take_deferred().is_none());
         assert_eq!(phase.status(), TxStatus::InTransaction);
+    }
+
+    #[test]
+    fn a_chained_begin_keeps_the_modes_named_and_is_read_only() {
+        let mut modes = TxModes::default();
+        assert_eq!(chained_begin(&modes), "BEGIN READ ONLY");
+        let stmt = |sql: &str| pgfresh_sql::analyze_uncached(sql).statements.remove(0);
+        follow_modes(&mut modes, &stmt("BEGIN ISOLATION LEVEL REPEATABLE READ"));
+        follow_modes(&mut modes, &stmt("SET TRANSACTION READ ONLY DEFERRABLE"));
+        follow_modes(&mut modes, &stmt("SELECT 1"));
+        assert_eq!(
+            chained_begin(&modes),
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY DEFERRABLE"
+        );
+        // A BEGIN names the modes of a new transaction.
+        follow_modes(&mut modes, &stmt("START TRANSACTION READ ONLY"));
+        let begin = chained_begin(&modes);
+        assert_eq!(begin, "BEGIN READ ONLY");
+        // It reads back as what it says.
+        let analysis = pgfresh_sql::analyze_uncached(&begin);
+        let read_only = TxModes {
+            read_only: Some(true),
+            ..TxModes::default()
+        };
+        assert_eq!(analysis.statements[0].tx, Some(TxEffect::Begin(read_only)));
     }
 
     #[test]

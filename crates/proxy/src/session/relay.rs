@@ -5,6 +5,8 @@
 //! Recency marks are made here, while scanning, so a write's relations are marked
 //! before its CommandComplete or ReadyForQuery reaches the client.
 
+use std::sync::Arc;
+
 use pgfresh_recency::RelKey;
 use pgfresh_wire::{frame_at, ErrorFields, TxStatus};
 
@@ -185,6 +187,7 @@ impl Session {
             b's' | b'I' if !injected => {
                 if let Some(u) = self.inflight.front_mut() {
                     u.replied = true;
+                    u.ended_tx = false;
                     u.events.pop_front();
                 }
                 if tag == b's' {
@@ -277,6 +280,13 @@ impl Session {
                     self.tx_writes.absorb(&mut u, wrote);
                 }
                 self.tx = super::TxPhase::from_server(status);
+                if status == TxStatus::InTransaction
+                    && u.ended_tx
+                    && !u.error
+                    && self.balancer.primary() != Some(node)
+                {
+                    self.chain_anew(node);
+                }
                 let hold = self
                     .inflight
                     .front()
@@ -299,6 +309,22 @@ impl Session {
         }
     }
 
+    /// AND CHAIN ended a transaction on a standby (a read-only one) and began the next
+    /// there, at the chain. That one is a new transaction: like any read-only transaction
+    /// it must start where every write acknowledged before its first statement has been
+    /// replayed, which this standby may not have. Nothing has run in it yet: it is rolled
+    /// back on the standby, and the client's transaction becomes a deferred BEGIN with the
+    /// modes of the one before, placed with its first statement.
+    fn chain_anew(&mut self, node: usize) {
+        let sql = super::phase::chained_begin(&self.tx_modes);
+        if self.inject_query(node, "ROLLBACK").is_err() {
+            // No connection to roll back on: the chained transaction stays where it is.
+            return;
+        }
+        let analysis = Arc::new(pgfresh_sql::analyze_uncached(&sql));
+        self.tx = super::TxPhase::Deferred(super::DeferredBegin { sql, analysis });
+    }
+
     /// CommandComplete: a client statement finished; a write or a COMMIT marks what it
     /// wrote before the client hears of it.
     fn on_command_complete(
@@ -316,12 +342,12 @@ impl Session {
             return Action::Forward;
         };
         u.replied = true;
-        if let Some(event) = u.events.pop_front() {
-            if event != StmtEvent::Other {
-                let tag = self.body(node, start, end).to_vec();
-                let committed = self.pending_settings.on_complete(event, &tag);
-                self.apply_settings(node, committed);
-            }
+        let event = u.events.pop_front();
+        u.ended_tx = matches!(event, Some(StmtEvent::Commit | StmtEvent::Rollback));
+        if let Some(event) = event.filter(|e| *e != StmtEvent::Other) {
+            let tag = self.body(node, start, end).to_vec();
+            let committed = self.pending_settings.on_complete(event, &tag);
+            self.apply_settings(node, committed);
         }
         let Some(u) = self.inflight.front_mut() else {
             return Action::Forward;
@@ -499,7 +525,7 @@ impl Session {
         }
         let before = self.state.settings().clone();
         self.tokens.follow(&changes);
-        settings::apply(&mut self.state, changes);
+        settings::apply(&mut self.state, changes, Some(node));
         if let Some(l) = self.backends[node].as_mut() {
             if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
                 l.conn.settings = Some(self.state.settings().clone());

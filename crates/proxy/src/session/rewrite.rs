@@ -21,7 +21,7 @@ use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
 
 use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
-use crate::statements::{self, server_name, StatementCache, PREFIX};
+use crate::statements::{self, ServerName, StatementCache, PREFIX};
 
 /// The frames to send for a unit and the replies they will get.
 pub(super) struct Rewritten {
@@ -56,11 +56,11 @@ fn server_statement(
     resolved: Option<Bytes>,
     scope: &[u8],
     out: &mut Rewritten,
-) -> Option<String> {
+) -> Option<ServerName> {
     let Some(content) = resolved else {
         // Not a statement of this client's: the server answers that it does not exist,
         // and a name in pgfresh's own space never reaches another client's statement.
-        return name.starts_with(PREFIX).then(|| PREFIX.to_string());
+        return name.starts_with(PREFIX).then(ServerName::prefix);
     };
     let key = statements::cache_key(&content, scope);
     let id = match cache.lookup(&key) {
@@ -68,14 +68,24 @@ fn server_statement(
         None => {
             let id = cache.insert(key.clone());
             out.frames
-                .push(statements::parse(&server_name(id), &content));
+                .push(statements::parse(ServerName::of(id).as_bytes(), &content));
             out.expect.push_back(Expect::Hidden {
                 record: Some(ConnRecord::Prepared(key)),
             });
             id
         }
     };
-    Some(server_name(id))
+    Some(ServerName::of(id))
+}
+
+/// Whether a client's message may name a prepared statement: a Parse, a Bind, or a
+/// Describe or Close of a statement (not of a portal).
+fn names_statement(raw: &[u8]) -> bool {
+    match raw.first() {
+        Some(b'P' | b'B') => true,
+        Some(b'D' | b'C') => raw.get(5) != Some(&b'P'),
+        _ => false,
+    }
 }
 
 /// Where a unit stands with the unnamed statement on its connection.
@@ -100,7 +110,7 @@ impl Unnamed {
         &mut self,
         refs: &mut impl Iterator<Item = Option<Bytes>>,
         out: &mut Rewritten,
-    ) -> Option<String> {
+    ) -> Option<ServerName> {
         if *self == Unnamed::Parsed {
             return None;
         }
@@ -109,9 +119,9 @@ impl Unnamed {
             return None;
         }
         let Some(content) = resolved else {
-            return Some(PREFIX.to_string());
+            return Some(ServerName::prefix());
         };
-        out.frames.push(statements::parse("", &content));
+        out.frames.push(statements::parse(b"", &content));
         out.expect.push_back(Expect::Hidden { record: None });
         *self = Unnamed::Prepared;
         None
@@ -148,11 +158,26 @@ impl Session {
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
         for raw in unit.frames.iter().cloned() {
+            let client = Expect::client();
+            if !names_statement(&raw) {
+                // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to
+                // map (and no need to read the message again).
+                if raw[0] == b'S' {
+                    out.expect.push_back(Expect::Client {
+                        parse: None,
+                        sync: true,
+                        undo: None,
+                    });
+                } else if raw[0] != b'H' {
+                    out.expect.push_back(client);
+                }
+                out.frames.push(raw);
+                continue;
+            }
             let frame = Frame {
                 tag: raw[0],
                 raw: raw.clone(),
             };
-            let client = Expect::client();
             match parse_frontend(&frame) {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
@@ -169,8 +194,9 @@ impl Session {
                         // just so; the client's statement stays as it was (undo).
                         let server =
                             server_statement(cache, name, Some(existing), &scope, &mut out)
-                                .unwrap_or_else(|| PREFIX.to_string());
-                        out.frames.push(statements::parse(&server, &content));
+                                .unwrap_or_else(ServerName::prefix);
+                        out.frames
+                            .push(statements::parse(server.as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
                             parse: None,
                             sync: false,
@@ -184,7 +210,7 @@ impl Session {
                     } else {
                         let id = cache.insert(key.clone());
                         out.frames
-                            .push(statements::parse(&server_name(id), &content));
+                            .push(statements::parse(ServerName::of(id).as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
                             parse: Some(key),
                             sync: false,
@@ -259,7 +285,7 @@ impl Session {
                 .increment(evicted.len() as u64);
             let mut frames: Vec<Bytes> = evicted
                 .iter()
-                .map(|(id, _)| statements::statement_message(b'C', &server_name(*id)))
+                .map(|(id, _)| statements::statement_message(b'C', &ServerName::of(*id)))
                 .collect();
             for (id, content) in evicted.into_iter().rev() {
                 out.expect.push_front(Expect::Hidden {

@@ -358,6 +358,12 @@ impl Session {
             token,
         };
         let d = decide(&parts, &view, &ctx);
+        if let Some(node) = self.cursor_node(unit, &d, token) {
+            return Decision {
+                target: Target::Node(node),
+                reason: Reason::SessionPinned(PinReason::HoldCursor.as_str()),
+            };
+        }
         if matches!(d.target, Target::Replica { .. }) && self.refused_lately(unit) {
             // A standby refused this statement of this login lately (see `refused`).
             return Decision {
@@ -366,6 +372,66 @@ impl Session {
             };
         }
         d
+    }
+
+    /// The node holding a WITH HOLD cursor that `unit` fetches from, moves or closes, when
+    /// the unit runs there: its statements are all session-state ones (FETCH, MOVE, CLOSE,
+    /// SET, ...) or transaction control, and either no transaction is open (`d` sends it
+    /// where the session is) or a read-only transaction starts with it (the pin alone sent
+    /// that to the primary) and the node has replayed what such a transaction needs. The
+    /// cursor exists on that node only; the primary, where the pin sends the session's
+    /// reads, has none.
+    fn cursor_node(&self, unit: &ClientUnit, d: &Decision, token: TokenNeed) -> Option<usize> {
+        let starts_transaction = match (&self.tx, d.target, d.reason) {
+            (TxPhase::Idle, Target::Current, _) => false,
+            (TxPhase::Idle | TxPhase::Deferred(_), _, Reason::SessionPinned(_)) => true,
+            _ => return None,
+        };
+        let mut statements = unit.parts.iter().flat_map(|a| &a.statements).peekable();
+        statements.peek()?;
+        let mut node = None;
+        for s in statements {
+            if !matches!(
+                s.kind,
+                pgfresh_sql::Kind::Session | pgfresh_sql::Kind::Transaction
+            ) {
+                return None;
+            }
+            let name = match &s.session {
+                Some(SessionEffect::Fetch(name) | SessionEffect::CloseCursor(Some(name))) => name,
+                _ => continue,
+            };
+            node = node.or(self.state.cursor_node(name));
+        }
+        let node = node?;
+        (!starts_transaction || self.snapshot_fresh_on(node, token)).then_some(node)
+    }
+
+    /// A read-only transaction may start on `node`: it is the primary, or it has replayed
+    /// every write acknowledged in the database within the recency window and the
+    /// session's position token (as `router::decide` asks of the replica it picks).
+    fn snapshot_fresh_on(&self, node: usize, token: TokenNeed) -> bool {
+        let view = self.shared.balancer.view();
+        if view.primary == Some(node) {
+            return true;
+        }
+        let replayed = view.node(node).and_then(|n| n.replay_lsn);
+        let reached = |l: pgfresh_lsn::Lsn| replayed.is_some_and(|r| r >= l);
+        let database = if self.config.routing.enable_recent_access_routing {
+            self.shared.recency.lookup_database(&self.login.database)
+        } else {
+            pgfresh_recency::Hotness::Cold
+        };
+        let database_ok = match database {
+            pgfresh_recency::Hotness::Cold => true,
+            pgfresh_recency::Hotness::Hot { required_lsn, .. } => required_lsn.is_some_and(reached),
+        };
+        let token_ok = match token {
+            TokenNeed::None => true,
+            TokenNeed::Position(l) => reached(l),
+            TokenNeed::Primary(_) => false,
+        };
+        database_ok && token_ok
     }
 
     /// A standby refused one of `unit`'s statements, run by this session's user in its
@@ -519,6 +585,7 @@ impl Session {
         let (node, reason) = match d.target {
             Target::Primary => (primary()?, d.reason),
             Target::Current => (self.active.map_or_else(primary, Ok)?, d.reason),
+            Target::Node(node) => (node, d.reason),
             // A few tries to draw a replica other than `avoid`; none at all eligible is
             // known at the first (a hot read no replica has caught up with asked four
             // times before).

@@ -169,7 +169,7 @@ impl Session {
     }
 
     /// Stage an injected simple query (its replies are swallowed) ahead of the unit.
-    fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+    pub(super) fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
         self.stage_frames(node, &[build::query(sql)])?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         Ok(())
@@ -288,6 +288,9 @@ impl Session {
         // Session effects of this unit, applied optimistically; the node that runs the
         // unit is then up to date with the session's settings.
         self.apply_session_effects(unit);
+        for s in unit.parts.iter().flat_map(|a| &a.statements) {
+            super::phase::follow_modes(&mut self.tx_modes, s);
+        }
         self.track_sql_statements(node, unit);
         let autocommit = self.tx.is_idle()
             && !unit
@@ -382,6 +385,9 @@ impl Session {
             self.replay_settings(node)?;
         }
         if let Some(begin) = self.tx.take_deferred() {
+            for s in &begin.analysis.statements {
+                super::phase::follow_modes(&mut self.tx_modes, s);
+            }
             self.inject_query(node, &begin.sql)?;
         }
         for name in &unit.sql_executes {
@@ -570,6 +576,7 @@ impl Session {
                 autocommit,
                 error: false,
                 committed: false,
+                ended_tx: false,
                 tx_control,
                 mark_at_ready: false,
                 replied: false,
@@ -718,6 +725,7 @@ impl Session {
                             // Settings are reset when the server confirms (settings.rs).
                             self.state.prepared.clear();
                             self.state.sql_prepared.clear();
+                            self.state.close_cursor(None);
                             let route = self.state.pins.contains(&PinReason::RouteSetting);
                             self.state.pins.clear();
                             if route {
@@ -758,14 +766,6 @@ impl Session {
                     }
                     SessionEffect::Unlisten(None) => {
                         self.state.pins.remove(&PinReason::Listen);
-                    }
-                    SessionEffect::DeclareCursor {
-                        with_hold: true, ..
-                    } => {
-                        self.state.pins.insert(PinReason::HoldCursor);
-                    }
-                    SessionEffect::CloseCursor(None) => {
-                        self.state.pins.remove(&PinReason::HoldCursor);
                     }
                     SessionEffect::CreateTemp(_) => {
                         self.state.pins.insert(PinReason::TempTable);

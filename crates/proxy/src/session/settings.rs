@@ -8,6 +8,10 @@
 //! failed transaction is answered `ROLLBACK`). `ROLLBACK` drops what is staged,
 //! `ROLLBACK TO SAVEPOINT` drops what was staged after that savepoint, and `SET LOCAL`
 //! is never recorded.
+//!
+//! WITH HOLD cursors follow the same rules: one declared is kept once its transaction
+//! commits (and pins the session to its connection, see `SessionState::hold_cursor`), while
+//! a CLOSE takes effect at once, as in the server.
 
 use pgfresh_sql::{DiscardKind, Isolation, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::TxStatus;
@@ -25,6 +29,12 @@ pub enum SettingChange {
     },
     /// RESET ALL, DISCARD ALL.
     ResetAll,
+    /// A WITH HOLD cursor was declared: it outlives its transaction once that commits,
+    /// on the connection that declared it.
+    HoldCursor(String),
+    /// CLOSE of a cursor (`None`: CLOSE ALL), in effect at once: a rollback of its
+    /// transaction does not bring the cursor back.
+    CloseCursor(Option<String>),
 }
 
 /// What one statement means for settings, in the order of the server's answers.
@@ -38,6 +48,8 @@ pub enum StmtEvent {
     RollbackTo(String),
     Commit,
     Rollback,
+    /// CLOSE of a cursor (`None`: CLOSE ALL).
+    Close(Option<String>),
 }
 
 /// Staged changes of the open (implicit or explicit) transaction, with savepoints.
@@ -106,6 +118,11 @@ pub fn event_of(stmt: &Statement, text: Option<&str>) -> StmtEvent {
         SessionEffect::ResetAll | SessionEffect::Discard(DiscardKind::All) => {
             SettingChange::ResetAll
         }
+        SessionEffect::DeclareCursor {
+            name,
+            with_hold: true,
+        } => SettingChange::HoldCursor(name.clone()),
+        SessionEffect::CloseCursor(name) => return StmtEvent::Close(name.clone()),
         SessionEffect::SetRole(v) => SettingChange::Set {
             name: "role".into(),
             value: v.clone(),
@@ -208,6 +225,16 @@ impl Pending {
                 self.staged.clear();
                 Vec::new()
             }
+            StmtEvent::Close(name) => {
+                // A cursor declared in this transaction is not kept at its commit.
+                self.staged.retain(|s| match s {
+                    Staged::Change(SettingChange::HoldCursor(n)) => {
+                        name.as_ref().is_some_and(|c| c != n)
+                    }
+                    _ => true,
+                });
+                vec![SettingChange::CloseCursor(name)]
+            }
         }
     }
 
@@ -247,12 +274,19 @@ impl Pending {
     }
 }
 
-/// Apply committed changes to the session state.
-pub fn apply(state: &mut SessionState, changes: Vec<SettingChange>) {
+/// Apply committed changes to the session state; `node` ran the statements that made them
+/// (`None`: its connection is gone, and with it the cursors declared there).
+pub fn apply(state: &mut SessionState, changes: Vec<SettingChange>, node: Option<usize>) {
     for c in changes {
         match c {
             SettingChange::Set { name, value, stmt } => state.set(&name, value.as_deref(), stmt),
             SettingChange::ResetAll => state.reset_all(),
+            SettingChange::HoldCursor(name) => {
+                if let Some(node) = node {
+                    state.hold_cursor(name, node);
+                }
+            }
+            SettingChange::CloseCursor(name) => state.close_cursor(name.as_deref()),
         }
     }
 }
@@ -271,8 +305,56 @@ mod tests {
             .map(|c| match c {
                 SettingChange::Set { name, .. } => name.clone(),
                 SettingChange::ResetAll => "ALL".into(),
+                SettingChange::HoldCursor(n) => format!("hold {n}"),
+                SettingChange::CloseCursor(n) => format!("close {n:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_hold_cursor_is_kept_once_committed_and_closed_at_once() {
+        let declare = |n: &str| ev(&format!("DECLARE {n} CURSOR WITH HOLD FOR SELECT 1"));
+        let mut p = Pending::default();
+        assert!(p.on_complete(declare("a"), b"DECLARE CURSOR").is_empty());
+        assert_eq!(
+            names(&p.on_complete(StmtEvent::Commit, b"COMMIT")),
+            ["hold a"]
+        );
+        // Rolled back, or declared in a failed implicit transaction: not kept.
+        p.on_complete(declare("b"), b"DECLARE CURSOR");
+        assert!(p.on_complete(StmtEvent::Rollback, b"ROLLBACK").is_empty());
+        p.on_complete(declare("b"), b"DECLARE CURSOR");
+        assert!(p.on_ready(TxStatus::Idle, true).is_empty());
+        // Without HOLD a cursor ends with its transaction.
+        assert_eq!(ev("DECLARE c CURSOR FOR SELECT 1"), StmtEvent::Other);
+        // A CLOSE takes effect at once; a cursor it closes is not kept at the commit.
+        p.on_complete(declare("d"), b"DECLARE CURSOR");
+        p.on_complete(declare("e"), b"DECLARE CURSOR");
+        let closed = p.on_complete(ev("CLOSE d"), b"CLOSE CURSOR");
+        assert_eq!(names(&closed), ["close Some(\"d\")"]);
+        assert_eq!(names(&p.on_ready(TxStatus::Idle, false)), ["hold e"]);
+        p.on_complete(declare("f"), b"DECLARE CURSOR");
+        let closed = p.on_complete(ev("CLOSE ALL"), b"CLOSE CURSOR ALL");
+        assert_eq!(names(&closed), ["close None"]);
+        assert!(p.on_ready(TxStatus::Idle, false).is_empty());
+        // Applied: the session is pinned while it keeps a cursor, on the node it names.
+        let mut s = SessionState::default();
+        apply(&mut s, vec![SettingChange::HoldCursor("a".into())], None);
+        assert!(s.pinned().is_none(), "no connection: no cursor");
+        let holds = vec![
+            SettingChange::HoldCursor("a".into()),
+            SettingChange::HoldCursor("b".into()),
+        ];
+        apply(&mut s, holds, Some(2));
+        assert_eq!(s.cursor_node("a"), Some(2));
+        apply(
+            &mut s,
+            vec![SettingChange::CloseCursor(Some("a".into()))],
+            Some(0),
+        );
+        assert!(s.pinned().is_some() && s.cursor_node("a").is_none());
+        s.connection_gone(2);
+        assert!(s.pinned().is_none() && s.cursor_node("b").is_none());
     }
 
     #[test]

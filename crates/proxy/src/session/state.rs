@@ -133,6 +133,9 @@ pub struct SessionState {
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
     pub sql_prepared: foldhash::HashMap<String, (String, Arc<Analysis>)>,
     pub pins: BTreeSet<PinReason>,
+    /// The WITH HOLD cursors the session keeps, by name, with the node whose connection
+    /// holds each (`PinReason::HoldCursor` while there is one).
+    hold_cursors: std::collections::BTreeMap<String, usize>,
     /// Route hint for the whole session (`SET pgfresh.route`, startup options).
     pub route_primary: bool,
     /// `default_transaction_read_only` is on for this session.
@@ -149,6 +152,7 @@ impl Default for SessionState {
             prepared: Default::default(),
             sql_prepared: Default::default(),
             pins: Default::default(),
+            hold_cursors: Default::default(),
             route_primary: false,
             default_read_only: false,
             default_serializable: false,
@@ -231,6 +235,41 @@ impl SessionState {
 
     pub fn pinned(&self) -> Option<&PinReason> {
         self.pins.iter().next()
+    }
+
+    /// A WITH HOLD cursor `name` outlived the transaction that declared it on `node`.
+    pub fn hold_cursor(&mut self, name: String, node: usize) {
+        self.hold_cursors.insert(name, node);
+        self.pins.insert(PinReason::HoldCursor);
+    }
+
+    /// The cursor `name` (`None`: every cursor) is closed.
+    pub fn close_cursor(&mut self, name: Option<&str>) {
+        match name {
+            Some(n) => {
+                self.hold_cursors.remove(n);
+            }
+            None => self.hold_cursors.clear(),
+        }
+        if self.hold_cursors.is_empty() {
+            self.pins.remove(&PinReason::HoldCursor);
+        }
+    }
+
+    /// The connection to `node` is gone, and the cursors it held with it.
+    pub fn connection_gone(&mut self, node: usize) {
+        if self.hold_cursors.is_empty() {
+            return;
+        }
+        self.hold_cursors.retain(|_, n| *n != node);
+        if self.hold_cursors.is_empty() {
+            self.pins.remove(&PinReason::HoldCursor);
+        }
+    }
+
+    /// The node holding the WITH HOLD cursor `name`, if the session keeps one.
+    pub fn cursor_node(&self, name: &str) -> Option<usize> {
+        self.hold_cursors.get(name).copied()
     }
 }
 

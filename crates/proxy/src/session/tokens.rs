@@ -111,6 +111,7 @@ impl Tokens {
                     // Values were checked before the statement was sent.
                     let _ = self.set(name, value.as_deref());
                 }
+                SettingChange::HoldCursor(_) | SettingChange::CloseCursor(_) => {}
             }
         }
     }

@@ -269,6 +269,10 @@ pub struct InFlight {
     pub error: bool,
     /// Saw CommandComplete "COMMIT".
     pub committed: bool,
+    /// The last statement the unit completed ended a transaction (COMMIT, ROLLBACK and
+    /// their AND CHAIN forms): a ReadyForQuery still in a transaction after it means AND
+    /// CHAIN began the next one.
+    pub ended_tx: bool,
     /// A statement of the unit begins, ends or sets up a transaction: the units behind
     /// it wait for its ReadyForQuery (see `Session::waits_for_transaction_state`).
     pub tx_control: bool,
@@ -472,6 +476,7 @@ impl InFlight {
             autocommit: false,
             error: false,
             committed: false,
+            ended_tx: false,
             tx_control: false,
             mark_at_ready: false,
             replied: false,

@@ -395,7 +395,7 @@ impl Session {
                     .on_complete(StmtEvent::Commit, b"COMMIT");
                 changes.extend(self.pending_settings.on_ready(TxStatus::Idle, false));
                 if !changes.is_empty() {
-                    super::settings::apply(&mut self.state, changes);
+                    super::settings::apply(&mut self.state, changes, None);
                 }
                 // As for any commit: the writes are marked before the client hears of it
                 // (primary-only for the TTL: the commit's position is not known).
