@@ -525,6 +525,303 @@ async fn clients_keep_their_own_statements_under_colliding_names() {
     assert_eq!(values(&r), ["cy"]);
 }
 
+/// A batch whose error skips a statement's Parse (one pgfresh prepares first on the
+/// connection, or the client's own) while the client's next batch, pipelined behind it,
+/// runs that statement's content: the next batch still finds it on the server.
+#[tokio::test]
+async fn a_parse_an_error_skipped_leaves_no_hole_for_the_batch_pipelined_behind() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    for (name, tag) in [("s1", "one"), ("s2", "two"), ("s3", "three")] {
+        let r = exchange(&mut a, [parse(name, &select(tag)), sync()].concat()).await;
+        assert_eq!(raw::tags(&r), b"1Z");
+    }
+    let fail = || {
+        [
+            parse("", "/* pgfresh:primary */ SELECT 1/0"),
+            raw::bind("", &[]),
+            raw::execute(),
+        ]
+        .concat()
+    };
+    // s1 was evicted from the connection (at most two): the first batch's Bind of it
+    // prepares it first, after the error; the second batch binds it too.
+    let r = exchange(
+        &mut a,
+        [
+            fail(),
+            bind_execute("s1", "x"),
+            sync(),
+            bind_execute("s1", "y"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("22012"));
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(values(&r), ["oney"], "{:?}", sqlstate(&r));
+    // The client's Parse of a new text is skipped; the next batch parses the same text
+    // under another name.
+    let r = exchange(
+        &mut a,
+        [
+            fail(),
+            parse("s4", &select("four")),
+            sync(),
+            parse("s5", &select("four")),
+            bind_execute("s5", "z"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("22012"));
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(values(&r), ["fourz"], "{:?}", sqlstate(&r));
+    // What the skipped Parse would have made does not exist; the rest is intact.
+    let r = exchange(&mut a, [bind_execute("s4", "w"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"));
+    for (name, want) in [("s1", "onew"), ("s2", "twow"), ("s5", "fourw")] {
+        let r = exchange(&mut a, [bind_execute(name, "w"), sync()].concat()).await;
+        assert_eq!(values(&r), [want], "{name}: {:?}", sqlstate(&r));
+    }
+}
+
+/// The client's Parses and Closes that an error skips never happened: a batch pipelined
+/// behind them sees the client's statements as PostgreSQL does, the skipped change undone.
+#[tokio::test]
+async fn a_batch_pipelined_behind_a_skipped_parse_or_close_sees_it_undone() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(&mut a, [parse("a", &select("x")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    // A Close skipped, then the name parsed again: it still exists (42P05), and keeps
+    // its text.
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            close("a"),
+            sync(),
+            parse("a", &select("y")),
+            bind_execute("a", "1"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("42P05"), "{:?}", values(&r));
+    let r = exchange(&mut a, [bind_execute("a", "2"), sync()].concat()).await;
+    assert_eq!(values(&r), ["x2"], "{:?}", sqlstate(&r));
+    // A Parse skipped: the statement does not exist for the batch behind.
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            parse("b", &select("z")),
+            sync(),
+            bind_execute("b", "1"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    let r = raw::read_until(&mut a, b'Z').await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+}
+
+/// Parse, Bind and Execute of the unnamed statement (`tag`), answered.
+async fn run_unnamed(s: &mut tokio::net::TcpStream, tag: &str) {
+    use wire::*;
+    let sql = format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(s, [parse("", &sql), bind_execute("", "1"), sync()].concat()).await;
+    assert_eq!(values(&r), [format!("{tag}1")]);
+}
+
+/// The unnamed statement is the client's own too: a Bind or Describe of it where the
+/// client has none fails as PostgreSQL fails it, never reaching the unnamed statement
+/// another client left on the connection, and a batch that binds the client's earlier
+/// one before parsing a new one runs each in turn.
+#[tokio::test]
+async fn the_unnamed_statement_of_another_client_is_out_of_reach() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let mut b = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(&mut a, [bind_execute("", "2"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+    let r = exchange(&mut a, [describe(""), sync()].concat()).await;
+    assert_eq!(
+        sqlstate(&r).as_deref(),
+        Some("26000"),
+        "{:?}",
+        raw::tags(&r)
+    );
+    // Closed by the client: gone for it, whatever the connection holds.
+    run_unnamed(&mut a, "a").await;
+    let close = pgfresh_tests::raw::msg(b'C', b"S\0");
+    let r = exchange(&mut a, [close, sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"3Z");
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(&mut a, [bind_execute("", "3"), sync()].concat()).await;
+    assert_eq!(sqlstate(&r).as_deref(), Some("26000"), "{:?}", values(&r));
+    // The client's unnamed statement, then a new one, in one batch.
+    run_unnamed(&mut a, "a").await;
+    run_unnamed(&mut b, "b").await;
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("", "4"),
+            parse("", &select("c")),
+            bind_execute("", "5"),
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(values(&r), ["a4", "c5"], "{:?}", sqlstate(&r));
+}
+
+/// A continuation of a batch left open by a Flush closes least recently used statements
+/// in front of its messages. When an error earlier in the batch skips both the Parse of
+/// a statement and that Close, the statement was never prepared: it is not counted as
+/// on the connection, and the next Parse of its text prepares it.
+#[tokio::test]
+async fn a_statement_whose_parse_and_eviction_an_error_skipped_is_not_counted() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 1\n"));
+    let mut a = raw_login(&p).await;
+    let select = |tag: &str| format!("/* pgfresh:primary */ SELECT '{tag}'::text || $1::text");
+    let r = exchange(&mut a, [parse("s1", &select("x")), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    // Two new statements after the error, then the Sync, which closes one of them.
+    let flush = pgfresh_tests::raw::msg(b'H', &[]);
+    let r = exchange(
+        &mut a,
+        [
+            bind_execute("nope", "1"),
+            parse("s2", &select("y")),
+            parse("s3", &select("z")),
+            flush,
+            sync(),
+        ]
+        .concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"EZ");
+    for (name, tag) in [("s4", "y"), ("s5", "z")] {
+        let r = exchange(
+            &mut a,
+            [parse(name, &select(tag)), bind_execute(name, "1"), sync()].concat(),
+        )
+        .await;
+        assert_eq!(
+            values(&r),
+            [format!("{tag}1")],
+            "{name}: {:?}",
+            sqlstate(&r)
+        );
+    }
+}
+
+/// The same text names other relations under another search_path: clients whose
+/// search_path differs do not share its statement (PostgreSQL would refuse to run it
+/// for the other, "cached plan must not change result type", where their tables
+/// differ), each runs it against its own tables.
+#[tokio::test]
+async fn clients_with_other_search_paths_keep_their_own_statements() {
+    let p = start_proxy(&tx_config(1, ""));
+    let admin = p.connect().await;
+    let (sa, sb) = (unique("path_a"), unique("path_b"));
+    admin
+        .batch_execute(&format!(
+            "/* pgfresh:primary */ CREATE SCHEMA {sa}; CREATE SCHEMA {sb};
+             CREATE TABLE {sa}.t (v int); CREATE TABLE {sb}.t (v text, w int);
+             INSERT INTO {sa}.t VALUES (1); INSERT INTO {sb}.t VALUES ('b', 2)"
+        ))
+        .await
+        .unwrap();
+    let sql = "/* pgfresh:primary */ SELECT * FROM t";
+    for _ in 0..2 {
+        for (schema, want) in [(&sa, "1"), (&sb, "b")] {
+            let c = p.connect().await;
+            c.batch_execute(&format!("SET search_path = {schema}"))
+                .await
+                .unwrap();
+            let s = c
+                .prepare(sql)
+                .await
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let rows = c
+                .query(&s, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{schema}: {e}"));
+            let got = match s.columns()[0].type_() {
+                &tokio_postgres::types::Type::INT4 => rows[0].get::<_, i32>(0).to_string(),
+                _ => rows[0].get::<_, String>(0),
+            };
+            assert_eq!(got, want, "{schema}");
+        }
+    }
+}
+
+/// On a shared connection pgfresh's statements live under its own names: SQL-level
+/// PREPARE, EXECUTE and DEALLOCATE cannot reach them (another client's statement would
+/// run, or be gone for it), as a Bind or Describe cannot.
+#[tokio::test]
+async fn sql_statements_cannot_reach_the_names_pgfresh_gives_statements() {
+    use wire::*;
+    let p = start_proxy(&tx_config(1, ""));
+    let mut a = raw_login(&p).await;
+    let b = p.connect().await;
+    let select = "/* pgfresh:primary */ SELECT 'a'::text || $1::text";
+    let r = exchange(&mut a, [parse("s1", select), sync()].concat()).await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    for sql in [
+        "EXECUTE __pgfresh_1('x')",
+        "DEALLOCATE __pgfresh_1",
+        "DEALLOCATE PREPARE \"__pgfresh_1\"",
+        "PREPARE __pgfresh_2 AS SELECT 1",
+    ] {
+        let sql = format!("/* pgfresh:primary */ {sql}");
+        let e = b.simple_query(&sql).await.map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME),
+            "{sql}: {e:?}"
+        );
+        let e = b.query(&sql, &[]).await.map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME),
+            "{sql}: {e:?}"
+        );
+    }
+    // A's statement is still its own.
+    let r = exchange(&mut a, [bind_execute("s1", "y"), sync()].concat()).await;
+    assert_eq!(values(&r), ["ay"], "{:?}", sqlstate(&r));
+    // The names are free to the client's own statements at the protocol level.
+    let r = exchange(
+        &mut a,
+        [parse("__pgfresh_1", "SELECT 'own'"), sync()].concat(),
+    )
+    .await;
+    assert_eq!(raw::tags(&r), b"1Z");
+    let q = pgfresh_tests::raw::msg(b'Q', &pgfresh_tests::raw::cstr("DEALLOCATE __pgfresh_1"));
+    let r = exchange(&mut a, q).await;
+    assert_eq!(raw::tags(&r), b"CZ", "{:?}", sqlstate(&r));
+}
+
 #[tokio::test]
 async fn sql_prepare_and_execute_per_client() {
     let p = start_proxy(&tx_config(1, ""));
@@ -1266,6 +1563,284 @@ async fn show_servers_follows_each_connection_between_lent_and_pooled() {
     )
     .await;
     assert!(!rows.is_empty() && rows.len() <= 9, "{rows:?}");
+}
+
+/// Raw protocol helpers for the comparison of pipelined batches with PostgreSQL.
+mod script {
+    use pgfresh_tests::raw::{bind, cstr, execute, msg};
+
+    /// The texts the scripts parse: their content (text and parameter types) decides which
+    /// share a server statement; one fails at Execute for the parameter 0, one at Parse.
+    const TEXTS: [(&str, &[u32]); 7] = [
+        ("SELECT 'x0'::text || $1::text", &[]),
+        ("SELECT 'x0'::text || $1::text", &[25]),
+        ("SELECT 'x1'::text || $1::text", &[]),
+        ("SELECT 'x2'::text || $1::text", &[]),
+        ("SELECT 'x3'::text || $1::text", &[]),
+        // random() keeps the division out of planning: it fails at Execute on any plan.
+        (
+            "SELECT (10 / ($1::text::int + (random() * 0)::int))::text",
+            &[],
+        ),
+        ("SELEC oops $1", &[]),
+    ];
+
+    pub fn parse(name: &str, text: usize) -> Vec<u8> {
+        let (sql, types) = TEXTS[text % TEXTS.len()];
+        let mut b = cstr(name);
+        b.extend(cstr(&format!("/* pgfresh:primary */ {sql}")));
+        b.extend((types.len() as u16).to_be_bytes());
+        for t in types {
+            b.extend(t.to_be_bytes());
+        }
+        msg(b'P', &b)
+    }
+
+    /// Describe (`D`) or Close (`C`) of statement `name`.
+    pub fn statement(tag: u8, name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        b.extend(cstr(name));
+        msg(tag, &b)
+    }
+
+    pub fn bind_execute(name: &str, param: &str, describe: bool) -> Vec<u8> {
+        let mut out = bind(name, &[param]);
+        if describe {
+            out.extend(msg(b'D', b"P\0"));
+        }
+        out.extend(execute());
+        out
+    }
+
+    /// A round of 1 to 3 batches sent at once, each up to its Sync, of messages picked
+    /// by `pick` (a number below its argument) among Parse, Bind + Execute, Describe,
+    /// Close and Flush of the statements `a`, `b` and `c`; and its number of batches.
+    pub fn round(pick: &mut impl FnMut(u64) -> u64) -> (Vec<u8>, usize) {
+        let batches = 1 + pick(3) as usize;
+        let mut bytes = Vec::new();
+        for _ in 0..batches {
+            for _ in 0..=pick(5) {
+                let name = ["a", "b", "c"][pick(3) as usize];
+                match pick(10) {
+                    0..=2 => bytes.extend(parse(name, pick(7) as usize)),
+                    3..=5 => {
+                        let param = if pick(6) == 0 { "0" } else { "5" };
+                        bytes.extend(bind_execute(name, param, false));
+                    }
+                    6 => bytes.extend(statement(b'D', name)),
+                    7 => bytes.extend(statement(b'C', name)),
+                    8 => bytes.extend(msg(b'H', &[])),
+                    _ => bytes.extend(bind_execute(name, "5", true)),
+                }
+            }
+            bytes.extend(msg(b'S', &[]));
+        }
+        (bytes, batches)
+    }
+
+    /// What came back, as comparable text: message tags, rows' values, errors' SQLSTATEs
+    /// (not their messages, which name the statement as the server knows it).
+    pub fn summary(messages: &[(u8, Vec<u8>)]) -> String {
+        let mut out = String::new();
+        for (tag, body) in messages {
+            match tag {
+                b'D' => {
+                    let len = i32::from_be_bytes(body[2..6].try_into().unwrap());
+                    let value = usize::try_from(len).map_or("null".into(), |len| {
+                        String::from_utf8_lossy(&body[6..6 + len]).into_owned()
+                    });
+                    out.push_str(&format!("D({value})"));
+                }
+                b'E' => {
+                    let code = body.split(|b| *b == 0).find_map(|f| f.strip_prefix(b"C"));
+                    out.push_str(&format!(
+                        "E({})",
+                        String::from_utf8_lossy(code.unwrap_or(b""))
+                    ));
+                }
+                b'N' | b'S' => {}
+                b'Z' => out.push_str("Z "),
+                t => out.push(*t as char),
+            }
+        }
+        out
+    }
+}
+
+/// Reads messages from a stream of any kind until one with `tag`.
+async fn read_until_tag(
+    s: &mut (impl tokio::io::AsyncRead + Unpin),
+    tag: u8,
+) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut head))
+            .await
+            .expect("answered")
+            .expect("read header");
+        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).await.expect("read body");
+        out.push((head[0], body));
+        if head[0] == tag {
+            return out;
+        }
+    }
+}
+
+/// Runs `rounds` through `s`, answering each with the summary of its replies; between
+/// rounds, `noise` (a client of the same proxy, if any) parses, runs and closes the same
+/// names with other texts, on the same server connection.
+async fn run_script(
+    s: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    mut noise: Option<&mut tokio::net::TcpStream>,
+    rounds: &[(Vec<u8>, usize)],
+) -> Vec<String> {
+    use tokio::io::AsyncWriteExt;
+    let mut out = Vec::new();
+    for (i, (bytes, batches)) in rounds.iter().enumerate() {
+        s.write_all(bytes).await.unwrap();
+        let mut got = String::new();
+        for _ in 0..*batches {
+            got.push_str(&script::summary(&read_until_tag(s, b'Z').await));
+        }
+        out.push(got);
+        if let Some(noise) = noise.as_deref_mut() {
+            let n = ["a", "b", "c"][i % 3];
+            let batch = [
+                script::parse(n, 2 + i % 3),
+                script::bind_execute(n, "n", false),
+                script::statement(b'C', n),
+                wire::sync(),
+            ];
+            let r = exchange(noise, batch.concat()).await;
+            assert_eq!(raw::tags(&r), b"12DC3Z");
+        }
+    }
+    out
+}
+
+/// Pipelined batches of Parse, Bind, Execute, Describe, Close and Flush of a few
+/// statement names, with errors in the middle (at Parse, at Execute, names that do not
+/// exist, names parsed twice), get the very replies PostgreSQL gives on a connection of
+/// its own, through a transaction-mode connection shared with another client and
+/// bounded to two statements (every script evicts).
+#[tokio::test]
+async fn pipelined_batches_with_errors_answer_as_postgresql_does() {
+    use tokio::io::AsyncWriteExt;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let socket = cluster()
+        .data_dir(0)
+        .parent()
+        .expect("the cluster's directory")
+        .join(format!(".s.PGSQL.{}", node_port(0)));
+    let mut differences = Vec::new();
+    for seed in 0..40u64 {
+        let mut state = seed.wrapping_mul(6364136223846793005) | 1;
+        let mut pick = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let rounds: Vec<(Vec<u8>, usize)> = (0..8).map(|_| script::round(&mut pick)).collect();
+        let mut direct = tokio::net::UnixStream::connect(&socket).await.unwrap();
+        direct
+            .write_all(&raw::startup(cluster().superuser().0, "app"))
+            .await
+            .unwrap();
+        read_until_tag(&mut direct, b'Z').await;
+        let expected = run_script(&mut direct, None, &rounds).await;
+        let mut client = raw_login(&p).await;
+        let mut noise = raw_login(&p).await;
+        let got = run_script(&mut client, Some(&mut noise), &rounds).await;
+        if let Some(i) = (0..rounds.len()).find(|i| expected[*i] != got[*i]) {
+            differences.push(format!(
+                "seed {seed}, round {i}: PostgreSQL {:?}, pgfresh {:?}",
+                expected[i], got[i]
+            ));
+        }
+    }
+    assert!(differences.is_empty(), "{differences:#?}");
+}
+
+/// Clients running the same texts and their own, more than a connection keeps
+/// (`max_prepared_statements = 2`), prepared and run concurrently (tokio-postgres
+/// pipelines them), with an error among them, on one connection per node: each gets
+/// its own statement's results, and its writes are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_over_the_statement_bound_each_run_their_own_statements() {
+    use futures_util::future::join_all;
+    use tokio_postgres::error::SqlState;
+    let p = start_proxy(&tx_config(1, "max_prepared_statements = 2\n"));
+    let table = unique("bound");
+    let admin = p.connect().await;
+    admin
+        .batch_execute(&format!("CREATE TABLE {table} (client int, round int)"))
+        .await
+        .unwrap();
+    let client = |i: i32| {
+        let (p, table) = (&p, &table);
+        async move {
+            let c = p.connect().await;
+            let mut wrong = Vec::new();
+            for round in 0..8i32 {
+                let texts = [
+                    "SELECT $1::int + 1".to_string(),
+                    "SELECT $1::int + 2".to_string(),
+                    format!("SELECT $1::int * 1000 + {i}"),
+                ];
+                let want = [round + 1, round + 2, round * 1000 + i];
+                let runs = texts.iter().zip(want).map(|(text, want)| {
+                    let c = &c;
+                    async move {
+                        let s = c.prepare(text).await.map_err(|e| e.to_string())?;
+                        let v: i32 = c
+                            .query_one(&s, &[&round])
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .get(0);
+                        (v == want).then_some(()).ok_or(format!("{text}: {v}"))
+                    }
+                });
+                let write = async {
+                    let s = c
+                        .prepare(&format!("INSERT INTO {table} VALUES ($1, $2)"))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    c.execute(&s, &[&i, &round])
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let s = c
+                        .prepare("SELECT 1 / $1::int")
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match c.query_one(&s, &[&0i32]).await {
+                        Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => Ok(()),
+                        other => Err(format!("1 / 0: {other:?}")),
+                    }
+                };
+                let (runs, write) = tokio::join!(join_all(runs), write);
+                wrong.extend(runs.into_iter().chain([write]).filter_map(Result::err));
+            }
+            let n: i64 = c
+                .query_one(
+                    &format!("SELECT count(*) FROM {table} WHERE client = $1"),
+                    &[&i],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n != 8 {
+                wrong.push(format!("{n} rows written"));
+            }
+            wrong
+        }
+    };
+    let wrong: Vec<String> = join_all((0..8).map(client)).await.concat();
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 /// A WITH HOLD cursor keeps the client on its connection from the commit that keeps it to

@@ -78,6 +78,10 @@ pub enum ProxyError {
         "no replica can serve this read consistently and the primary fallback limit is reached"
     )]
     FallbackLimit,
+    /// Transaction mode: SQL-level PREPARE, EXECUTE or DEALLOCATE of a name in the space
+    /// pgfresh names statements on shared server connections with.
+    #[error("prepared statement name \"{0}\" is reserved: on shared server connections (pool_mode = \"transaction\") names beginning with \"{prefix}\" are pgfresh's own", prefix = crate::statements::PREFIX)]
+    ReservedStatementName(String),
     /// A malformed position token or pgfresh setting value.
     #[error("{0}")]
     InvalidToken(String),
@@ -130,6 +134,7 @@ impl ProxyError {
             Shutdown => sqlstate::ADMIN_SHUTDOWN,
             FallbackLimit | StaleReplica { .. } => sqlstate::REPLICA_NOT_CAUGHT_UP,
             InvalidToken(_) => sqlstate::INVALID_PARAMETER_VALUE,
+            ReservedStatementName(_) => sqlstate::INVALID_SQL_STATEMENT_NAME,
         }
     }
 
@@ -145,6 +150,7 @@ impl ProxyError {
             | FallbackLimit
             | StaleReplica { .. }
             | InvalidToken(_)
+            | ReservedStatementName(_)
             | RoleChanged
             | CommitRolledBack { .. }
             | CommitLostInFailover { .. } => Disposition::Recoverable,

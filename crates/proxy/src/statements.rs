@@ -1,6 +1,7 @@
 //! Transaction mode: the protocol-level prepared statements that exist on one server
 //! connection, keyed by their full content (query text and parameter types, compared
-//! byte for byte), under names pgfresh owns. Clients sharing the connection share a
+//! byte for byte, and the search_path and role they resolve names under, see
+//! [`cache_key`]), under names pgfresh owns. Clients sharing the connection share a
 //! statement when they prepared the same content under whatever names; the cache is
 //! bounded, least recently used first out.
 
@@ -97,6 +98,20 @@ impl StatementCache {
     pub fn is_empty(&self) -> bool {
         self.by_content.is_empty()
     }
+}
+
+/// The key of a statement in a connection's cache: its content, then `scope` (what else
+/// decides the relations its names resolve to; empty for most sessions, the key is then
+/// the content itself). A content's length follows from its parameter count, so a key
+/// with a scope never equals another content.
+pub fn cache_key(content: &Bytes, scope: &[u8]) -> Bytes {
+    if scope.is_empty() {
+        return content.clone();
+    }
+    let mut key = BytesMut::with_capacity(content.len() + scope.len());
+    key.put_slice(content);
+    key.put_slice(scope);
+    key.freeze()
 }
 
 /// A server-side statement name, built on the stack: the transaction-mode rewrite
@@ -203,6 +218,15 @@ mod tests {
         c.restore(ia, a.clone());
         assert_eq!(c.lookup(&a), Some(ia));
         assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn a_scope_makes_another_key_and_none_keeps_the_content() {
+        let content = Bytes::from_static(b"select 1\0\0\0");
+        assert_eq!(cache_key(&content, b""), content);
+        let a = cache_key(&content, b"\0SET search_path = a");
+        let b = cache_key(&content, b"\0SET search_path = b");
+        assert!(a != content && a != b && a.starts_with(&content));
     }
 
     #[test]

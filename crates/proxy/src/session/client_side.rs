@@ -10,7 +10,7 @@ use pgfresh_wire::{parse_frontend, FrontendMessage};
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
 use super::state::Prepared;
-use super::unit::{ClientUnit, InFlight, Undo};
+use super::unit::{ClientUnit, Expect, InFlight, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
@@ -92,6 +92,9 @@ impl Session {
         self.parser_enabled = self.config.routing.enable_query_parser;
         let mut consumed = false;
         while !self.terminating && self.ready.back().is_none_or(|u| u.passthrough) {
+            if self.statements_unsettled() {
+                return Ok(consumed);
+            }
             if let Some(unit) = self
                 .take_unnamed_batch()
                 .or_else(|| self.take_named_batch())
@@ -189,7 +192,7 @@ impl Session {
                             &mut self.batch,
                         );
                     }
-                    if self.mode == PoolMode::Transaction && !statement.is_empty() {
+                    if self.refers_to_statement(statement) {
                         // The statement as it is now: a later Close or Parse in the same
                         // batch must not change what this Bind runs.
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
@@ -208,7 +211,7 @@ impl Session {
                     if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
                         self.batch.uses_statements.push(name.to_string());
                     }
-                    if kind == b'S' && self.mode == PoolMode::Transaction && !name.is_empty() {
+                    if kind == b'S' && self.refers_to_statement(name) {
                         let p = self.state.prepared.get(name);
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
                     }
@@ -440,6 +443,43 @@ impl Session {
         unit.controls_transaction() || self.inflight.iter().any(|u| u.tx_control)
     }
 
+    /// Transaction mode: a Bind or Describe of statement `name` records what the name
+    /// stands for as it is read (`ClientUnit::statement_refs`): a named statement, and the
+    /// unnamed one unless the batch parsed it (it is then the batch's own).
+    fn refers_to_statement(&self, name: &str) -> bool {
+        self.mode == PoolMode::Transaction
+            && (!name.is_empty() || !self.batch.parses.iter().any(String::is_empty))
+    }
+
+    /// Transaction mode: a unit's Parses, Binds and Closes are read against the client's
+    /// statements as they are when it is read. A Parse or Close of the client's still
+    /// unanswered in a batch ahead may be skipped (an error before it), and the change it
+    /// made taken back: the next batch is read once none is (within an open batch the
+    /// server skips the rest too, and what it changed is taken back in order).
+    pub(super) fn statements_unsettled(&self) -> bool {
+        self.mode == PoolMode::Transaction
+            && self.batch.frames.is_empty()
+            && self.wire == super::WirePhase::Units
+            && self
+                .inflight
+                .iter()
+                .any(|u| u.expect.iter().any(Expect::may_undo))
+    }
+
+    /// Transaction mode: a unit is mapped onto the statements its connection holds when
+    /// it is sent. A Parse or Close of pgfresh's still unanswered in a unit ahead may be
+    /// skipped (an error before it in that batch), and the statement would then not be
+    /// there after all, or still be there: a unit that names statements waits until
+    /// they are answered.
+    fn waits_for_statements(&self, unit: &ClientUnit) -> bool {
+        self.mode == PoolMode::Transaction
+            && !super::rewrite::plain_unit(unit)
+            && self
+                .inflight
+                .iter()
+                .any(|u| u.expect.iter().any(Expect::changes_server_statements))
+    }
+
     fn push_batch(&mut self, raw: Bytes) {
         self.batch.frames.push(raw);
         if self.batch.bytes() > MAX_BATCH_BYTES {
@@ -474,8 +514,11 @@ impl Session {
                     .await?;
                 continue;
             }
-            if self.client_busy() && self.waits_for_transaction_state(&unit) {
-                // The replies to the units ahead settle the transaction state first.
+            if self.client_busy()
+                && (self.waits_for_transaction_state(&unit) || self.waits_for_statements(&unit))
+            {
+                // The replies to the units ahead settle the transaction state (and the
+                // statements on their connection) first.
                 self.ready.push_front(unit);
                 return Ok(());
             }
@@ -492,6 +535,10 @@ impl Session {
                     return Ok(());
                 }
                 Local::No => {}
+            }
+            if let Some(e) = self.reserved_statement_name(&unit) {
+                self.fail_unit(&unit, &e);
+                continue;
             }
             let token = self.token_need(&unit);
             let decision = match self.check_tokens(&unit) {

@@ -573,14 +573,16 @@ impl Session {
             let pending = server.map_or(0, |s| s.conn.unsent());
             // Backpressure: while the server has not taken what was queued for it, the
             // client is not read further (its replies are still relayed). While units
-            // wait their turn, the client is still read up to a bound, and after
+            // wait their turn (or the next batch waits to be read, see
+            // `statements_unsettled`), the client is still read up to a bound, and after
             // Terminate only to notice it leave: a reply that never comes (after an error
             // in an extended-protocol message the server ignores everything up to a Sync,
             // Queries included) must not keep the session and its server connections
             // once the client has closed.
             let read_client = !self.terminating
                 && pending < MAX_PENDING
-                && (self.ready.is_empty() || self.cbuf.len() < MAX_PENDING);
+                && (self.cbuf.len() < MAX_PENDING
+                    || (self.ready.is_empty() && !self.statements_unsettled()));
             let watch_client = self.terminating;
             let idle_limit = self.idle_transaction_limit();
             if !watching && !self.inflight.is_empty() {

@@ -3,7 +3,8 @@
 //!
 //! Clients keep their own statement names; on a server connection statements live
 //! under pgfresh's names (`__pgfresh_N`), one per distinct content (query text and
-//! parameter types), shared by every client whose statement has that content. A Parse
+//! parameter types, and the search_path and role set for the session, see
+//! `resolution_scope`), shared by every client whose statement has that content. A Parse
 //! of content the connection already has is not sent (its ParseComplete is made here,
 //! in its turn); a Bind or Describe of a statement the connection lacks prepares it
 //! first (that ParseComplete is swallowed); a client's Close of a statement is answered
@@ -28,37 +29,48 @@ pub(super) struct Rewritten {
     pub expect: VecDeque<Expect>,
 }
 
+/// What besides its content decides the relations a statement's names resolve to, as a
+/// suffix of its cache key ([`statements::cache_key`]): the session's search_path and
+/// role as replayed on the connection. Clients that set them differently do not share a
+/// statement (the same text may name other tables; PostgreSQL plans it again under the
+/// search_path in force, and refuses to run it when its result type changed).
+fn resolution_scope(settings: &[(String, String)]) -> Vec<u8> {
+    let mut scope = Vec::new();
+    for (name, stmt) in settings {
+        if ["search_path", "role", "session_authorization"]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
+        {
+            scope.push(0);
+            scope.extend_from_slice(stmt.as_bytes());
+        }
+    }
+    scope
+}
+
 /// The name a Bind or Describe of the client's statement uses on the server, preparing
 /// the statement there first if the connection lacks it.
 fn server_statement(
     cache: &mut StatementCache,
     name: &str,
     resolved: Option<Bytes>,
+    scope: &[u8],
     out: &mut Rewritten,
-    unnamed: Option<&Bytes>,
 ) -> Option<ServerName> {
-    if name.is_empty() {
-        // The unnamed statement, parsed by an earlier unit (`unnamed` is then its
-        // content): prepare it again here, as the connection may have changed.
-        if let Some(content) = unnamed {
-            out.frames.push(statements::parse(b"", content));
-            out.expect.push_back(Expect::Hidden { record: None });
-        }
-        return None;
-    }
     let Some(content) = resolved else {
         // Not a statement of this client's: the server answers that it does not exist,
         // and a name in pgfresh's own space never reaches another client's statement.
         return name.starts_with(PREFIX).then(ServerName::prefix);
     };
-    let id = match cache.lookup(&content) {
+    let key = statements::cache_key(&content, scope);
+    let id = match cache.lookup(&key) {
         Some(id) => id,
         None => {
-            let id = cache.insert(content.clone());
+            let id = cache.insert(key.clone());
             out.frames
                 .push(statements::parse(ServerName::of(id).as_bytes(), &content));
             out.expect.push_back(Expect::Hidden {
-                record: Some(ConnRecord::Prepared(content)),
+                record: Some(ConnRecord::Prepared(key)),
             });
             id
         }
@@ -73,6 +85,46 @@ fn names_statement(raw: &[u8]) -> bool {
         Some(b'P' | b'B') => true,
         Some(b'D' | b'C') => raw.get(5) != Some(&b'P'),
         _ => false,
+    }
+}
+
+/// Where a unit stands with the unnamed statement on its connection.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Unnamed {
+    /// What the connection holds is not the client's (another client's, or none).
+    Foreign,
+    /// The client parsed it in this unit.
+    Parsed,
+    /// The client's from an earlier unit, prepared here again.
+    Prepared,
+}
+
+impl Unnamed {
+    /// The name a Bind or Describe of the unnamed statement uses on the server (`None`:
+    /// as it is). `resolved` is the client's unnamed statement as of the message, taken
+    /// from the unit's references unless the unit parsed it: prepared here again first
+    /// (the connection may have changed), or, where the client has none, a name that
+    /// does not exist, so that the message fails as it would on the client's own
+    /// connection instead of running another client's statement.
+    fn server_name(
+        &mut self,
+        refs: &mut impl Iterator<Item = Option<Bytes>>,
+        out: &mut Rewritten,
+    ) -> Option<ServerName> {
+        if *self == Unnamed::Parsed {
+            return None;
+        }
+        let resolved = refs.next().flatten();
+        if *self == Unnamed::Prepared {
+            return None;
+        }
+        let Some(content) = resolved else {
+            return Some(ServerName::prefix());
+        };
+        out.frames.push(statements::parse(b"", &content));
+        out.expect.push_back(Expect::Hidden { record: None });
+        *self = Unnamed::Prepared;
+        None
     }
 }
 
@@ -100,14 +152,9 @@ impl Session {
             return out;
         };
         let cache = &mut leased.conn.statements;
+        let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
-        // The client's unnamed statement from an earlier unit, until this unit parses one.
-        let mut unnamed = self
-            .state
-            .prepared
-            .get("")
-            .map(|p| p.content.clone())
-            .filter(|_| !unit.parses.iter().any(String::is_empty));
+        let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
         for raw in unit.frames.iter().cloned() {
@@ -134,6 +181,7 @@ impl Session {
             match parse_frontend(&frame) {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
+                    let key = statements::cache_key(&content, &scope);
                     let undo = undos.next();
                     let existing = undo
                         .as_ref()
@@ -144,8 +192,9 @@ impl Session {
                         // answers 42P05 and skips the rest of the batch. Parse under the
                         // existing statement's server name, which the server refuses
                         // just so; the client's statement stays as it was (undo).
-                        let server = server_statement(cache, name, Some(existing), &mut out, None)
-                            .unwrap_or_else(ServerName::prefix);
+                        let server =
+                            server_statement(cache, name, Some(existing), &scope, &mut out)
+                                .unwrap_or_else(ServerName::prefix);
                         out.frames
                             .push(statements::parse(server.as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
@@ -153,40 +202,36 @@ impl Session {
                             sync: false,
                             undo,
                         });
-                    } else if cache.lookup(&content).is_some() {
+                    } else if cache.lookup(&key).is_some() {
                         out.expect.push_back(Expect::Synth {
                             reply: build::parse_complete(),
                             undo,
                         });
                     } else {
-                        let id = cache.insert(content.clone());
+                        let id = cache.insert(key.clone());
                         out.frames
                             .push(statements::parse(ServerName::of(id).as_bytes(), &content));
                         out.expect.push_back(Expect::Client {
-                            parse: Some(content),
+                            parse: Some(key),
                             sync: false,
                             undo,
                         });
                     }
                 }
                 Ok(FrontendMessage::Parse { .. }) => {
-                    unnamed = None;
+                    unnamed = Unnamed::Parsed;
                     out.frames.push(raw);
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Bind {
                     portal, statement, ..
                 }) => {
-                    let resolved = if statement.is_empty() {
-                        None
+                    let name = if statement.is_empty() {
+                        unnamed.server_name(&mut refs, &mut out)
                     } else {
-                        refs.next().flatten()
+                        let resolved = refs.next().flatten();
+                        server_statement(cache, statement, resolved, &scope, &mut out)
                     };
-                    let name =
-                        server_statement(cache, statement, resolved, &mut out, unnamed.as_ref());
-                    if statement.is_empty() {
-                        unnamed = None;
-                    }
                     out.frames.push(match name {
                         Some(n) => statements::bind_renamed(&raw, portal, statement, &n),
                         None => raw.clone(),
@@ -194,16 +239,12 @@ impl Session {
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Describe { kind: b'S', name }) => {
-                    let resolved = if name.is_empty() {
-                        None
+                    let server = if name.is_empty() {
+                        unnamed.server_name(&mut refs, &mut out)
                     } else {
-                        refs.next().flatten()
+                        let resolved = refs.next().flatten();
+                        server_statement(cache, name, resolved, &scope, &mut out)
                     };
-                    let server =
-                        server_statement(cache, name, resolved, &mut out, unnamed.as_ref());
-                    if name.is_empty() {
-                        unnamed = None;
-                    }
                     out.frames.push(match server {
                         Some(n) => statements::statement_message(b'D', &n),
                         None => raw.clone(),
@@ -215,6 +256,12 @@ impl Session {
                         reply: build::close_complete(),
                         undo: undos.next(),
                     });
+                }
+                Ok(FrontendMessage::Close { kind: b'S', .. }) => {
+                    // The unnamed statement (a named one is answered above).
+                    unnamed = Unnamed::Foreign;
+                    out.frames.push(raw);
+                    out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Sync) => {
                     out.frames.push(raw);
@@ -313,10 +360,12 @@ impl Session {
 
     /// Messages the server skipped or refused never happened: the statements their
     /// Parses would have prepared are not on the connection, those their Closes would
-    /// have closed still are, and the client's Parses and Closes are taken back from its
-    /// statements.
+    /// have closed still are (unless their Parse was skipped too: a continuation closes
+    /// what the batch prepared before it), and the client's Parses and Closes are taken
+    /// back from its statements.
     fn skipped(&mut self, node: usize, entries: Vec<Expect>) {
         let mut undone: Vec<Undo> = Vec::new();
+        let mut never_prepared: Vec<Bytes> = Vec::new();
         for e in entries {
             let (record, undo) = match e {
                 Expect::Client { parse, undo, .. } => (parse.map(ConnRecord::Prepared), undo),
@@ -330,8 +379,9 @@ impl Session {
             match record {
                 Some(ConnRecord::Prepared(content)) => {
                     l.conn.statements.remove(&content);
+                    never_prepared.push(content);
                 }
-                Some(ConnRecord::Evicted { id, content }) => {
+                Some(ConnRecord::Evicted { id, content }) if !never_prepared.contains(&content) => {
                     l.conn.statements.restore(id, content);
                 }
                 Some(ConnRecord::Named { name, previous }) => match previous {
@@ -342,7 +392,8 @@ impl Session {
                         l.conn.prepared.remove(&name);
                     }
                 },
-                None => {}
+                // Its Parse was skipped as well: it was never on the connection.
+                Some(ConnRecord::Evicted { .. }) | None => {}
             }
         }
         for u in undone.into_iter().rev() {

@@ -33,6 +33,18 @@ pub(super) enum Local {
     No,
 }
 
+/// The prepared statement a SQL-level PREPARE, EXECUTE or DEALLOCATE names.
+fn statement_name(s: &pgfresh_sql::Statement) -> Option<&str> {
+    match &s.session {
+        Some(
+            SessionEffect::Prepare { name, .. }
+            | SessionEffect::Execute { name }
+            | SessionEffect::Deallocate(Some(name)),
+        ) => Some(name),
+        _ => None,
+    }
+}
+
 impl Session {
     /// Answer an error for a unit that could not be sent anywhere.
     pub(super) fn fail_unit(&mut self, unit: &ClientUnit, e: &ProxyError) {
@@ -275,6 +287,20 @@ impl Session {
             && !matches!(self.tx, TxPhase::Failed)
             && self.state.prepared.contains_key(name)
             && !self.state.sql_prepared.contains_key(name)
+    }
+
+    /// Transaction mode: a SQL-level PREPARE, EXECUTE or DEALLOCATE in `unit` of a name
+    /// in pgfresh's own space ([`crate::statements::PREFIX`]). On a shared connection it
+    /// would reach a statement pgfresh prepared there for any client: refused.
+    pub(super) fn reserved_statement_name(&self, unit: &ClientUnit) -> Option<ProxyError> {
+        if self.mode != pgfresh_config::PoolMode::Transaction {
+            return None;
+        }
+        unit.parts
+            .iter()
+            .flat_map(|a| a.statements.iter().filter_map(statement_name))
+            .find(|n| n.starts_with(crate::statements::PREFIX))
+            .map(|n| ProxyError::ReservedStatementName(n.to_string()))
     }
 
     /// Units of the client's are running: anything pgfresh answers itself must wait.

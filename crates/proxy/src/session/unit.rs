@@ -50,7 +50,8 @@ pub struct ClientUnit {
     pub events: Vec<StmtEvent>,
     /// Transaction mode: for each Bind and each Describe of a statement, in order, the
     /// content of the client's statement it names as of that message (`None` when the
-    /// client has no statement by that name).
+    /// client has no statement by that name); of the unnamed statement only where the
+    /// batch has not parsed it.
     pub statement_refs: Vec<Option<Bytes>>,
     /// For each Parse and Close of a named statement, in order, what it changed in the
     /// client's statements (taken back if the server skips or refuses the message).
@@ -332,7 +333,7 @@ pub struct InFlight {
 /// unit it rewrites.
 #[derive(Debug)]
 pub enum Expect {
-    /// A reply to the client's message: forwarded. `parse` is the content of a Parse
+    /// A reply to the client's message: forwarded. `parse` is the cache key of a Parse
     /// sent under pgfresh's name, dropped from the connection's cache if the server
     /// does not prepare it; `sync` marks a Sync (errors skip to it).
     Client {
@@ -382,7 +383,7 @@ impl Refusal {
 /// statements.
 #[derive(Debug)]
 pub enum ConnRecord {
-    /// Transaction mode: a statement prepared under pgfresh's name, by its content.
+    /// Transaction mode: a statement prepared under pgfresh's name, by its cache key.
     Prepared(Bytes),
     /// Transaction mode: a least recently used statement closed, by its id and content
     /// (still on the connection if the Close is skipped).
@@ -404,6 +405,28 @@ pub struct Undo {
 impl Expect {
     pub fn is_sync(&self) -> bool {
         matches!(self, Expect::Client { sync: true, .. })
+    }
+
+    /// A Parse or Close of the client's whose change to the client's statements an error
+    /// before it would take back.
+    pub fn may_undo(&self) -> bool {
+        matches!(
+            self,
+            Expect::Client { undo: Some(_), .. } | Expect::Synth { undo: Some(_), .. }
+        )
+    }
+
+    /// Transaction mode: the message prepares or closes a statement under pgfresh's
+    /// name, and the connection's record already counts it done (an error before it
+    /// would undo that).
+    pub fn changes_server_statements(&self) -> bool {
+        matches!(
+            self,
+            Expect::Client { parse: Some(_), .. }
+                | Expect::Hidden {
+                    record: Some(ConnRecord::Prepared(_) | ConnRecord::Evicted { .. })
+                }
+        )
     }
 
     pub fn client() -> Self {
