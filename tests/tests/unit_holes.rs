@@ -633,3 +633,26 @@ async fn a_chained_read_only_transaction_reads_fresh() {
          (chain, port, (count, isolation, read only), next read): {wrong:?}"
     );
 }
+
+/// A write whose text pgfresh cannot read (a client with `client_encoding` LATIN1 sends a
+/// text that is not UTF-8; the server converts it) may write anything: it runs on the
+/// primary and marks the whole database, so a read of what it wrote, in another session,
+/// is fresh.
+#[tokio::test]
+async fn a_write_in_a_text_that_is_not_utf8_is_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let s = Setup::new(&config_text(""), "uh_latin1").await;
+    let mut w = s.raw().await;
+    pipeline(&mut w, &[q("SET client_encoding TO 'LATIN1'")], 1).await;
+    let mut stale = Vec::new();
+    for i in 0..ROUNDS {
+        port_count(&s.c, &count_sql(&s.t)).await;
+        let mut insert = format!("INSERT INTO {} SELECT length('caf", s.t).into_bytes();
+        insert.extend_from_slice(b"\xe9')");
+        let tags = pipeline(&mut w, &[raw::msg(b'Q', &[insert, vec![0]].concat())], 1).await;
+        assert!(!tags.contains(&b'E'), "the insert failed: {tags:?}");
+        stale.extend(s.stale(&s.t, 2 + i).await);
+        s.caught_up().await;
+    }
+    assert!(stale.is_empty(), "stale reads (port, count): {stale:?}");
+}

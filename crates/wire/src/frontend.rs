@@ -82,6 +82,41 @@ pub enum FrontendMessage<'a> {
     FunctionCall,
 }
 
+/// A Query or Parse that is well formed except that its query text is not UTF-8: what a
+/// client whose `client_encoding` is not UTF8 sends (the server converts it), or text
+/// the server itself refuses (22021) if the encoding is UTF8.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NonUtf8Text<'a> {
+    /// The statement's name (a Parse's; empty for a Query).
+    pub name: &'a str,
+    /// The text, as sent.
+    pub text: &'a [u8],
+}
+
+/// The frame as a [`NonUtf8Text`], when it is one: [`parse_frontend`] refused it only
+/// because its query text is not UTF-8.
+pub fn non_utf8_text(frame: &Frame) -> Option<NonUtf8Text<'_>> {
+    let mut cur = Cursor::new(frame.tag, frame.body());
+    let name = match frame.tag {
+        b'Q' => "",
+        b'P' => cur.cstr("statement name").ok()?,
+        _ => return None,
+    };
+    let rest = cur.remaining();
+    let end = memchr::memchr(0, rest)?;
+    let text = &rest[..end];
+    if std::str::from_utf8(text).is_ok() {
+        return None;
+    }
+    let mut tail = Cursor::new(frame.tag, &rest[end + 1..]);
+    if frame.tag == b'P' {
+        let n = tail.count(4, "parameter type count").ok()?;
+        tail.bytes(4 * n, "parameter types").ok()?;
+    }
+    tail.finish().ok()?;
+    Some(NonUtf8Text { name, text })
+}
+
 /// Parses a client frame into a typed view.
 ///
 /// Fails with [`FrameError::UnknownTag`] for a type byte a client may not
@@ -258,5 +293,59 @@ impl FrontendMessage<'_> {
             FrontendMessage::Password(_) => b'p',
             FrontendMessage::FunctionCall => b'F',
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build;
+
+    fn frame(raw: bytes::Bytes) -> Frame {
+        Frame::from_raw(raw).expect("frame")
+    }
+
+    #[test]
+    fn texts_that_are_not_utf8_are_told_apart_from_malformed_messages() {
+        let latin1 = b"SELECT 'caf\xe9'";
+        let mut q = vec![b'Q'];
+        q.extend_from_slice(&((4 + latin1.len() + 1) as u32).to_be_bytes());
+        q.extend_from_slice(latin1);
+        q.push(0);
+        let q = frame(q.into());
+        assert!(parse_frontend(&q).is_err());
+        assert_eq!(
+            non_utf8_text(&q),
+            Some(NonUtf8Text {
+                name: "",
+                text: latin1
+            })
+        );
+        // A Parse: its name is UTF-8, its parameter types are read as usual.
+        let mut body = b"s1\0".to_vec();
+        body.extend_from_slice(latin1);
+        body.push(0);
+        body.extend_from_slice(&1u16.to_be_bytes());
+        body.extend_from_slice(&25u32.to_be_bytes());
+        let mut p = vec![b'P'];
+        p.extend_from_slice(&((4 + body.len()) as u32).to_be_bytes());
+        p.extend_from_slice(&body);
+        let p = frame(p.clone().into());
+        assert_eq!(non_utf8_text(&p).map(|t| t.name), Some("s1"));
+        // Malformed otherwise: a parameter count the body does not hold, bytes after the
+        // end, a UTF-8 text, another message type.
+        let mut short = body.clone();
+        short.truncate(short.len() - 1);
+        let mut bad = vec![b'P'];
+        bad.extend_from_slice(&((4 + short.len()) as u32).to_be_bytes());
+        bad.extend_from_slice(&short);
+        assert_eq!(non_utf8_text(&frame(bad.into())), None);
+        let mut extra = q.raw.to_vec();
+        extra.push(7);
+        let n = extra.len() as u32 - 1;
+        extra[1..5].copy_from_slice(&n.to_be_bytes());
+        assert_eq!(non_utf8_text(&frame(extra.into())), None);
+        assert_eq!(non_utf8_text(&frame(build::query("SELECT 1"))), None);
+        assert_eq!(non_utf8_text(&frame(build::sync())), None);
     }
 }

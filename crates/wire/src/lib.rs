@@ -42,5 +42,5 @@ pub use framing::{
     decode_backend, decode_frame, decode_frontend, decode_startup, frame_at, CancelKey, Decoded,
     Frame, FrameError, Limits, StartupMessage, StartupPacket,
 };
-pub use frontend::{parse_frontend, BindParams, FrontendMessage};
+pub use frontend::{non_utf8_text, parse_frontend, BindParams, FrontendMessage, NonUtf8Text};
 pub use startup::{CANCEL_REQUEST_CODE, GSSENC_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};

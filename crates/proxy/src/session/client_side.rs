@@ -40,7 +40,8 @@ fn portal_event(p: &Prepared) -> StmtEvent {
     event_of(stmt, text)
 }
 
-/// The analysis of what a SQL `EXECUTE` of a statement pgfresh never saw prepared runs.
+/// The analysis of what a SQL `EXECUTE` of a statement pgfresh never saw prepared runs,
+/// and of a text pgfresh cannot read (not UTF-8): it may write anything.
 static UNKNOWN_PREPARED: LazyLock<Arc<Analysis>> =
     LazyLock::new(|| Arc::new(pgfresh_sql::unknown_prepared_statement()));
 
@@ -107,7 +108,17 @@ impl Session {
                 return Ok(consumed);
             };
             consumed = true;
-            let msg = parse_frontend(&frame)?;
+            let msg = match parse_frontend(&frame) {
+                Ok(msg) => msg,
+                Err(e) => match pgfresh_wire::non_utf8_text(&frame) {
+                    Some(t) => {
+                        let name = t.name.to_string();
+                        self.take_non_utf8(frame.raw, &name);
+                        continue;
+                    }
+                    None => return Err(e.into()),
+                },
+            };
             match msg {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
@@ -142,27 +153,7 @@ impl Session {
                 }
                 FrontendMessage::Parse { name, sql, .. } => {
                     let analysis = self.analyze(sql);
-                    let previous = self.state.prepared.insert(
-                        name.to_string(),
-                        Prepared::new(frame.raw.clone(), name, analysis.clone()),
-                    );
-                    if !name.is_empty() {
-                        self.batch.statement_undo.push(Undo {
-                            name: name.to_string(),
-                            previous,
-                        });
-                    }
-                    // DEALLOCATE of a protocol-level statement needs it where it runs.
-                    for s in &analysis.statements {
-                        if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(n))) = &s.session {
-                            if self.state.prepared.contains_key(n) {
-                                self.batch.uses_statements.push(n.clone());
-                            }
-                        }
-                    }
-                    self.batch.parts.push(analysis);
-                    self.batch.parses.push(name.to_string());
-                    self.push_batch(frame.raw);
+                    self.record_parse(&frame.raw, name, analysis);
                 }
                 FrontendMessage::Bind {
                     portal, statement, ..
@@ -281,6 +272,51 @@ impl Session {
             }
         }
         Ok(consumed)
+    }
+
+    /// A Parse joins the batch: the client's statement `name` is its text now.
+    fn record_parse(&mut self, raw: &Bytes, name: &str, analysis: Arc<Analysis>) {
+        let previous = self.state.prepared.insert(
+            name.to_string(),
+            Prepared::new(raw.clone(), name, analysis.clone()),
+        );
+        if !name.is_empty() {
+            self.batch.statement_undo.push(Undo {
+                name: name.to_string(),
+                previous,
+            });
+        }
+        // DEALLOCATE of a protocol-level statement needs it where it runs.
+        for s in &analysis.statements {
+            if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(n))) = &s.session {
+                if self.state.prepared.contains_key(n) {
+                    self.batch.uses_statements.push(n.clone());
+                }
+            }
+        }
+        self.batch.parts.push(analysis);
+        self.batch.parses.push(name.to_string());
+        self.push_batch(raw.clone());
+    }
+
+    /// A Query or Parse whose text is not UTF-8 (see `pgfresh_wire::non_utf8_text`):
+    /// a client whose `client_encoding` is another, which the server converts, or bytes
+    /// the server refuses with 22021 and goes on. pgfresh cannot read the text, so it
+    /// sends it on as a statement that may write anything: to the primary, marking the
+    /// whole database when it commits.
+    fn take_non_utf8(&mut self, raw: Bytes, name: &str) {
+        let analysis = UNKNOWN_PREPARED.clone();
+        if raw[0] == b'P' {
+            self.record_parse(&raw, name, analysis);
+            return;
+        }
+        self.close_batch_early();
+        let mut unit = self.fresh_unit();
+        unit.parts.push(analysis);
+        unit.simple = true;
+        unit.synced = true;
+        unit.frames.push(raw);
+        self.ready.push_back(unit);
     }
 
     /// The usual one-statement batch of the unnamed statement and portal (Parse, Bind,

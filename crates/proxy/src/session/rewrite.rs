@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use pgfresh_wire::{build, parse_frontend, Frame, FrontendMessage};
+use pgfresh_wire::{build, non_utf8_text, parse_frontend, Frame, FrontendMessage};
 
 use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
@@ -178,7 +178,17 @@ impl Session {
                 tag: raw[0],
                 raw: raw.clone(),
             };
-            match parse_frontend(&frame) {
+            // A Parse whose text is not UTF-8 (see `Session::take_non_utf8`): only its
+            // name is needed here, and the client's names never reach the server.
+            let parsed = parse_frontend(&frame).or_else(|e| match non_utf8_text(&frame) {
+                Some(t) if frame.tag == b'P' => Ok(FrontendMessage::Parse {
+                    name: t.name,
+                    sql: "",
+                    param_types: Vec::new(),
+                }),
+                _ => Err(e),
+            });
+            match parsed {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
                     let content = statements::parse_content(&raw, name);
                     let key = statements::cache_key(&content, &scope);
