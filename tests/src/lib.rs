@@ -621,16 +621,18 @@ pub async fn wait_replicated_on(cluster: &LocalCluster, c: &tokio_postgres::Clie
         .await
         .expect("primary position")
         .get(0);
-    let sql = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn");
-    for i in 1..cluster.nodes().len() {
-        eventually("standby replay", Duration::from_secs(60), || {
-            cluster
-                .psql(i, "app", &sql)
-                .map(|s| s == "t")
-                .unwrap_or(false)
-        })
-        .await;
-    }
+    let position = format!("'{lsn}'::pg_lsn");
+    eventually("standby replay", Duration::from_secs(60), || {
+        standbys_replayed(cluster, &position)
+    })
+    .await;
+}
+
+/// Whether every standby of `cluster` has replayed `position` (a `pg_lsn` expression),
+/// asked of each directly.
+pub fn standbys_replayed(cluster: &LocalCluster, position: &str) -> bool {
+    let sql = format!("SELECT pg_last_wal_replay_lsn() >= {position}");
+    (1..cluster.nodes().len()).all(|i| cluster.psql(i, "app", &sql).is_ok_and(|s| s == "t"))
 }
 
 impl ProxyHandle {

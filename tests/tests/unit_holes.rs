@@ -52,8 +52,7 @@ async fn primary_position(c: &tokio_postgres::Client) -> u64 {
 
 /// Every standby has replayed `position` (asked of each directly).
 fn replayed_everywhere(position: u64) -> bool {
-    let sql = format!("SELECT pg_last_wal_replay_lsn() - '0/0' >= {position}");
-    (1..cluster().nodes().len()).all(|i| cluster().psql(i, "app", &sql).is_ok_and(|s| s == "t"))
+    standbys_replayed(cluster(), &format!("'0/0'::pg_lsn + {position}"))
 }
 
 /// Reads `t` through `c` from now until every standby has replayed what the primary had
