@@ -290,7 +290,10 @@ pub mod raw {
 
     /// Read whole messages until one with `tag` arrives (30 s at most); returns every
     /// message read as (tag, body).
-    pub async fn read_until(s: &mut tokio::net::TcpStream, tag: u8) -> Vec<(u8, Vec<u8>)> {
+    pub async fn read_until(
+        s: &mut (impl tokio::io::AsyncRead + Unpin),
+        tag: u8,
+    ) -> Vec<(u8, Vec<u8>)> {
         use tokio::io::AsyncReadExt;
         let mut out = Vec::new();
         loop {

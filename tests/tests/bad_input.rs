@@ -271,44 +271,19 @@ async fn a_client_gone_while_no_reply_will_come_leaves_nothing_behind() {
     healthy_session_still_works(&p.connect().await).await;
 }
 
-/// What the proxy sends up to and including the next ReadyForQuery (bounded).
-async fn read_until_ready(s: &mut TcpStream) -> Vec<u8> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        // Whole messages only: the last one read is a ReadyForQuery.
-        let mut i = 0;
-        let mut last = None;
-        while i + 5 <= got.len() {
-            let len = u32::from_be_bytes(got[i + 1..i + 5].try_into().unwrap()) as usize;
-            if i + 1 + len > got.len() {
-                break;
-            }
-            last = Some(got[i]);
-            i += 1 + len;
-        }
-        if last == Some(b'Z') && i == got.len() {
-            return got;
-        }
-        let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf))
-            .await
-            .expect("an answer")
-            .expect("read");
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
+/// The SQLSTATE of the first ErrorResponse among `messages`.
+fn error_code(messages: &[(u8, Vec<u8>)]) -> Option<String> {
+    let (_, body) = messages.iter().find(|(t, _)| *t == b'E')?;
+    body.split(|b| *b == 0)
+        .find_map(|f| f.strip_prefix(b"C"))
+        .map(|c| String::from_utf8_lossy(c).to_string())
 }
 
-/// A message with `tag` and `body`.
-fn message(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut m = vec![tag];
-    m.extend_from_slice(&((4 + body.len()) as u32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether any message among `messages` holds `needle`.
+fn holds(messages: &[(u8, Vec<u8>)], needle: &[u8]) -> bool {
+    messages
+        .iter()
+        .any(|(_, b)| b.windows(needle.len()).any(|w| w == needle))
 }
 
 /// A text that is not UTF-8 is not a protocol violation: with `client_encoding` UTF8 the
@@ -329,49 +304,49 @@ async fn texts_that_are_not_utf8_reach_the_server_and_the_session_goes_on() {
 async fn texts_not_utf8_through(p: &ProxyHandle) {
     let mut s = logged_in_to(p).await;
     let latin1_query = b"SELECT CASE WHEN 'caf\xe9' = 'caf' || chr(233) THEN 'latin1-ok' END, pg_is_in_recovery()::text\0";
-    s.write_all(&message(b'Q', latin1_query)).await.unwrap();
-    let got = read_until_ready(&mut s).await;
-    assert_eq!(sqlstate(&got).as_deref(), Some("22021"), "{got:?}");
-    s.write_all(&message(b'Q', b"SET client_encoding TO 'LATIN1'\0"))
+    s.write_all(&raw::msg(b'Q', latin1_query)).await.unwrap();
+    let got = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(error_code(&got).as_deref(), Some("22021"), "{got:?}");
+    s.write_all(&raw::msg(b'Q', b"SET client_encoding TO 'LATIN1'\0"))
         .await
         .unwrap();
-    let got = read_until_ready(&mut s).await;
-    assert_eq!(sqlstate(&got), None, "{got:?}");
+    let got = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(error_code(&got), None, "{got:?}");
     // Simple protocol, then a named statement over the extended protocol: converted by
     // the server, run on the primary.
-    s.write_all(&message(b'Q', latin1_query)).await.unwrap();
-    let got = read_until_ready(&mut s).await;
-    assert_eq!(sqlstate(&got), None, "{}", String::from_utf8_lossy(&got));
+    s.write_all(&raw::msg(b'Q', latin1_query)).await.unwrap();
+    let got = raw::read_until(&mut s, b'Z').await;
+    assert_eq!(error_code(&got), None, "{got:?}");
     assert!(
-        contains(&got, b"latin1-ok") && contains(&got, b"false"),
+        holds(&got, b"latin1-ok") && holds(&got, b"false"),
         "{got:?}"
     );
     let mut parse = b"latin1_stmt\0".to_vec();
     parse.extend_from_slice(latin1_query);
     parse.extend_from_slice(&0u16.to_be_bytes());
-    let mut batch = message(b'P', &parse);
-    batch.extend_from_slice(&message(b'B', b"\0latin1_stmt\0\0\0\0\0\0\0"));
-    batch.extend_from_slice(&message(b'E', b"\0\0\0\0\0"));
-    batch.extend_from_slice(&message(b'S', b""));
+    let mut batch = raw::msg(b'P', &parse);
+    batch.extend_from_slice(&raw::msg(b'B', b"\0latin1_stmt\0\0\0\0\0\0\0"));
+    batch.extend_from_slice(&raw::msg(b'E', b"\0\0\0\0\0"));
+    batch.extend_from_slice(&raw::msg(b'S', b""));
     // Twice, closed in between: the name is the client's, not the server connection's.
     for _ in 0..2 {
         s.write_all(&batch).await.unwrap();
-        let got = read_until_ready(&mut s).await;
-        assert_eq!(sqlstate(&got), None, "{}", String::from_utf8_lossy(&got));
+        let got = raw::read_until(&mut s, b'Z').await;
+        assert_eq!(error_code(&got), None, "{got:?}");
         assert!(
-            contains(&got, b"latin1-ok") && contains(&got, b"false"),
+            holds(&got, b"latin1-ok") && holds(&got, b"false"),
             "{got:?}"
         );
-        let mut close = message(b'C', b"Slatin1_stmt\0");
-        close.extend_from_slice(&message(b'S', b""));
+        let mut close = raw::msg(b'C', b"Slatin1_stmt\0");
+        close.extend_from_slice(&raw::msg(b'S', b""));
         s.write_all(&close).await.unwrap();
-        let got = read_until_ready(&mut s).await;
-        assert_eq!(sqlstate(&got), None, "{}", String::from_utf8_lossy(&got));
+        let got = raw::read_until(&mut s, b'Z').await;
+        assert_eq!(error_code(&got), None, "{got:?}");
     }
     // The session is still whole.
-    s.write_all(&message(b'Q', b"SELECT 'still-here'\0"))
+    s.write_all(&raw::msg(b'Q', b"SELECT 'still-here'\0"))
         .await
         .unwrap();
-    let got = read_until_ready(&mut s).await;
-    assert!(contains(&got, b"still-here"), "{got:?}");
+    let got = raw::read_until(&mut s, b'Z').await;
+    assert!(holds(&got, b"still-here"), "{got:?}");
 }

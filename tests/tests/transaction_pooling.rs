@@ -1667,29 +1667,6 @@ mod script {
     }
 }
 
-/// Reads messages from a stream of any kind until one with `tag`.
-async fn read_until_tag(
-    s: &mut (impl tokio::io::AsyncRead + Unpin),
-    tag: u8,
-) -> Vec<(u8, Vec<u8>)> {
-    use tokio::io::AsyncReadExt;
-    let mut out = Vec::new();
-    loop {
-        let mut head = [0u8; 5];
-        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut head))
-            .await
-            .expect("answered")
-            .expect("read header");
-        let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
-        let mut body = vec![0u8; len - 4];
-        s.read_exact(&mut body).await.expect("read body");
-        out.push((head[0], body));
-        if head[0] == tag {
-            return out;
-        }
-    }
-}
-
 /// Runs `rounds` through `s`, answering each with the summary of its replies; between
 /// rounds, `noise` (a client of the same proxy, if any) parses, runs and closes the same
 /// names with other texts, on the same server connection.
@@ -1704,7 +1681,7 @@ async fn run_script(
         s.write_all(bytes).await.unwrap();
         let mut got = String::new();
         for _ in 0..*batches {
-            got.push_str(&script::summary(&read_until_tag(s, b'Z').await));
+            got.push_str(&script::summary(&raw::read_until(s, b'Z').await));
         }
         out.push(got);
         if let Some(noise) = noise.as_deref_mut() {
@@ -1751,7 +1728,7 @@ async fn pipelined_batches_with_errors_answer_as_postgresql_does() {
             .write_all(&raw::startup(cluster().superuser().0, "app"))
             .await
             .unwrap();
-        read_until_tag(&mut direct, b'Z').await;
+        raw::read_until(&mut direct, b'Z').await;
         let expected = run_script(&mut direct, None, &rounds).await;
         let mut client = raw_login(&p).await;
         let mut noise = raw_login(&p).await;

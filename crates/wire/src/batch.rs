@@ -324,6 +324,25 @@ mod tests {
         tags == b"PBDES" || tags == b"PBES"
     }
 
+    /// 20 000 copies of `base`, each with one to three bytes set at random (xorshift from
+    /// `seed`: the same copies every run).
+    fn mutations(base: &[u8], mut seed: u32) -> impl Iterator<Item = Vec<u8>> + '_ {
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        (0..20_000).map(move |_| {
+            let mut buf = base.to_vec();
+            for _ in 0..(next() % 3 + 1) {
+                let i = next() as usize % buf.len();
+                buf[i] = next() as u8;
+            }
+            buf
+        })
+    }
+
     /// Every batch it accepts, the frame-by-frame parser accepts with the same meaning,
     /// and every one the parser reads as that batch, it accepts:
     /// random mutations of the usual batch are either refused or parse cleanly as the
@@ -331,20 +350,8 @@ mod tests {
     #[test]
     fn it_accepts_only_what_the_frame_parser_accepts() {
         let base = batch(&usual("SELECT $1::int"));
-        let mut seed = 0x9e37_79b9_u32;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
         let mut accepted = 0;
-        for _ in 0..20_000 {
-            let mut buf = base.clone();
-            for _ in 0..(next() % 3 + 1) {
-                let i = next() as usize % buf.len();
-                buf[i] = next() as u8;
-            }
+        for buf in mutations(&base, 0x9e37_79b9) {
             let Some(b) = unnamed_batch(&buf, &Limits::default()) else {
                 assert!(!frames_make_the_batch(&buf), "refused {buf:?}");
                 continue;
@@ -509,20 +516,8 @@ mod tests {
     #[test]
     fn the_named_batch_accepts_only_what_the_frame_parser_accepts() {
         let base = batch(&prepared("stmt_1"));
-        let mut seed = 0x2545_f491_u32;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed
-        };
         let mut accepted = 0;
-        for _ in 0..20_000 {
-            let mut buf = base.clone();
-            for _ in 0..(next() % 3 + 1) {
-                let i = next() as usize % buf.len();
-                buf[i] = next() as u8;
-            }
+        for buf in mutations(&base, 0x2545_f491) {
             let Some(b) = named_batch(&buf, &Limits::default()) else {
                 assert!(!frames_make_the_named_batch(&buf), "refused {buf:?}");
                 continue;
