@@ -155,36 +155,57 @@ impl std::fmt::Debug for ServerName {
     }
 }
 
-fn frame(tag: u8, body: &[&[u8]]) -> Bytes {
+/// Appends the message `tag` whose body is the concatenation of `body` to `out`.
+fn put_frame(out: &mut BytesMut, tag: u8, body: &[&[u8]]) {
     let len: usize = body.iter().map(|b| b.len()).sum();
-    let mut out = BytesMut::with_capacity(5 + len);
+    out.reserve(5 + len);
     out.put_u8(tag);
     out.put_u32((4 + len) as u32);
     for b in body {
         out.put_slice(b);
     }
-    out.freeze()
 }
 
-/// Parse of `content` (query text and parameter types, as in a client's Parse after
-/// its name) under `name`.
-pub fn parse(name: &[u8], content: &[u8]) -> Bytes {
-    frame(b'P', &[name, b"\0", content])
+/// Appends a Parse of `content` (query text and parameter types, as in a client's Parse
+/// after its name) under `name` to `out`.
+pub fn put_parse(out: &mut BytesMut, name: &[u8], content: &[u8]) {
+    put_frame(out, b'P', &[name, b"\0", content]);
 }
 
-/// The client's Bind frame with its statement name replaced.
-pub fn bind_renamed(raw: &[u8], portal: &str, statement: &str, new_name: &ServerName) -> Bytes {
+/// Appends the client's Bind frame `raw`, its statement name replaced, to `out`.
+pub fn put_bind_renamed(
+    out: &mut BytesMut,
+    raw: &[u8],
+    portal: &[u8],
+    statement: &[u8],
+    new_name: &ServerName,
+) {
     // Body: portal\0 statement\0 rest.
     let rest = &raw[5 + portal.len() + 1 + statement.len() + 1..];
-    frame(
+    put_frame(
+        out,
         b'B',
-        &[portal.as_bytes(), b"\0", new_name.as_bytes(), b"\0", rest],
-    )
+        &[portal, b"\0", new_name.as_bytes(), b"\0", rest],
+    );
 }
 
-/// Describe or Close of statement `name`.
-pub fn statement_message(tag: u8, name: &ServerName) -> Bytes {
-    frame(tag, &[b"S", name.as_bytes(), b"\0"])
+/// Appends a Describe or Close of statement `name` to `out`.
+pub fn put_statement_message(out: &mut BytesMut, tag: u8, name: &ServerName) {
+    put_frame(out, tag, &[b"S", name.as_bytes(), b"\0"]);
+}
+
+/// The names a Bind frame's body starts with, portal then statement, when both are there
+/// and UTF-8 (what [`pgfresh_wire::parse_frontend`] also checks, without reading the
+/// parameters: the server validates those).
+pub fn bind_names(raw: &[u8]) -> Option<(&str, &str)> {
+    let body = raw.get(5..)?;
+    let p = memchr::memchr(0, body)?;
+    let rest = &body[p + 1..];
+    let s = memchr::memchr(0, rest)?;
+    Some((
+        std::str::from_utf8(&body[..p]).ok()?,
+        std::str::from_utf8(&rest[..s]).ok()?,
+    ))
 }
 
 /// The content of a client's Parse frame: everything after the statement name.
@@ -239,12 +260,19 @@ mod tests {
         assert_eq!(ServerName::prefix().as_bytes(), PREFIX.as_bytes());
     }
 
+    /// One message written by `put` into a buffer of its own.
+    fn one(put: impl FnOnce(&mut BytesMut)) -> Bytes {
+        let mut b = BytesMut::new();
+        put(&mut b);
+        b.freeze()
+    }
+
     #[test]
     fn frames_round_trip_through_the_wire_parser() {
-        let client = parse(b"stmt1", b"select $1\0\0\x01\0\0\0\x17");
+        let client = one(|b| put_parse(b, b"stmt1", b"select $1\0\0\x01\0\0\0\x17"));
         let content = parse_content(&client, "stmt1");
         assert_eq!(&content[..], b"select $1\0\0\x01\0\0\0\x17");
-        let server = parse(ServerName::of(7).as_bytes(), &content);
+        let server = one(|b| put_parse(b, ServerName::of(7).as_bytes(), &content));
         let f = pgfresh_wire::Frame {
             tag: b'P',
             raw: server,
@@ -256,19 +284,36 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let bind = frame(b'B', &[b"p\0s1\0", b"\0\0\0\0\0\0"]);
-        let renamed = bind_renamed(&bind, "p", "s1", &ServerName::of(2));
+        let bind = pgfresh_wire::build::bind("p", "s1", &[], &[Some(b"42")], &[]);
+        assert_eq!(bind_names(&bind), Some(("p", "s1")));
+        // A second message after it: only this one is renamed.
+        let renamed = one(|b| {
+            put_bind_renamed(b, &bind, b"p", b"s1", &ServerName::of(2));
+            put_statement_message(b, b'C', &ServerName::of(2));
+        });
         let f = pgfresh_wire::Frame {
             tag: b'B',
-            raw: renamed,
+            raw: renamed.slice(..renamed.len() - 18),
         };
         match pgfresh_wire::parse_frontend(&f).unwrap() {
             pgfresh_wire::FrontendMessage::Bind {
-                portal, statement, ..
+                portal,
+                statement,
+                params,
+                ..
             } => {
                 assert_eq!((portal, statement), ("p", "__pgfresh_2"));
+                assert_eq!(params.values().next(), Some(Some(&b"42"[..])));
             }
             other => panic!("{other:?}"),
         }
+        assert_eq!(&renamed[renamed.len() - 18..], b"C\0\0\0\x11S__pgfresh_2\0");
+    }
+
+    #[test]
+    fn bind_names_needs_both_terminators() {
+        assert_eq!(bind_names(b"B\0\0\0\x06p\0"), None);
+        assert_eq!(bind_names(b"B\0\0\0\x04"), None);
+        assert_eq!(bind_names(b"B\0\0\0\x06\0\0"), Some(("", "")));
     }
 }

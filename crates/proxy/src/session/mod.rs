@@ -151,6 +151,8 @@ pub struct Session {
     /// Replies pgfresh made for the client (transaction mode) that are due after the
     /// server reply being relayed.
     due: Vec<Bytes>,
+    /// Transaction mode: the buffer a unit's messages are rewritten into, reused.
+    rewrite_buf: BytesMut,
     /// This client in SHOW CLIENTS.
     listed: crate::clients::Listed,
     terminating: bool,
@@ -273,6 +275,7 @@ impl Session {
             pool_settings: Shared::pool_settings(&config),
             pin_gauge: Default::default(),
             due: Vec::new(),
+            rewrite_buf: BytesMut::new(),
             listed,
         }
     }

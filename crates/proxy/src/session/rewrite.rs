@@ -16,16 +16,18 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, non_utf8_text, parse_frontend, Frame, FrontendMessage};
 
 use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
 use crate::statements::{self, ServerName, StatementCache, PREFIX};
 
-/// The frames to send for a unit and the replies they will get.
+/// The messages to send for a unit and the replies they will get.
 pub(super) struct Rewritten {
-    pub frames: Vec<Bytes>,
+    /// The messages one after another, written straight into the session's reused
+    /// buffer (`Session::rewrite_buf`): no frame of its own for each.
+    pub frames: BytesMut,
     pub expect: VecDeque<Expect>,
 }
 
@@ -67,8 +69,7 @@ fn server_statement(
         Some(id) => id,
         None => {
             let id = cache.insert(key.clone());
-            out.frames
-                .push(statements::parse(ServerName::of(id).as_bytes(), &content));
+            statements::put_parse(&mut out.frames, ServerName::of(id).as_bytes(), &content);
             out.expect.push_back(Expect::Hidden {
                 record: Some(ConnRecord::Prepared(key)),
             });
@@ -121,7 +122,7 @@ impl Unnamed {
         let Some(content) = resolved else {
             return Some(ServerName::prefix());
         };
-        out.frames.push(statements::parse(b"", &content));
+        statements::put_parse(&mut out.frames, b"", &content);
         out.expect.push_back(Expect::Hidden { record: None });
         *self = Unnamed::Prepared;
         None
@@ -144,11 +145,11 @@ impl Session {
     pub(super) fn rewrite_unit(&mut self, node: usize, unit: &ClientUnit) -> Rewritten {
         let max = self.config.pool.max_prepared_statements;
         let mut out = Rewritten {
-            frames: Vec::with_capacity(unit.frames.len() + 1),
+            frames: std::mem::take(&mut self.rewrite_buf),
             expect: VecDeque::with_capacity(unit.frames.len()),
         };
         let Some(leased) = self.backends[node].as_mut() else {
-            out.frames = unit.frames.clone();
+            super::send::append(&mut out.frames, &unit.frames);
             return out;
         };
         let cache = &mut leased.conn.statements;
@@ -157,9 +158,9 @@ impl Session {
         let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
-        for raw in unit.frames.iter().cloned() {
+        for raw in &unit.frames {
             let client = Expect::client();
-            if !names_statement(&raw) {
+            if !names_statement(raw) {
                 // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to
                 // map (and no need to read the message again).
                 if raw[0] == b'S' {
@@ -171,7 +172,31 @@ impl Session {
                 } else if raw[0] != b'H' {
                     out.expect.push_back(client);
                 }
-                out.frames.push(raw);
+                out.frames.extend_from_slice(raw);
+                continue;
+            }
+            // A Bind's names only: the message was checked whole when it came in.
+            if let Some((portal, statement)) = (raw[0] == b'B')
+                .then(|| statements::bind_names(raw))
+                .flatten()
+            {
+                let name = if statement.is_empty() {
+                    unnamed.server_name(&mut refs, &mut out)
+                } else {
+                    let resolved = refs.next().flatten();
+                    server_statement(cache, statement, resolved, &scope, &mut out)
+                };
+                match name {
+                    Some(n) => statements::put_bind_renamed(
+                        &mut out.frames,
+                        raw,
+                        portal.as_bytes(),
+                        statement.as_bytes(),
+                        &n,
+                    ),
+                    None => out.frames.extend_from_slice(raw),
+                }
+                out.expect.push_back(client);
                 continue;
             }
             let frame = Frame {
@@ -190,7 +215,7 @@ impl Session {
             });
             match parsed {
                 Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
-                    let content = statements::parse_content(&raw, name);
+                    let content = statements::parse_content(raw, name);
                     let key = statements::cache_key(&content, &scope);
                     let undo = undos.next();
                     let existing = undo
@@ -205,8 +230,7 @@ impl Session {
                         let server =
                             server_statement(cache, name, Some(existing), &scope, &mut out)
                                 .unwrap_or_else(ServerName::prefix);
-                        out.frames
-                            .push(statements::parse(server.as_bytes(), &content));
+                        statements::put_parse(&mut out.frames, server.as_bytes(), &content);
                         out.expect.push_back(Expect::Client {
                             parse: None,
                             sync: false,
@@ -219,8 +243,11 @@ impl Session {
                         });
                     } else {
                         let id = cache.insert(key.clone());
-                        out.frames
-                            .push(statements::parse(ServerName::of(id).as_bytes(), &content));
+                        statements::put_parse(
+                            &mut out.frames,
+                            ServerName::of(id).as_bytes(),
+                            &content,
+                        );
                         out.expect.push_back(Expect::Client {
                             parse: Some(key),
                             sync: false,
@@ -230,22 +257,7 @@ impl Session {
                 }
                 Ok(FrontendMessage::Parse { .. }) => {
                     unnamed = Unnamed::Parsed;
-                    out.frames.push(raw);
-                    out.expect.push_back(client);
-                }
-                Ok(FrontendMessage::Bind {
-                    portal, statement, ..
-                }) => {
-                    let name = if statement.is_empty() {
-                        unnamed.server_name(&mut refs, &mut out)
-                    } else {
-                        let resolved = refs.next().flatten();
-                        server_statement(cache, statement, resolved, &scope, &mut out)
-                    };
-                    out.frames.push(match name {
-                        Some(n) => statements::bind_renamed(&raw, portal, statement, &n),
-                        None => raw.clone(),
-                    });
+                    out.frames.extend_from_slice(raw);
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Describe { kind: b'S', name }) => {
@@ -255,10 +267,10 @@ impl Session {
                         let resolved = refs.next().flatten();
                         server_statement(cache, name, resolved, &scope, &mut out)
                     };
-                    out.frames.push(match server {
-                        Some(n) => statements::statement_message(b'D', &n),
-                        None => raw.clone(),
-                    });
+                    match server {
+                        Some(n) => statements::put_statement_message(&mut out.frames, b'D', &n),
+                        None => out.frames.extend_from_slice(raw),
+                    }
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Close { kind: b'S', name }) if !name.is_empty() => {
@@ -270,20 +282,20 @@ impl Session {
                 Ok(FrontendMessage::Close { kind: b'S', .. }) => {
                     // The unnamed statement (a named one is answered above).
                     unnamed = Unnamed::Foreign;
-                    out.frames.push(raw);
+                    out.frames.extend_from_slice(raw);
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Sync) => {
-                    out.frames.push(raw);
+                    out.frames.extend_from_slice(raw);
                     out.expect.push_back(Expect::Client {
                         parse: None,
                         sync: true,
                         undo: None,
                     });
                 }
-                Ok(FrontendMessage::Flush) => out.frames.push(raw),
+                Ok(FrontendMessage::Flush) => out.frames.extend_from_slice(raw),
                 _ => {
-                    out.frames.push(raw);
+                    out.frames.extend_from_slice(raw);
                     out.expect.push_back(client);
                 }
             }
@@ -293,17 +305,19 @@ impl Session {
             // Closed first: none of them is used by this unit.
             metrics::counter!("pgfresh_prepared_statements_evicted_total")
                 .increment(evicted.len() as u64);
-            let mut frames: Vec<Bytes> = evicted
-                .iter()
-                .map(|(id, _)| statements::statement_message(b'C', &ServerName::of(*id)))
-                .collect();
+            let mut frames = BytesMut::with_capacity(out.frames.len() + 32 * evicted.len());
+            for (id, _) in &evicted {
+                statements::put_statement_message(&mut frames, b'C', &ServerName::of(*id));
+            }
             for (id, content) in evicted.into_iter().rev() {
                 out.expect.push_front(Expect::Hidden {
                     record: Some(ConnRecord::Evicted { id, content }),
                 });
             }
-            frames.append(&mut out.frames);
-            out.frames = frames;
+            // (The unit's messages after them, in the reused buffer: a rare path, copied.)
+            frames.extend_from_slice(&out.frames);
+            out.frames.clear();
+            out.frames.extend_from_slice(&frames);
         }
         out
     }

@@ -116,7 +116,7 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
 }
 
 /// Appends `frames` to a connection's write buffer, room made once.
-fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
+pub(super) fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
     wbuf.reserve(frames.iter().map(Bytes::len).sum());
     for f in frames {
         wbuf.extend_from_slice(f);
@@ -338,7 +338,17 @@ impl Session {
                 .replica_guard
                 .as_ref()
                 .is_some_and(|s| s.node() == node && s.take_replay_sample());
-        let frames = rewritten.as_ref().map_or(&unit.frames, |r| &r.frames);
+        // The rewritten messages as one frame (the buffer's own allocation, shared until
+        // sent, then reused by the next unit's rewrite).
+        let (one, rewrite_expect) = match rewritten {
+            Some(mut r) => {
+                let one = r.frames.split().freeze();
+                self.rewrite_buf = r.frames;
+                (Some([one]), Some(r.expect))
+            }
+            None => (None, None),
+        };
+        let frames = one.as_ref().map_or(&unit.frames[..], |o| &o[..]);
         if pre.is_empty() && !probe && !sample {
             self.send_frames(node, frames).await?;
         } else {
@@ -355,7 +365,8 @@ impl Session {
         }
         // Session mode fills `expect`, transaction mode rewrites the unit: never both, so
         // the rewrite's queue is moved, not copied.
-        let expect = rewritten.map_or(expect, |r| r.expect);
+        drop(one);
+        let expect = rewrite_expect.unwrap_or(expect);
         Ok(Written {
             autocommit,
             commit_sent,
