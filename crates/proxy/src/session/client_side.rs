@@ -122,6 +122,7 @@ impl Session {
             match msg {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
+                    self.query_drops_unnamed();
                     let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
                     add_sql_executes(&self.state.sql_prepared, &analysis, &mut unit);
@@ -299,6 +300,15 @@ impl Session {
         self.push_batch(raw.clone());
     }
 
+    /// A simple Query destroys the unnamed statement before it runs, whatever it runs and
+    /// whether it fails (PostgreSQL's `exec_simple_query`), pgfresh's own answers included:
+    /// a later Bind or Describe of it fails with 26000 until it is parsed again.
+    fn query_drops_unnamed(&mut self) {
+        if !self.state.prepared.is_empty() {
+            self.state.prepared.remove("");
+        }
+    }
+
     /// A Query or Parse whose text is not UTF-8 (see `pgfresh_wire::non_utf8_text`):
     /// a client whose `client_encoding` is another, which the server converts, or bytes
     /// the server refuses with 22021 and goes on. pgfresh cannot read the text, so it
@@ -311,6 +321,7 @@ impl Session {
             return;
         }
         self.close_batch_early();
+        self.query_drops_unnamed();
         let mut unit = self.fresh_unit();
         unit.parts.push(analysis);
         unit.simple = true;

@@ -103,9 +103,9 @@ impl Unnamed {
     /// The name a Bind or Describe of the unnamed statement uses on the server (`None`:
     /// as it is). `resolved` is the client's unnamed statement as of the message, taken
     /// from the unit's references unless the unit parsed it: prepared here again first
-    /// (the connection may have changed), or, where the client has none, a name that
-    /// does not exist, so that the message fails as it would on the client's own
-    /// connection instead of running another client's statement.
+    /// (the connection may have changed), or, where the client has none, the
+    /// connection's closed first, so that the message fails as it would on the client's
+    /// own connection instead of running another client's statement.
     fn server_name(
         &mut self,
         refs: &mut impl Iterator<Item = Option<Bytes>>,
@@ -119,7 +119,12 @@ impl Unnamed {
             return None;
         }
         let Some(content) = resolved else {
-            return Some(ServerName::prefix());
+            // The client has none: the connection's is closed first (whoever left it
+            // has no use for it now), so the server answers as on the client's own
+            // connection ("unnamed prepared statement does not exist").
+            out.frames.push(build::close(b'S', ""));
+            out.expect.push_back(Expect::Hidden { record: None });
+            return None;
         };
         out.frames.push(statements::parse(b"", &content));
         out.expect.push_back(Expect::Hidden { record: None });
