@@ -76,7 +76,11 @@ async fn run<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, steps: &[Vec<u8>]) ->
 /// A session on the primary itself, over its Unix socket (trusted), as `app`.
 async fn direct_session() -> tokio::net::UnixStream {
     let c = cluster();
-    let dir = c.data_dir(0).parent().expect("the cluster's directory").to_owned();
+    let dir = c
+        .data_dir(0)
+        .parent()
+        .expect("the cluster's directory")
+        .to_owned();
     let path = dir.join(format!(".s.PGSQL.{}", c.port(0)));
     let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
     s.write_all(&raw::startup("app", "app")).await.unwrap();
@@ -153,23 +157,35 @@ async fn prepare_and_parse_share_one_namespace() {
     let y = unique("nsy");
     let steps = [
         [parse(&x, "/* pgfresh:primary */ SELECT 'px'::text"), sync()].concat(),
-        query(&format!("/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx'::text")),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx'::text"
+        )),
         [bind_execute(&x), sync()].concat(),
-        query(&format!("/* pgfresh:primary */ PREPARE {y} AS SELECT 'sy'::text")),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {y} AS SELECT 'sy'::text"
+        )),
         [parse(&y, "/* pgfresh:primary */ SELECT 'py'::text"), sync()].concat(),
         query(&format!("/* pgfresh:primary */ EXECUTE {y}")),
         // In a transaction, the refusal fails it.
         query("BEGIN"),
-        query(&format!("/* pgfresh:primary */ PREPARE {x} AS SELECT 'tx'::text")),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'tx'::text"
+        )),
         query("ROLLBACK"),
         // DEALLOCATE drops a protocol-level statement: the name is free for PREPARE.
         query(&format!("DEALLOCATE {x}")),
         [bind_execute(&x), sync()].concat(),
-        query(&format!("/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx2'::text")),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx2'::text"
+        )),
         query(&format!("/* pgfresh:primary */ EXECUTE {x}")),
         // And a SQL-level one: the name is free for Parse.
         query(&format!("DEALLOCATE {y}")),
-        [parse(&y, "/* pgfresh:primary */ SELECT 'py2'::text"), sync()].concat(),
+        [
+            parse(&y, "/* pgfresh:primary */ SELECT 'py2'::text"),
+            sync(),
+        ]
+        .concat(),
         [bind_execute(&y), sync()].concat(),
     ];
     let r = same_as_postgresql(&p, &steps).await;
