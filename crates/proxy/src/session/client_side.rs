@@ -77,6 +77,27 @@ fn add_bound_sql_statement(
     }
 }
 
+/// Transaction mode: a PREPARE in `analysis` of a name the client has as a protocol-level
+/// statement, which the connection holds under pgfresh's name: the name is taken on the
+/// connection first (`send::hold_protocol_name`), so that the server refuses the PREPARE
+/// as PostgreSQL does (42P05).
+fn add_name_collisions(
+    state: &super::state::SessionState,
+    analysis: &Analysis,
+    unit: &mut ClientUnit,
+) {
+    if state.prepared.is_empty() {
+        return;
+    }
+    for s in &analysis.statements {
+        if let Some(pgfresh_sql::SessionEffect::Prepare { name, .. }) = &s.session {
+            if state.prepared.contains_key(name) && !state.sql_prepared.contains_key(name) {
+                unit.sql_executes.push(name.clone());
+            }
+        }
+    }
+}
+
 impl Session {
     /// The analysis of `sql`, or a stand-in when the parser is off (everything then goes
     /// to the primary and nothing needs parsing).
@@ -122,9 +143,13 @@ impl Session {
             match msg {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
+                    self.query_drops_unnamed();
                     let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
                     add_sql_executes(&self.state.sql_prepared, &analysis, &mut unit);
+                    if self.mode == PoolMode::Transaction {
+                        add_name_collisions(&self.state, &analysis, &mut unit);
+                    }
                     // DEALLOCATE needs the statement where it runs, as EXECUTE does.
                     for s in &analysis.statements {
                         if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
@@ -212,12 +237,10 @@ impl Session {
                     if kind == b'S' {
                         let previous = self.state.prepared.remove(name);
                         self.batch.parses.retain(|n| n != name);
-                        if !name.is_empty() {
-                            self.batch.statement_undo.push(Undo {
-                                name: name.to_string(),
-                                previous,
-                            });
-                        }
+                        self.batch.statement_undo.push(Undo {
+                            name: name.to_string(),
+                            previous,
+                        });
                     }
                     self.push_batch(frame.raw);
                 }
@@ -280,11 +303,24 @@ impl Session {
             name.to_string(),
             Prepared::new(raw.clone(), name, analysis.clone()),
         );
-        if !name.is_empty() {
+        if name.is_empty() && self.batch_starts_here() {
+            self.batch.unnamed_first = true;
+        } else {
             self.batch.statement_undo.push(Undo {
                 name: name.to_string(),
                 previous,
             });
+        }
+        if self.mode == PoolMode::Transaction
+            && !name.is_empty()
+            && self.state.sql_prepared.contains_key(name)
+        {
+            // A name the client PREPAREd: the statement goes where the Parse runs, and
+            // the server refuses the Parse (42P05, one namespace for both; see `rewrite`).
+            self.batch.sql_executes.push(name.to_string());
+        }
+        if self.mode == PoolMode::Transaction {
+            add_name_collisions(&self.state, &analysis, &mut self.batch);
         }
         // DEALLOCATE of a protocol-level statement needs it where it runs.
         for s in &analysis.statements {
@@ -299,6 +335,24 @@ impl Session {
         self.push_batch(raw.clone());
     }
 
+    /// The next message begins a batch that continues none: nothing of it was read yet,
+    /// nothing is open on a node and no unit waits (an error before its first message
+    /// cannot skip that message).
+    fn batch_starts_here(&self) -> bool {
+        self.batch.frames.is_empty()
+            && self.ready.is_empty()
+            && self.wire == super::WirePhase::Units
+    }
+
+    /// A simple Query destroys the unnamed statement before it runs, whatever it runs and
+    /// whether it fails (PostgreSQL's `exec_simple_query`), pgfresh's own answers included:
+    /// a later Bind or Describe of it fails with 26000 until it is parsed again.
+    fn query_drops_unnamed(&mut self) {
+        if !self.state.prepared.is_empty() {
+            self.state.prepared.remove("");
+        }
+    }
+
     /// A Query or Parse whose text is not UTF-8 (see `pgfresh_wire::non_utf8_text`):
     /// a client whose `client_encoding` is another, which the server converts, or bytes
     /// the server refuses with 22021 and goes on. pgfresh cannot read the text, so it
@@ -311,6 +365,7 @@ impl Session {
             return;
         }
         self.close_batch_early();
+        self.query_drops_unnamed();
         let mut unit = self.fresh_unit();
         unit.parts.push(analysis);
         unit.simple = true;
@@ -325,10 +380,7 @@ impl Session {
     /// The unit is the one its frames would make one by one; a batch whose statement
     /// changes the session's settings or transaction state goes frame by frame.
     fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
-        if !self.batch.frames.is_empty()
-            || !self.ready.is_empty()
-            || self.wire != super::WirePhase::Units
-        {
+        if !self.batch_starts_here() {
             return None;
         }
         let found = pgfresh_wire::unnamed_batch(&self.cbuf, &self.limits)?;
@@ -370,6 +422,7 @@ impl Session {
         unit.frames.push(chunk);
         unit.parts.push(analysis);
         unit.parses.push(String::new());
+        unit.unnamed_first = true;
         unit.events.push(StmtEvent::Other);
         unit.synced = true;
         Some(unit)
@@ -382,10 +435,7 @@ impl Session {
     /// its own; a statement pgfresh does not hold, or one that changes the session's
     /// settings or transaction state (an SQL `EXECUTE` among them), goes frame by frame.
     fn take_named_batch(&mut self) -> Option<Box<ClientUnit>> {
-        if !self.batch.frames.is_empty()
-            || !self.ready.is_empty()
-            || self.wire != super::WirePhase::Units
-        {
+        if !self.batch_starts_here() {
             return None;
         }
         let found = pgfresh_wire::named_batch(&self.cbuf, &self.limits)?;
@@ -496,10 +546,17 @@ impl Session {
         self.mode == PoolMode::Transaction
             && self.batch.frames.is_empty()
             && self.wire == super::WirePhase::Units
-            && self
-                .inflight
-                .iter()
-                .any(|u| u.expect.iter().any(Expect::may_undo))
+            && self.inflight.iter().any(|u| {
+                u.expect.iter().any(Expect::may_undo)
+                    || u.refused.is_some()
+                    || (u.unnamed_first && u.acks == 0 && !u.error && !self.parses_unnamed_next())
+            })
+    }
+
+    /// The client's next message parses the unnamed statement: what a batch ahead made
+    /// of the unnamed statement does not matter to it.
+    fn parses_unnamed_next(&self) -> bool {
+        self.cbuf.first() == Some(&b'P') && self.cbuf.get(5) == Some(&0)
     }
 
     /// Transaction mode: a unit is mapped onto the statements its connection holds when

@@ -734,7 +734,7 @@ impl Session {
             .inflight
             .iter()
             .filter(|u| !u.is_injected())
-            .map(|u| u.owed.max(1))
+            .map(|u| u32::from(u.owed.max(1)))
             .sum();
         self.inflight.clear();
         self.wire = WirePhase::Units;

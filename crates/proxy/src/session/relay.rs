@@ -11,7 +11,7 @@ use pgfresh_recency::RelKey;
 use pgfresh_wire::{frame_at, ErrorFields, TxStatus};
 
 use super::settings::{self, SettingChange, StmtEvent};
-use super::unit::{InFlight, Injected, Refusal};
+use super::unit::{InFlight, Injected, Refusal, Refused};
 use super::Session;
 use crate::error::ProxyError;
 use crate::server::server_limits;
@@ -386,7 +386,15 @@ impl Session {
             tracing::info!(node, "server closed an idle connection");
             return Action::Swallow;
         }
+        // What the refused and skipped messages changed in the client's statements,
+        // taken back below unless the unit runs again elsewhere (where they run).
+        let undo = if injected {
+            Vec::new()
+        } else {
+            self.skip_to_sync(node)
+        };
         if fatal && !injected {
+            let budget = self.config.routing.read_retry_budget;
             if let Some(u) = self
                 .inflight
                 .front()
@@ -399,6 +407,9 @@ impl Session {
                     closed = u.retry.is_some(),
                     "replica closed the connection; retrying the read"
                 );
+                if u.retry.as_ref().is_none_or(|r| r.retries >= budget) {
+                    self.undo_client(undo);
+                }
                 return Action::Swallow;
             }
         }
@@ -409,19 +420,26 @@ impl Session {
             // or the outcome `resolve_lost_commits` finds, when the connection
             // ends, not this FATAL, which most clients would report instead.
             tracing::info!(node, "server closed the connection with a COMMIT in flight");
+            self.undo_client(undo);
             return Action::Swallow;
         }
         if !fatal && !injected {
             if let Some(refusal) = self.refusal(node, start, end) {
                 // Kept from the client: the read runs again elsewhere once this
                 // attempt's ReadyForQuery arrives (see `on_refused_ready`).
-                let frame = self.frame(node, start, end);
+                let error = self.frame(node, start, end);
                 if let Some(u) = self.inflight.front_mut() {
-                    u.refused = Some(Box::new((refusal, frame)));
+                    u.refused = Some(Box::new(Refused {
+                        refusal,
+                        error,
+                        undo,
+                    }));
                 }
                 return Action::Swallow;
             }
         }
+        self.refused_unnamed_parse();
+        self.undo_client(undo);
         if !injected {
             // Errors by SQLSTATE class, for the metrics.
             let body = self.body(node, start, end);
@@ -447,6 +465,19 @@ impl Session {
             return Action::Swallow;
         }
         Action::Forward
+    }
+
+    /// An error before any acknowledgement of a unit that begins with a Parse of the
+    /// unnamed statement is that Parse's: PostgreSQL dropped the client's unnamed
+    /// statement before parsing, so the client has none now.
+    fn refused_unnamed_parse(&mut self) {
+        if self
+            .inflight
+            .front()
+            .is_some_and(|u| u.unnamed_first && u.acks == 0 && !u.error && !u.is_injected())
+        {
+            self.state.prepared.remove("");
+        }
     }
 
     /// A standby's refusal of the front unit that another node would not give (see
@@ -485,7 +516,14 @@ impl Session {
         self.tx = super::TxPhase::from_server(status);
         let settled = self.pending_settings.on_ready(status, true);
         self.apply_settings(node, settled);
-        let (refusal, error) = *u.refused.take().expect("a refused unit");
+        let Some(refused) = u.refused.take() else {
+            return Action::Forward;
+        };
+        let Refused {
+            refusal,
+            error,
+            undo,
+        } = *refused;
         match u.retry.take() {
             Some(mut again) if status == TxStatus::Idle => {
                 again.retries += 1;
@@ -514,7 +552,8 @@ impl Session {
             }
             kept => {
                 // Not an autocommit read after all: the client gets the standby's error,
-                // then this ReadyForQuery.
+                // then this ReadyForQuery, and what the error skipped did not happen.
+                self.undo_client(undo);
                 if let Some(k) = kept {
                     self.recycle_unit(k);
                 }

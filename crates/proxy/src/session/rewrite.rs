@@ -104,9 +104,9 @@ impl Unnamed {
     /// The name a Bind or Describe of the unnamed statement uses on the server (`None`:
     /// as it is). `resolved` is the client's unnamed statement as of the message, taken
     /// from the unit's references unless the unit parsed it: prepared here again first
-    /// (the connection may have changed), or, where the client has none, a name that
-    /// does not exist, so that the message fails as it would on the client's own
-    /// connection instead of running another client's statement.
+    /// (the connection may have changed), or, where the client has none, the
+    /// connection's closed first, so that the message fails as it would on the client's
+    /// own connection instead of running another client's statement.
     fn server_name(
         &mut self,
         refs: &mut impl Iterator<Item = Option<Bytes>>,
@@ -120,7 +120,12 @@ impl Unnamed {
             return None;
         }
         let Some(content) = resolved else {
-            return Some(ServerName::prefix());
+            // The client has none: the connection's is closed first (whoever left it
+            // has no use for it now), so the server answers as on the client's own
+            // connection ("unnamed prepared statement does not exist").
+            out.frames.extend_from_slice(&build::close(b'S', ""));
+            out.expect.push_back(Expect::Hidden { record: None });
+            return None;
         };
         statements::put_parse(&mut out.frames, b"", &content);
         out.expect.push_back(Expect::Hidden { record: None });
@@ -152,13 +157,13 @@ impl Session {
             super::send::append(&mut out.frames, &unit.frames);
             return out;
         };
-        let cache = &mut leased.conn.statements;
+        let (cache, held) = (&mut leased.conn.statements, &leased.conn.prepared);
         let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
         let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned();
-        for raw in &unit.frames {
+        for (i, raw) in unit.frames.iter().enumerate() {
             let client = Expect::client();
             if !names_statement(raw) {
                 // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to
@@ -222,7 +227,19 @@ impl Session {
                         .as_ref()
                         .and_then(|u| u.previous.as_ref())
                         .map(|p| p.content.clone());
-                    if let Some(existing) = existing {
+                    if self.state.sql_prepared.contains_key(name)
+                        && held.contains_key(&format!("sql:{name}"))
+                    {
+                        // A name the client PREPAREd, on the connection (`sql_executes`):
+                        // the server refuses the Parse as PostgreSQL does (42P05), and
+                        // the client's statement is taken back (undo).
+                        out.frames.extend_from_slice(raw);
+                        out.expect.push_back(Expect::Client {
+                            parse: None,
+                            sync: false,
+                            undo,
+                        });
+                    } else if let Some(existing) = existing {
                         // The client already has a statement by that name: PostgreSQL
                         // answers 42P05 and skips the rest of the batch. Parse under the
                         // existing statement's server name, which the server refuses
@@ -258,7 +275,13 @@ impl Session {
                 Ok(FrontendMessage::Parse { .. }) => {
                     unnamed = Unnamed::Parsed;
                     out.frames.extend_from_slice(raw);
-                    out.expect.push_back(client);
+                    // A leading one is never skipped and has no undo (`unnamed_first`).
+                    let leading = i == 0 && unit.unnamed_first;
+                    out.expect.push_back(Expect::Client {
+                        parse: None,
+                        sync: false,
+                        undo: if leading { None } else { undos.next() },
+                    });
                 }
                 Ok(FrontendMessage::Describe { kind: b'S', name }) => {
                     let server = if name.is_empty() {
@@ -283,7 +306,11 @@ impl Session {
                     // The unnamed statement (a named one is answered above).
                     unnamed = Unnamed::Foreign;
                     out.frames.extend_from_slice(raw);
-                    out.expect.push_back(client);
+                    out.expect.push_back(Expect::Client {
+                        parse: None,
+                        sync: false,
+                        undo: undos.next(),
+                    });
                 }
                 Ok(FrontendMessage::Sync) => {
                     out.frames.extend_from_slice(raw);
@@ -344,59 +371,80 @@ impl Session {
         }
     }
 
-    /// The reply `tag` from `node` completes the front unit's next expected message.
-    /// Returns true when the reply answers a message pgfresh added and is swallowed.
-    /// After an error the server skips to Sync: the messages it skips get no reply, so
-    /// the entries in front of the Sync's are taken at the ErrorResponse, and at the
-    /// ReadyForQuery those added after it (a continuation sent once the error was in);
-    /// what the skipped messages would have done did not happen (see `skipped`).
+    /// The reply `tag` (not an ErrorResponse, see [`Session::skip_to_sync`]) from `node`
+    /// completes the front unit's next expected message. Returns true when the reply
+    /// answers a message pgfresh added and is swallowed. At the ReadyForQuery the entries
+    /// still in front of the Sync's are those of a continuation sent after an error,
+    /// which the server skipped: what they would have done did not happen (see `skipped`).
     pub(super) fn expect_reply(&mut self, node: usize, tag: u8) -> bool {
         if !matches!(
             tag,
-            b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' | b'E' | b'Z'
+            b'1' | b'2' | b'3' | b'n' | b'T' | b'C' | b'I' | b's' | b'Z'
         ) {
             return false;
         }
         let Some(u) = self.inflight.front_mut().filter(|u| !u.expect.is_empty()) else {
             return false;
         };
-        let mut skipped = Vec::new();
-        let hidden = match tag {
-            b'E' | b'Z' => {
-                while u.expect.front().is_some_and(|e| !e.is_sync()) {
-                    skipped.extend(u.expect.pop_front());
-                }
-                if tag == b'Z' {
-                    u.expect.pop_front();
-                }
-                false
-            }
-            _ => matches!(u.expect.pop_front(), Some(Expect::Hidden { .. })),
-        };
-        if !skipped.is_empty() {
-            self.skipped(node, skipped);
+        if tag == b'Z' {
+            let undo = self.skip_entries(node, false, true);
+            self.undo_client(undo);
+            return false;
         }
-        if tag != b'Z' {
-            self.collect_due();
-        }
+        let hidden = matches!(u.expect.pop_front(), Some(Expect::Hidden { .. }));
+        self.collect_due();
         hidden
+    }
+
+    /// An ErrorResponse from `node` for the front unit: the server skips to the Sync, so
+    /// the entries in front of the Sync's are taken, the first the refused message's.
+    /// Returns what the refused and skipped messages changed in the client's statements,
+    /// for the caller to take back (unless the unit runs again elsewhere).
+    pub(super) fn skip_to_sync(&mut self, node: usize) -> Vec<Undo> {
+        let undo = self.skip_entries(node, true, false);
+        self.collect_due();
+        undo
+    }
+
+    /// Takes the front unit's entries in front of its Sync's (and the Sync's too, with
+    /// `sync`), undoing what they changed on the connection; returns what they changed in
+    /// the client's statements. `refused`: the first is the message the server refused.
+    fn skip_entries(&mut self, node: usize, refused: bool, sync: bool) -> Vec<Undo> {
+        let Some(u) = self.inflight.front_mut().filter(|u| !u.expect.is_empty()) else {
+            return Vec::new();
+        };
+        let mut skipped = Vec::new();
+        while u.expect.front().is_some_and(|e| !e.is_sync()) {
+            skipped.extend(u.expect.pop_front());
+        }
+        if sync {
+            u.expect.pop_front();
+        }
+        self.skipped(node, skipped, refused)
     }
 
     /// Messages the server skipped or refused never happened: the statements their
     /// Parses would have prepared are not on the connection, those their Closes would
     /// have closed still are (unless their Parse was skipped too: a continuation closes
-    /// what the batch prepared before it), and the client's Parses and Closes are taken
-    /// back from its statements.
-    fn skipped(&mut self, node: usize, entries: Vec<Expect>) {
+    /// what the batch prepared before it). Returns the client's Parses and Closes among
+    /// them, in order, to take back from its statements; a refused Parse of the unnamed
+    /// statement (`refused`, the first entry) leaves none (PostgreSQL drops the old one
+    /// before it parses).
+    fn skipped(&mut self, node: usize, entries: Vec<Expect>, refused: bool) -> Vec<Undo> {
         let mut undone: Vec<Undo> = Vec::new();
         let mut never_prepared: Vec<Bytes> = Vec::new();
-        for e in entries {
+        for (i, e) in entries.into_iter().enumerate() {
             let (record, undo) = match e {
                 Expect::Client { parse, undo, .. } => (parse.map(ConnRecord::Prepared), undo),
                 Expect::Hidden { record } => (record, None),
                 Expect::Synth { undo, .. } => (None, undo),
             };
-            undone.extend(undo);
+            undone.extend(undo.map(|mut u| {
+                if refused && i == 0 && u.name.is_empty() {
+                    u.previous = None;
+                }
+                u
+            }));
             let Some(l) = self.backends[node].as_mut() else {
                 continue;
             };
@@ -420,7 +468,13 @@ impl Session {
                 Some(ConnRecord::Evicted { .. }) | None => {}
             }
         }
-        for u in undone.into_iter().rev() {
+        undone
+    }
+
+    /// The client's Parses and Closes in `undo` (in the order they were read) did not
+    /// happen: its statements go back to what they were before them.
+    pub(super) fn undo_client(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
             match u.previous {
                 Some(p) => self.state.prepared.insert(u.name, p),
                 None => self.state.prepared.remove(&u.name),

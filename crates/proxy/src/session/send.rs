@@ -288,6 +288,7 @@ impl Session {
                 expect.extend(super::unit::client_replies(
                     &unit.frames,
                     &unit.statement_undo,
+                    unit.unnamed_first,
                 ));
             }
         }
@@ -410,6 +411,7 @@ impl Session {
         for name in &unit.sql_executes {
             let key = format!("sql:{name}");
             let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
+                self.hold_protocol_name(node, name, key)?;
                 continue;
             };
             let hash = text_hash(text.as_bytes());
@@ -427,6 +429,30 @@ impl Session {
                     l.conn.prepared.insert(key, hash);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Transaction mode: the unit PREPAREs `name`, one of the client's protocol-level
+    /// statements, which live on the connection under pgfresh's names. A stand-in takes
+    /// the name there first (`key`, deallocated at check-in), so that the server refuses
+    /// the PREPARE as PostgreSQL refuses it on the client's own connection (42P05).
+    fn hold_protocol_name(
+        &mut self,
+        node: usize,
+        name: &str,
+        key: String,
+    ) -> Result<(), ProxyError> {
+        let held = self.backends[node]
+            .as_ref()
+            .is_some_and(|l| l.conn.prepared.contains_key(&key));
+        if self.mode != PoolMode::Transaction || held || !self.state.prepared.contains_key(name) {
+            return Ok(());
+        }
+        let quoted = super::state::quote_ident(name);
+        self.inject_query(node, &format!("PREPARE {quoted} AS SELECT NULL"))?;
+        if let Some(l) = self.backends[node].as_mut() {
+            l.conn.prepared.insert(key, 0);
         }
         Ok(())
     }
@@ -553,7 +579,8 @@ impl Session {
         let owed = if self.wire.copy_in() {
             0
         } else {
-            super::unit::ready_replies(&unit.frames)
+            // A unit ends at its Sync or Query: it owes one or two (a continuation).
+            u16::try_from(super::unit::ready_replies(&unit.frames)).unwrap_or(u16::MAX)
         };
         // Moved, not copied: a unit kept for a retry is a replica read, whose statements
         // change no settings.
@@ -572,13 +599,15 @@ impl Session {
                 }
                 last.closed = unit.synced;
                 last.commit_sent |= commit_sent;
-                last.owed += owed;
+                last.owed = last.owed.saturating_add(owed);
                 last.expect.extend(expect);
             }
             Some(unit)
         } else {
             let simple = unit.simple || unit.force_primary;
             let skip_acks = unit.skip_acks;
+            // An earlier attempt answered the Parse (the client has its ParseComplete).
+            let unnamed_first = unit.unnamed_first && skip_acks == 0;
             // Kept (moved, not copied) so it can be sent again elsewhere.
             let (retry, leftover) = if retryable {
                 (Some(unit), None)
@@ -604,6 +633,7 @@ impl Session {
                 simple,
                 retry,
                 refused: None,
+                unnamed_first,
                 acks: 0,
                 skip_acks,
                 events: events.into(),
@@ -774,6 +804,10 @@ impl Session {
                         // replayed elsewhere, so the session stays where it is confirmed.
                         self.state.pins.insert(PinReason::UnknownSetting);
                     }
+                    // A name the client has as a protocol-level statement: the server
+                    // refuses it (42P05, one namespace for both).
+                    SessionEffect::Prepare { name, .. }
+                        if self.state.prepared.contains_key(name) => {}
                     SessionEffect::Prepare { name, inner } => {
                         if let Some(t) = text() {
                             self.state

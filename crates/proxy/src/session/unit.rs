@@ -56,6 +56,10 @@ pub struct ClientUnit {
     /// For each Parse and Close of a named statement, in order, what it changed in the
     /// client's statements (taken back if the server skips or refuses the message).
     pub statement_undo: Vec<Undo>,
+    /// The unit's first message parses the unnamed statement and continues no batch: it
+    /// is never skipped, so it has no entry in `statement_undo`; refused, it leaves no
+    /// unnamed statement (see `InFlight::unnamed_first`).
+    pub unnamed_first: bool,
 }
 
 impl Default for ClientUnit {
@@ -86,6 +90,7 @@ impl ClientUnit {
             events: Vec::new(),
             statement_refs: Vec::new(),
             statement_undo: Vec::new(),
+            unnamed_first: false,
         }
     }
 
@@ -131,6 +136,7 @@ impl ClientUnit {
             events,
             statement_refs,
             statement_undo,
+            unnamed_first,
         } = self;
         frames.clear();
         parts.clear();
@@ -149,6 +155,7 @@ impl ClientUnit {
         events.clear();
         statement_refs.clear();
         statement_undo.clear();
+        *unnamed_first = false;
     }
 
     /// The most items any of the unit's vectors has room for.
@@ -221,18 +228,25 @@ pub fn ready_replies(frames: &[Bytes]) -> u32 {
 }
 
 /// The replies the client's own messages in `frames` get, one entry each, in order
-/// (none for a Flush). Each Parse and Close of a named statement carries the next of
-/// `undo`, what it changed in the client's statements (`ClientUnit::statement_undo`, in
-/// the same order), taken back if the server skips or refuses it.
+/// (none for a Flush). Each Parse and Close of a statement carries the next of `undo`,
+/// what it changed in the client's statements (`ClientUnit::statement_undo`, in the same
+/// order), taken back if the server skips or refuses it; but a leading Parse of the
+/// unnamed statement (`unnamed_first`) has none.
 pub fn client_replies<'a>(
     frames: &'a [Bytes],
     undo: &'a [Undo],
+    unnamed_first: bool,
 ) -> impl Iterator<Item = Expect> + 'a {
     let mut undo = undo.iter().cloned();
-    messages(frames).filter_map(move |m| {
+    messages(frames).enumerate().filter_map(move |(i, m)| {
         // The name's first byte: Parse has the name first, Close its kind then the name.
         let named = |at: usize| m.get(at).is_some_and(|b| *b != 0);
         match m.first() {
+            Some(b'P') if !(named(5) || (i == 0 && unnamed_first)) => Some(Expect::Client {
+                parse: None,
+                sync: false,
+                undo: undo.next(),
+            }),
             Some(b'H') => None,
             Some(b'S') => Some(Expect::Client {
                 parse: None,
@@ -244,7 +258,7 @@ pub fn client_replies<'a>(
                 sync: false,
                 undo: undo.next(),
             }),
-            Some(b'C') if m.get(5) == Some(&b'S') && named(6) => Some(Expect::Client {
+            Some(b'C') if m.get(5) == Some(&b'S') => Some(Expect::Client {
                 parse: None,
                 sync: false,
                 undo: undo.next(),
@@ -289,7 +303,7 @@ pub struct InFlight {
     pub commit_sent: bool,
     /// ReadyForQuery messages the server still owes for this unit (one per Query,
     /// Sync or FunctionCall sent, except Syncs the server ignores during COPY IN).
-    pub owed: u32,
+    pub owed: u16,
     /// A simple Query unit (COPY in simple mode needs no Sync).
     pub simple: bool,
     /// For an autocommit read sent to a replica: the unit itself, so it can be sent
@@ -300,7 +314,11 @@ pub struct InFlight {
     /// read turn out not to be sendable again), and the read goes elsewhere at the
     /// unit's ReadyForQuery. (Boxed: rare, and the entry stays small, see the test
     /// `a_unit_in_flight_stays_small`.)
-    pub refused: Option<Box<(Refusal, Bytes)>>,
+    pub refused: Option<Box<Refused>>,
+    /// The unit's first message parses the unnamed statement (`ClientUnit::unnamed_first`)
+    /// and no earlier attempt answered it: an error before any acknowledgement is that
+    /// Parse's, and PostgreSQL then has no unnamed statement.
+    pub unnamed_first: bool,
     /// Acknowledgements forwarded to the client for this unit, and how many of the
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
@@ -377,6 +395,17 @@ impl Refusal {
             _ => None,
         }
     }
+}
+
+/// A read a standby refused, kept from the client until it is sent again.
+#[derive(Debug)]
+pub struct Refused {
+    pub refusal: Refusal,
+    /// The standby's ErrorResponse, for the client should the read not go again.
+    pub error: Bytes,
+    /// What the refusal skipped of the client's Parses and Closes: taken back only if the
+    /// read is not sent again (sent again, they run there).
+    pub undo: Vec<Undo>,
 }
 
 /// What a message pgfresh adds to a unit changed in the connection's record of its
@@ -487,6 +516,7 @@ impl InFlight {
             simple: true,
             retry: None,
             refused: None,
+            unnamed_first: false,
             acks: 0,
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
@@ -697,6 +727,7 @@ mod tests {
             name: "s1".into(),
             previous: None,
         });
+        u.unnamed_first = true;
         u.recycle();
         // Debug shows every field's value, not the vectors' capacity.
         assert_eq!(format!("{u:?}"), format!("{:?}", ClientUnit::new()));
@@ -720,9 +751,13 @@ mod tests {
         assert_eq!(ready_replies(&[build::parse("", "SELECT 1", &[])]), 0);
         // One expected reply a message, none for a Flush, the Sync's marked.
         let open = vec![build::parse("", "SELECT 1", &[]), build::flush()];
-        let syncs: Vec<bool> = client_replies(&open, &[]).map(|e| e.is_sync()).collect();
+        let syncs: Vec<bool> = client_replies(&open, &[], true)
+            .map(|e| e.is_sync())
+            .collect();
         assert_eq!(syncs, [false]);
-        let syncs: Vec<bool> = client_replies(&frames, &[]).map(|e| e.is_sync()).collect();
+        let syncs: Vec<bool> = client_replies(&frames, &[], true)
+            .map(|e| e.is_sync())
+            .collect();
         assert_eq!(syncs, [false, false, false, false, true]);
         // A named Parse and a Close of a named statement take the undos, in order; the
         // unnamed Parse and a portal's Close none.
@@ -737,7 +772,7 @@ mod tests {
             build::close(b'S', "b"),
             build::sync(),
         ];
-        let undone: Vec<Option<String>> = client_replies(&named, &[undo("a"), undo("b")])
+        let undone: Vec<Option<String>> = client_replies(&named, &[undo("a"), undo("b")], true)
             .map(|e| match e {
                 Expect::Client { undo, .. } => undo.map(|u| u.name),
                 _ => None,

@@ -480,7 +480,12 @@ impl Session {
             .iter()
             .position(|u| matches!(u.injected, Some(super::unit::Injected::XidProbe)));
         if let Some(i) = upto {
-            let need: u32 = self.inflight.iter().take(i + 1).map(|u| u.owed).sum();
+            let need: u32 = self
+                .inflight
+                .iter()
+                .take(i + 1)
+                .map(|u| u32::from(u.owed))
+                .sum();
             loop {
                 let Some(l) = self.backends[node].as_mut() else {
                     return Ok(());

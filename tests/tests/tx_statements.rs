@@ -1,0 +1,240 @@
+//! Transaction pooling: the client's prepared statements behave as on its own
+//! PostgreSQL connection. Each script runs on a direct connection to the primary (the
+//! reference) and through pgfresh in transaction mode, and the outcomes must be the same
+//! message for message.
+
+use pgfresh_tests::raw::{cstr, msg};
+use pgfresh_tests::*;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+fn tx_config(routing: &str) -> String {
+    format!(
+        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 1\n",
+        config_text(routing)
+    )
+}
+
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut b = cstr(name);
+    b.extend(cstr(sql));
+    b.extend(0u16.to_be_bytes());
+    msg(b'P', &b)
+}
+
+/// Bind of `statement` to the unnamed portal, no parameters, then Execute.
+fn bind_execute(statement: &str) -> Vec<u8> {
+    [raw::bind(statement, &[]), raw::execute()].concat()
+}
+
+fn sync() -> Vec<u8> {
+    msg(b'S', &[])
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    msg(b'Q', &cstr(sql))
+}
+
+/// One exchange's outcome as the client sees it: the message tags, the values of the
+/// DataRows, each error's SQLSTATE and message, and the final transaction status.
+fn outcome(messages: &[(u8, Vec<u8>)]) -> String {
+    let mut out = String::from_utf8_lossy(&raw::tags(messages)).into_owned();
+    for (tag, body) in messages {
+        match tag {
+            b'D' => {
+                let len = i32::from_be_bytes(body[2..6].try_into().unwrap());
+                let v = usize::try_from(len)
+                    .map(|l| String::from_utf8_lossy(&body[6..6 + l]).into_owned())
+                    .unwrap_or_else(|_| "NULL".into());
+                out.push_str(&format!(" row={v}"));
+            }
+            b'E' => {
+                let field = |k: u8| {
+                    body.split(|x| *x == 0)
+                        .find_map(|f| f.strip_prefix(&[k]))
+                        .map(|c| String::from_utf8_lossy(c).into_owned())
+                        .unwrap_or_default()
+                };
+                out.push_str(&format!(" error={}:{}", field(b'C'), field(b'M')));
+            }
+            b'Z' => out.push_str(&format!(" status={}", body[0] as char)),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Sends each step and reads up to its ReadyForQuery; the outcome of each.
+async fn run<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, steps: &[Vec<u8>]) -> Vec<String> {
+    let mut outcomes = Vec::new();
+    for step in steps {
+        s.write_all(step).await.unwrap();
+        outcomes.push(outcome(&raw::read_until(s, b'Z').await));
+    }
+    outcomes
+}
+
+/// A session on the primary itself, over its Unix socket (trusted), as `app`.
+async fn direct_session() -> tokio::net::UnixStream {
+    let c = cluster();
+    let dir = c
+        .data_dir(0)
+        .parent()
+        .expect("the cluster's directory")
+        .to_owned();
+    let path = dir.join(format!(".s.PGSQL.{}", c.port(0)));
+    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    s.write_all(&raw::startup("app", "app")).await.unwrap();
+    raw::read_until(&mut s, b'Z').await;
+    s
+}
+
+/// Runs `steps` on the primary and through `p`; the outcomes through pgfresh must be
+/// the primary's. Returns them.
+async fn same_as_postgresql(p: &ProxyHandle, steps: &[Vec<u8>]) -> Vec<String> {
+    let reference = run(&mut direct_session().await, steps).await;
+    let through = run(&mut raw::connect(p.addr).await, steps).await;
+    for (i, (want, got)) in reference.iter().zip(&through).enumerate() {
+        assert_eq!(got, want, "step {i}: pgfresh differs from PostgreSQL");
+    }
+    reference
+}
+
+/// A Parse of the unnamed statement that the server refuses leaves no unnamed
+/// statement (PostgreSQL drops the old one before parsing); one an error skips changes
+/// nothing.
+#[tokio::test]
+async fn a_refused_unnamed_parse_leaves_no_unnamed_statement() {
+    let p = start_proxy(&tx_config(""));
+    let good = |tag: &str| parse("", &format!("/* pgfresh:primary */ SELECT '{tag}'::text"));
+    let bad = || parse("", "/* pgfresh:primary */ SELEC 1");
+    let steps = [
+        [good("a"), sync()].concat(),
+        [bad(), sync()].concat(),
+        [bind_execute(""), sync()].concat(),
+        // Refused after the batch ran the earlier one.
+        [good("b"), bind_execute(""), bad(), bind_execute(""), sync()].concat(),
+        [bind_execute(""), sync()].concat(),
+        // Skipped by an error before it: the earlier one stays.
+        [good("c"), sync()].concat(),
+        [bind_execute("nope"), good("d"), sync()].concat(),
+        [bind_execute(""), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[2].contains("error=26000"), "{r:?}");
+    assert!(r[4].contains("error=26000"), "{r:?}");
+    assert!(r[7].contains("row=c"), "{r:?}");
+}
+
+/// A simple Query destroys the unnamed statement, whatever it runs (one pgfresh
+/// answers itself too) and whether it fails.
+#[tokio::test]
+async fn a_simple_query_destroys_the_unnamed_statement() {
+    let p = start_proxy(&tx_config(""));
+    let good = || parse("", "/* pgfresh:primary */ SELECT 'u'::text");
+    let mut steps = Vec::new();
+    for q in ["SELECT 1", "SELEC 1", "SET pgfresh.route = auto"] {
+        steps.push([good(), sync()].concat());
+        steps.push(query(q));
+        steps.push([bind_execute(""), sync()].concat());
+    }
+    // A BEGIN pgfresh defers is a Query too.
+    steps.push([good(), sync()].concat());
+    steps.push(query("BEGIN"));
+    steps.push([bind_execute(""), sync()].concat());
+    steps.push(query("ROLLBACK"));
+    let r = same_as_postgresql(&p, &steps).await;
+    for i in [2, 5, 8, 11] {
+        assert!(r[i].contains("error=26000"), "step {i}: {r:?}");
+    }
+}
+
+/// SQL-level PREPARE and protocol-level Parse share one namespace, as in PostgreSQL:
+/// each refuses a name the other made (42P05), and DEALLOCATE drops either.
+#[tokio::test]
+async fn prepare_and_parse_share_one_namespace() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("nsx");
+    let y = unique("nsy");
+    let steps = [
+        [parse(&x, "/* pgfresh:primary */ SELECT 'px'::text"), sync()].concat(),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx'::text"
+        )),
+        [bind_execute(&x), sync()].concat(),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {y} AS SELECT 'sy'::text"
+        )),
+        [parse(&y, "/* pgfresh:primary */ SELECT 'py'::text"), sync()].concat(),
+        query(&format!("/* pgfresh:primary */ EXECUTE {y}")),
+        // In a transaction, the refusal fails it.
+        query("BEGIN"),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'tx'::text"
+        )),
+        query("ROLLBACK"),
+        // DEALLOCATE drops a protocol-level statement: the name is free for PREPARE.
+        query(&format!("DEALLOCATE {x}")),
+        [bind_execute(&x), sync()].concat(),
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {x} AS SELECT 'sx2'::text"
+        )),
+        query(&format!("/* pgfresh:primary */ EXECUTE {x}")),
+        // And a SQL-level one: the name is free for Parse.
+        query(&format!("DEALLOCATE {y}")),
+        [
+            parse(&y, "/* pgfresh:primary */ SELECT 'py2'::text"),
+            sync(),
+        ]
+        .concat(),
+        [bind_execute(&y), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    let exists = |n: &str| format!("error=42P05:prepared statement \"{n}\" already exists");
+    assert!(r[1].contains(&exists(&x)), "{r:?}");
+    assert!(r[4].contains(&exists(&y)), "{r:?}");
+    assert!(r[7].contains("status=E"), "{r:?}");
+    assert!(r[15].contains("row=py2"), "{r:?}");
+}
+
+/// A read a standby refuses runs again on the primary; the Parse in its batch that the
+/// refusal skipped on the standby runs there, and the client has its statement after.
+#[tokio::test]
+async fn a_refused_read_retried_elsewhere_keeps_the_statements_it_parses() {
+    let v = unique("refused_parse");
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE SEQUENCE {v}_seq; GRANT ALL ON {v}_seq TO PUBLIC;
+                 CREATE VIEW {v} AS SELECT nextval('{v}_seq') AS n;
+                 GRANT ALL ON {v} TO PUBLIC;"
+            ),
+        )
+        .unwrap();
+    let p = start_proxy(&tx_config("enable_recent_access_routing = false"));
+    let c = p.connect().await;
+    wait_replicated_on(cluster(), &c).await;
+    let refusals = "pgfresh_standby_refusals_total{sqlstate=\"25006\"}";
+    let before = metric_value(refusals);
+    let mut s = raw::connect(p.addr).await;
+    let read = format!("SELECT n::text FROM {v}");
+    let r = run(
+        &mut s,
+        &[[
+            parse("r1", &read),
+            bind_execute("r1"),
+            parse("s2", "SELECT 'two'::text"),
+            sync(),
+        ]
+        .concat()],
+    )
+    .await;
+    assert!(r[0].starts_with("12DC1Z"), "{r:?}");
+    assert!(
+        metric_value(refusals) > before,
+        "the read was refused by a standby first"
+    );
+    let r = run(&mut s, &[[bind_execute("s2"), sync()].concat()]).await;
+    assert!(r[0].contains("row=two"), "{r:?}");
+}
