@@ -1648,6 +1648,93 @@ async fn writes_over_dblink_are_read_fresh() {
     .await;
 }
 
+/// `ITERATIONS` times: a dblink write from database `app` to `db` through `p`, then a
+/// read of what it wrote by a session of `p` in `db`; the stale reads.
+async fn dblink_elsewhere_misses(p: &ProxyHandle, db: &str, counts: &str) -> usize {
+    let writer = p.connect().await;
+    let reader = p
+        .connect_as("app", APP_PASSWORD, db)
+        .await
+        .expect("a session in the other database");
+    let truth = cluster()
+        .psql(0, db, &format!("SELECT n FROM {counts} WHERE id = 1"))
+        .expect("the count on the primary");
+    let mut expected: i64 = truth.parse().expect("a number");
+    let conn = format!(
+        "host=127.0.0.1 port={} dbname={db} user=app password={APP_PASSWORD}",
+        node_port(0)
+    );
+    let write = format!(
+        "SELECT dblink_exec('{conn}', 'UPDATE {counts} SET n = n + 1 WHERE id = 1'), $1::int"
+    );
+    let read = format!("SELECT n FROM {counts} WHERE id = $1::int");
+    let mut misses = 0;
+    for i in 0..ITERATIONS {
+        let proto = if i % 2 == 0 {
+            Proto::Simple
+        } else {
+            Proto::Extended
+        };
+        exec(&writer, proto, &write, 1).await;
+        expected += 1;
+        misses += usize::from(read_i64(&reader, proto, &read, 1).await != expected);
+    }
+    misses
+}
+
+/// A dblink write to another database of the same instance, read through the same
+/// pgfresh in that database: the call may have written any database, so every database
+/// counts as written.
+#[tokio::test]
+async fn writes_over_dblink_to_another_database_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (db, counts) = (unique("dblink_db"), unique("dblink_far"));
+    cluster()
+        .psql(0, "app", "CREATE EXTENSION IF NOT EXISTS dblink")
+        .expect("the dblink extension");
+    struct DropBoth(String);
+    impl Drop for DropBoth {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", "DROP EXTENSION IF EXISTS dblink");
+            let _ = cluster().psql(
+                0,
+                "postgres",
+                &format!("DROP DATABASE IF EXISTS {}", self.0),
+            );
+        }
+    }
+    let _drop = DropBoth(db.clone());
+    cluster()
+        .psql(0, "postgres", &format!("CREATE DATABASE {db} OWNER app"))
+        .expect("the other database");
+    cluster()
+        .psql(
+            0,
+            &db,
+            &format!(
+                "SET ROLE app; CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+                 INSERT INTO {counts} VALUES (1, 0);"
+            ),
+        )
+        .expect("the other database's table");
+    let c = proxy().connect().await;
+    wait_replicated_on(cluster(), &c).await;
+    let guarded = start_proxy(&config_text(""));
+    let blind = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let misses = dblink_elsewhere_misses(&guarded, &db, &counts).await;
+    let control = dblink_elsewhere_misses(&blind, &db, &counts).await;
+    eprintln!("dblink to another database: {misses} stale, control {control} stale");
+    assert_eq!(
+        misses, 0,
+        "stale reads after a dblink write to another database"
+    );
+    assert!(
+        control > 0,
+        "the control without recency routing saw no stale read, so the test proves nothing"
+    );
+}
+
 /// A write to a foreign table goes to another server, which may be this very database
 /// (`postgres_fdw` pointed back at it, to write outside the caller's transaction): what
 /// it writes there is not known, so the whole database counts as written.

@@ -274,6 +274,7 @@ impl DepGraph {
         let unlogged = Unlogged::build(&b, &pool, &rel_read, &func_read);
         let reads_write = rel_read_write.iter().any(|s| !s.is_trivial());
         DepGraph {
+            elsewhere: b.elsewhere,
             rels: b.rels,
             funcs: b.funcs,
             pool,

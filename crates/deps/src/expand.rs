@@ -62,6 +62,8 @@ pub struct DepGraph {
     pub(crate) rel_read_write: Vec<Span>,
     /// Some read writes (a `rel_read_write` is not empty).
     pub(crate) reads_write: bool,
+    /// A body that may write another database exists (see [`DepGraph::may_write_elsewhere`]).
+    pub(crate) elsewhere: bool,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
     /// What DDL writes through the event triggers it fires.
@@ -104,6 +106,13 @@ impl DepGraph {
                 })
             })
         })
+    }
+
+    /// Whether an expansion that answered [`Expansion::WholeDatabase`] may have written
+    /// another database of the instance too: some function body calls `dblink` or
+    /// cannot be analysed at all (the one that may run is not told apart).
+    pub fn may_write_elsewhere(&self) -> bool {
+        self.elsewhere
     }
 
     /// Whether reading `reads` runs a function that writes: a view's query or a

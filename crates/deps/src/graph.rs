@@ -59,6 +59,9 @@ pub(crate) struct Builder {
     pub calls: Vec<Vec<FuncId>>,
     /// Functions DDL runs: those of enabled event triggers.
     pub ddl_calls: Vec<FuncId>,
+    /// Some body may write another database: it calls `dblink`, or cannot be analysed
+    /// (dynamic SQL, another language) and so may do anything.
+    pub elsewhere: bool,
     by_oid: HashMap<Oid, RelId>,
     func_by_oid: HashMap<Oid, FuncId>,
     by_name: HashMap<Arc<str>, Vec<RelId>>,
@@ -392,6 +395,7 @@ impl Builder {
     fn add_body(&mut self, f: FuncId, language: &str, definition: Option<&str>) {
         let fx = analyze_body(language, definition);
         let label = func_label(&self.funcs[f as usize]);
+        self.elsewhere |= fx.writes_elsewhere || fx.unanalysable.is_some();
         if let Some(reason) = fx.unanalysable {
             self.report.unanalysable.push(UnanalysableBody {
                 function: label.clone(),

@@ -41,6 +41,8 @@ fn analysis_of(stmt: &Statement) -> Analysis {
 struct UnitWrites {
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    /// Any database of the instance may be written (see `InFlight::elsewhere`).
+    elsewhere: bool,
     /// The unit runs DDL (the dependency graph is reloaded once it commits).
     ddl: bool,
     /// The schema window's stamp the analysis was made under.
@@ -91,6 +93,7 @@ struct Written {
     /// What the unit writes (behind the text too), or the whole database.
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    elsewhere: bool,
     ddl: bool,
     schema_stamp: Option<crate::schema_window::Stamp>,
     schema_change: Option<crate::schema_window::SchemaChange>,
@@ -317,6 +320,7 @@ impl Session {
         let UnitWrites {
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -361,6 +365,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -531,6 +536,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -554,6 +560,7 @@ impl Session {
                 last.events.extend(events);
                 last.writes.extend(writes);
                 last.whole_db |= whole_db;
+                last.elsewhere |= elsewhere;
                 last.ddl |= ddl;
                 last.schema_stamp = super::oldest(last.schema_stamp, schema_stamp);
                 if let Some(c) = schema_change {
@@ -597,6 +604,7 @@ impl Session {
                 skip_acks,
                 events: events.into(),
                 whole_db,
+                elsewhere,
                 ddl,
                 schema_stamp,
                 schema_changes: schema_change.into(),
@@ -683,6 +691,7 @@ impl Session {
             // block or COMMIT PREPARED may write anything, and so may a FunctionCall
             // message (libpq's `lo_write`, `lo_creat` ..., or any function by its oid).
             whole_db: flags.writes_unnamed || unit.force_primary,
+            elsewhere: flags.writes_elsewhere,
             ddl,
             schema_stamp: None,
             schema_change: None,
@@ -713,7 +722,9 @@ impl Session {
             }
         }
         if let Some(g) = graph.filter(|g| !g.is_empty()) {
-            out.whole_db |= expand(&g, unit, flags.event_ddl, &mut out.writes);
+            let whole = expand(&g, unit, flags.event_ddl, &mut out.writes);
+            out.whole_db |= whole;
+            out.elsewhere |= whole && g.may_write_elsewhere();
         }
         out
     }

@@ -180,6 +180,7 @@ impl ClientUnit {
             f.ddl |= s.kind == pgfresh_sql::Kind::Ddl || s.changes_effects;
             f.effect_ddl |= s.changes_effects;
             f.writes_unnamed |= s.writes_unnamed;
+            f.writes_elsewhere |= s.writes_elsewhere;
             f.event_ddl |= s.fires_event_triggers;
         }
         f
@@ -310,6 +311,10 @@ pub struct InFlight {
     /// Something the unit runs may write anything in the database (an unanalysable
     /// function body): the whole database is marked when it commits.
     pub whole_db: bool,
+    /// What the unit runs may write any database of the instance, committed while it
+    /// runs (`dblink`): every database is marked at each of its replies that tells the
+    /// client a statement ended (CommandComplete, ErrorResponse, ReadyForQuery).
+    pub elsewhere: bool,
     /// The unit runs DDL: the database's dependency graph is reloaded once it commits.
     pub ddl: bool,
     /// The schema window's stamp taken when the unit's writes were analysed (None: no
@@ -491,6 +496,7 @@ impl InFlight {
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
             whole_db: false,
+            elsewhere: false,
             ddl: false,
             schema_stamp: None,
             schema_changes: Default::default(),
@@ -529,6 +535,8 @@ pub struct UnitFlags {
     pub effect_ddl: bool,
     /// A statement may write relations it does not name (`Statement::writes_unnamed`).
     pub writes_unnamed: bool,
+    /// A statement may write another database (`Statement::writes_elsewhere`).
+    pub writes_elsewhere: bool,
     /// A statement fires event triggers (`Statement::fires_event_triggers`): DDL, and
     /// `CREATE TEMP TABLE`, `CREATE TABLE AS` and the like, which count as writes.
     pub event_ddl: bool,
