@@ -914,6 +914,70 @@ async fn functions_behind_aggregates_operators_and_casts_are_read_fresh() {
     .await;
 }
 
+/// A user cast applied implicitly (`AS IMPLICIT`: on assignment and inside expressions)
+/// runs its function where the text names no cast and no type: an INSERT of a value of
+/// the cast's source type into a column of a built-in type, and a comparison of such a
+/// value with a number. Its function writes the audit table.
+#[tokio::test]
+async fn functions_behind_implicit_casts_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("implicast");
+    let (audit, bump, tag, tag_to_int, src, dst) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_tag"),
+        format!("{p}_tag_to_int"),
+        format!("{p}_src"),
+        format!("{p}_dst"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE TYPE {tag} AS (v int);
+         CREATE FUNCTION {tag_to_int}(t {tag}) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN t.v; END $$;
+         CREATE CAST ({tag} AS int) WITH FUNCTION {tag_to_int}({tag}) AS IMPLICIT;
+         CREATE TABLE {src}(id int, t {tag});
+         INSERT INTO {src} VALUES (1, ROW(5));
+         CREATE TABLE {dst}(x int);"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("function", &format!("{bump}()"), &audit),
+            edge("expression", &src, &format!("{tag_to_int}()")),
+        ]
+    };
+    // (No `::int` in the texts: an explicit cast to int runs the cast's function too.)
+    let read = format!("SELECT n FROM {audit} WHERE id = $1");
+    // One row cast on assignment to `x int`.
+    check_hole(
+        Hole::learned(
+            "an INSERT through an implicit cast",
+            format!("INSERT INTO {dst}(x) SELECT t FROM {src} WHERE id = 1 AND $1 > 0"),
+            1,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+    // A read as far as its text shows: `t > 0` casts `t` to int.
+    check_hole(
+        Hole::learned(
+            "a SELECT comparing through an implicit cast",
+            format!("SELECT count(*) FROM {src} WHERE id = 1 AND t > 0 AND $1 > 0"),
+            1,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+}
+
 /// More functions that run behind a statement naming none of them: those a materialized
 /// view's query calls run at its refresh, a trigger's `WHEN` condition runs with the write
 /// it guards, and a function applying a user operator (PL/pgSQL and SQL bodies alike) runs

@@ -64,6 +64,8 @@ pub struct DepGraph {
     pub(crate) reads_write: bool,
     /// A body that may write another database exists (see [`DepGraph::may_write_elsewhere`]).
     pub(crate) elsewhere: bool,
+    /// What every statement may call (see [`DepGraph::everywhere_calls`]).
+    pub(crate) everywhere: Vec<FuncName>,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
     /// What DDL writes through the event triggers it fires.
@@ -106,6 +108,13 @@ impl DepGraph {
                 })
             })
         })
+    }
+
+    /// Functions any statement may run without naming them: those of user casts between
+    /// two built-in types that PostgreSQL applies implicitly or on assignment. Count them
+    /// among every statement's calls.
+    pub fn everywhere_calls(&self) -> &[FuncName] {
+        &self.everywhere
     }
 
     /// Whether an expansion that answered [`Expansion::WholeDatabase`] may have written

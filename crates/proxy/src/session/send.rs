@@ -62,10 +62,12 @@ fn expand(
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
     // Operators and casts count as calls: a user-defined one runs its function.
+    // So do the casts between built-in types any statement may apply.
     let functions: Vec<pgfresh_sql::FuncName> = unit
         .parts
         .iter()
         .flat_map(|a| a.functions.iter().chain(&a.implicit_calls).cloned())
+        .chain(graph.everywhere_calls().iter().cloned())
         .collect();
     let mut behind = Vec::new();
     let mut whole = graph
@@ -701,10 +703,11 @@ impl Session {
             // that writes (only then does the graph know a node of its name), or what it
             // reads runs one (a view's query, a row-security policy).
             let writes_behind = self.dep_graph().is_some_and(|g| {
-                unit.parts.iter().any(|a| {
-                    (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
-                        || g.reads_write(&a.reads)
-                })
+                (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
+                    || unit.parts.iter().any(|a| {
+                        (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                            || g.reads_write(&a.reads)
+                    })
             });
             if !writes_behind {
                 return out;
