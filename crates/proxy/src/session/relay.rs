@@ -319,11 +319,11 @@ impl Session {
         }
     }
 
-    /// The unit in front may have written another database of the instance (`dblink`),
+    /// A unit in flight may have written another database of the instance (`dblink`),
     /// which commits on its own while the statement runs, whatever becomes of this
-    /// transaction: every database is marked before the client hears the statement ended.
+    /// transaction: every database is marked before the client hears a statement ended.
     fn mark_elsewhere(&self) {
-        if self.inflight.front().is_some_and(|u| u.elsewhere) {
+        if self.writes_elsewhere {
             self.shared.recency.mark_instance();
         }
     }

@@ -546,6 +546,12 @@ impl Session {
             sample,
             expect,
         } = written;
+        // (Kept by the session, not each unit in flight, which stays small: see
+        // `Session::writes_elsewhere`.)
+        if self.inflight.iter().all(InFlight::is_injected) {
+            self.writes_elsewhere = false;
+        }
+        self.writes_elsewhere |= elsewhere;
         let synced = unit.synced;
         let owed = if self.wire.copy_in() {
             0
@@ -562,7 +568,6 @@ impl Session {
                 last.events.extend(events);
                 last.writes.extend(writes);
                 last.whole_db |= whole_db;
-                last.elsewhere |= elsewhere;
                 last.ddl |= ddl;
                 last.schema_stamp = super::oldest(last.schema_stamp, schema_stamp);
                 if let Some(c) = schema_change {
@@ -606,7 +611,6 @@ impl Session {
                 skip_acks,
                 events: events.into(),
                 whole_db,
-                elsewhere,
                 ddl,
                 schema_stamp,
                 schema_changes: schema_change.into(),

@@ -311,10 +311,6 @@ pub struct InFlight {
     /// Something the unit runs may write anything in the database (an unanalysable
     /// function body): the whole database is marked when it commits.
     pub whole_db: bool,
-    /// What the unit runs may write any database of the instance, committed while it
-    /// runs (`dblink`): every database is marked at each of its replies that tells the
-    /// client a statement ended (CommandComplete, ErrorResponse, ReadyForQuery).
-    pub elsewhere: bool,
     /// The unit runs DDL: the database's dependency graph is reloaded once it commits.
     pub ddl: bool,
     /// The schema window's stamp taken when the unit's writes were analysed (None: no
@@ -496,7 +492,6 @@ impl InFlight {
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
             whole_db: false,
-            elsewhere: false,
             ddl: false,
             schema_stamp: None,
             schema_changes: Default::default(),
@@ -642,6 +637,7 @@ mod tests {
                 ddl: true,
                 effect_ddl: true,
                 writes_unnamed: false,
+                writes_elsewhere: false,
                 event_ddl: true,
             },
             "but its DDL still reloads the dependency graph"
