@@ -479,3 +479,56 @@ async fn a_lost_commit_of_unlogged_writes_after_a_failover_stays_08007() {
     let e = r.expect_err("no logged write proves the id");
     assert_eq!(code(&e), "08007", "{e}");
 }
+
+/// `COMMIT AND CHAIN` is a COMMIT: when the connection to the primary is lost after it
+/// was sent, the client gets 08007 (the chained transaction is gone with the
+/// connection), and the transaction's writes are marked as if it committed — the
+/// server still runs the COMMIT it received, and a read right after, from any session,
+/// must see it. The standbys are paused: a read sent to one would miss the row.
+/// The same holds for a plain COMMIT whose outcome stays unknown (option off).
+#[tokio::test]
+async fn a_lost_commit_and_chain_is_08007_and_marks_its_writes() {
+    let p = start_proxy(&config(false));
+    let setup = p.connect().await;
+    let t = p.cold_table(&setup, "lost_chain").await;
+    let _pause = ReplayPause::all();
+    let mut stale = 0;
+    let mut id = 100;
+    for (on, commit) in [
+        (false, "COMMIT AND CHAIN"),
+        (false, "COMMIT"),
+        (true, "COMMIT AND CHAIN"),
+    ] {
+        set_option(&p, on).await;
+        id += 1;
+        let c = p.connect().await;
+        c.batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ({id})"))
+            .await
+            .expect("the transaction's write");
+        p.shared.arm_fault(Fault::DropAfterCommit);
+        let r = c.batch_execute(commit).await;
+        p.shared.faults.disarm();
+        let e = r.expect_err("the outcome is unknown");
+        assert_eq!(code(&e), "08007", "{commit} (option {on}): {e}");
+        eventually("the COMMIT ran", Duration::from_secs(10), || {
+            count_on_primary(&t, &format!("id = {id}")) == "1"
+        })
+        .await;
+        let marked = p
+            .shared
+            .recency
+            .lookup("app", &[pgfresh_recency::RelKey::unqualified(&t)])
+            .is_hot();
+        let reader = p.connect().await;
+        let seen: i64 = reader
+            .query_one(&format!("SELECT count(*) FROM {t} WHERE id = {id}"), &[])
+            .await
+            .expect("read")
+            .get(0);
+        if seen != 1 || !marked {
+            eprintln!("{commit} (option {on}): marked {marked}, a read right after saw {seen}");
+            stale += 1;
+        }
+    }
+    assert_eq!(stale, 0, "stale reads after a lost COMMIT");
+}

@@ -914,6 +914,70 @@ async fn functions_behind_aggregates_operators_and_casts_are_read_fresh() {
     .await;
 }
 
+/// A user cast applied implicitly (`AS IMPLICIT`: on assignment and inside expressions)
+/// runs its function where the text names no cast and no type: an INSERT of a value of
+/// the cast's source type into a column of a built-in type, and a comparison of such a
+/// value with a number. Its function writes the audit table.
+#[tokio::test]
+async fn functions_behind_implicit_casts_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let p = unique("implicast");
+    let (audit, bump, tag, tag_to_int, src, dst) = (
+        format!("{p}_audit"),
+        format!("{p}_bump"),
+        format!("{p}_tag"),
+        format!("{p}_tag_to_int"),
+        format!("{p}_src"),
+        format!("{p}_dst"),
+    );
+    setup(&format!(
+        "CREATE TABLE {audit}(id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO {audit} VALUES (1, 0);
+         CREATE FUNCTION {bump}() RETURNS void LANGUAGE plpgsql AS $$
+         BEGIN UPDATE {audit} SET n = n + 1 WHERE id = 1; END $$;
+         CREATE TYPE {tag} AS (v int);
+         CREATE FUNCTION {tag_to_int}(t {tag}) RETURNS int LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {bump}(); RETURN t.v; END $$;
+         CREATE CAST ({tag} AS int) WITH FUNCTION {tag_to_int}({tag}) AS IMPLICIT;
+         CREATE TABLE {src}(id int, t {tag});
+         INSERT INTO {src} VALUES (1, ROW(5));
+         CREATE TABLE {dst}(x int);"
+    ))
+    .await;
+    let edges = || {
+        vec![
+            edge("function", &format!("{bump}()"), &audit),
+            edge("expression", &src, &format!("{tag_to_int}()")),
+        ]
+    };
+    // (No `::int` in the texts: an explicit cast to int runs the cast's function too.)
+    let read = format!("SELECT n FROM {audit} WHERE id = $1");
+    // One row cast on assignment to `x int`.
+    check_hole(
+        Hole::learned(
+            "an INSERT through an implicit cast",
+            format!("INSERT INTO {dst}(x) SELECT t FROM {src} WHERE id = 1 AND $1 > 0"),
+            1,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+    // A read as far as its text shows: `t > 0` casts `t` to int.
+    check_hole(
+        Hole::learned(
+            "a SELECT comparing through an implicit cast",
+            format!("SELECT count(*) FROM {src} WHERE id = 1 AND t > 0 AND $1 > 0"),
+            1,
+            plain(&read, 1),
+            edges(),
+        ),
+        CONTROL,
+    )
+    .await;
+}
+
 /// More functions that run behind a statement naming none of them: those a materialized
 /// view's query calls run at its refresh, a trigger's `WHEN` condition runs with the write
 /// it guards, and a function applying a user operator (PL/pgSQL and SQL bodies alike) runs
@@ -1646,6 +1710,93 @@ async fn writes_over_dblink_are_read_fresh() {
         "enable_recent_access_routing = false",
     )
     .await;
+}
+
+/// `ITERATIONS` times: a dblink write from database `app` to `db` through `p`, then a
+/// read of what it wrote by a session of `p` in `db`; the stale reads.
+async fn dblink_elsewhere_misses(p: &ProxyHandle, db: &str, counts: &str) -> usize {
+    let writer = p.connect().await;
+    let reader = p
+        .connect_as("app", APP_PASSWORD, db)
+        .await
+        .expect("a session in the other database");
+    let truth = cluster()
+        .psql(0, db, &format!("SELECT n FROM {counts} WHERE id = 1"))
+        .expect("the count on the primary");
+    let mut expected: i64 = truth.parse().expect("a number");
+    let conn = format!(
+        "host=127.0.0.1 port={} dbname={db} user=app password={APP_PASSWORD}",
+        node_port(0)
+    );
+    let write = format!(
+        "SELECT dblink_exec('{conn}', 'UPDATE {counts} SET n = n + 1 WHERE id = 1'), $1::int"
+    );
+    let read = format!("SELECT n FROM {counts} WHERE id = $1::int");
+    let mut misses = 0;
+    for i in 0..ITERATIONS {
+        let proto = if i % 2 == 0 {
+            Proto::Simple
+        } else {
+            Proto::Extended
+        };
+        exec(&writer, proto, &write, 1).await;
+        expected += 1;
+        misses += usize::from(read_i64(&reader, proto, &read, 1).await != expected);
+    }
+    misses
+}
+
+/// A dblink write to another database of the same instance, read through the same
+/// pgfresh in that database: the call may have written any database, so every database
+/// counts as written.
+#[tokio::test]
+async fn writes_over_dblink_to_another_database_are_read_fresh() {
+    let _g = SERIAL.lock().await;
+    let (db, counts) = (unique("dblink_db"), unique("dblink_far"));
+    cluster()
+        .psql(0, "app", "CREATE EXTENSION IF NOT EXISTS dblink")
+        .expect("the dblink extension");
+    struct DropBoth(String);
+    impl Drop for DropBoth {
+        fn drop(&mut self) {
+            let _ = cluster().psql(0, "app", "DROP EXTENSION IF EXISTS dblink");
+            let _ = cluster().psql(
+                0,
+                "postgres",
+                &format!("DROP DATABASE IF EXISTS {}", self.0),
+            );
+        }
+    }
+    let _drop = DropBoth(db.clone());
+    cluster()
+        .psql(0, "postgres", &format!("CREATE DATABASE {db} OWNER app"))
+        .expect("the other database");
+    cluster()
+        .psql(
+            0,
+            &db,
+            &format!(
+                "SET ROLE app; CREATE TABLE {counts}(id int PRIMARY KEY, n bigint NOT NULL);
+                 INSERT INTO {counts} VALUES (1, 0);"
+            ),
+        )
+        .expect("the other database's table");
+    let c = proxy().connect().await;
+    wait_replicated_on(cluster(), &c).await;
+    let guarded = start_proxy(&config_text(""));
+    let blind = start_proxy(&config_text("enable_recent_access_routing = false"));
+    let _delay = ApplyDelay::set(DELAY_MS);
+    let misses = dblink_elsewhere_misses(&guarded, &db, &counts).await;
+    let control = dblink_elsewhere_misses(&blind, &db, &counts).await;
+    eprintln!("dblink to another database: {misses} stale, control {control} stale");
+    assert_eq!(
+        misses, 0,
+        "stale reads after a dblink write to another database"
+    );
+    assert!(
+        control > 0,
+        "the control without recency routing saw no stale read, so the test proves nothing"
+    );
 }
 
 /// A write to a foreign table goes to another server, which may be this very database

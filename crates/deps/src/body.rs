@@ -32,6 +32,8 @@ pub struct BodyEffects {
     pub implicit_calls: Vec<FuncName>,
     /// Why the body cannot be analysed, when it cannot.
     pub unanalysable: Option<String>,
+    /// The body may write another database (`Statement::writes_elsewhere`: `dblink`).
+    pub writes_elsewhere: bool,
 }
 
 impl BodyEffects {
@@ -66,6 +68,7 @@ impl BodyEffects {
                 shorten(sql)
             ));
         }
+        self.writes_elsewhere |= a.statements.iter().any(|s| s.writes_elsewhere);
         self.reads.extend(a.reads.iter().cloned());
         self.writes.extend(a.writes.iter().cloned());
         self.calls.extend(a.functions.iter().cloned());

@@ -52,6 +52,10 @@ pub struct CatalogRows {
     /// before they were read).
     #[serde(default)]
     pub implicit_calls: Vec<ImplicitCallRow>,
+    /// Where user casts applied implicitly or on assignment may run ([`IMPLICIT_CASTS_SQL`];
+    /// absent from rows saved before they were read).
+    #[serde(default)]
+    pub implicit_casts: Vec<ImplicitCastRow>,
 }
 
 /// One row of `pg_class` (relkinds `r`, `p`, `v`, `m`, `f`).
@@ -164,6 +168,25 @@ pub struct ImplicitCallRow {
     /// the operator's or the cast's oid.
     #[serde(default)]
     pub owner_oid: Oid,
+}
+
+/// Where a user cast that PostgreSQL applies without being asked (`AS IMPLICIT`, `AS
+/// ASSIGNMENT`) may run: the text of a statement names neither the cast nor, often, its
+/// types. It can run only where a value or a column of one of its types appears.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImplicitCastRow {
+    /// `t`: a type built on one of the cast's types (the type itself, a domain, array,
+    /// range or multirange over it, a composite or row type with such a column), whose
+    /// name an explicit cast in a text may use; `r`: a relation with a column of such a
+    /// type; `b`: the cast is between two built-in types, so any statement may apply it.
+    pub kind: char,
+    /// The type's schema and name (`t`), empty otherwise.
+    pub schema: String,
+    pub name: String,
+    /// The cast's function (`pg_cast.castfunc`).
+    pub function_oid: Oid,
+    /// The type's oid (`t`), the relation's (`r`), the cast's (`b`).
+    pub oid: Oid,
 }
 
 /// An enabled event trigger: DDL runs its function (`CREATE EVENT TRIGGER ... ON
@@ -398,6 +421,13 @@ JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
 WHERE c.castfunc <> 0 AND c.oid >= 16384\
 ) u";
 
+/// What [`ImplicitCastRow`] describes, for each user cast applied implicitly or on
+/// assignment with a function: the types built on its source and target types that are
+/// not built in (followed through domains, arrays, ranges, multiranges and the row types
+/// of relations with such a column, at any depth), the relations with a column of one,
+/// and the casts between two built-in types.
+pub const IMPLICIT_CASTS_SQL: &str = "WITH RECURSIVE c AS (SELECT c.oid AS cast_oid, c.castfunc, c.castsource, c.casttarget FROM pg_catalog.pg_cast c WHERE c.castfunc <> 0 AND c.castcontext IN ('i', 'a') AND c.oid >= 16384), edge(from_type, to_type) AS (SELECT t.typbasetype, t.oid FROM pg_catalog.pg_type t WHERE t.typbasetype <> 0 UNION ALL SELECT t.typelem, t.oid FROM pg_catalog.pg_type t WHERE t.typelem <> 0 UNION ALL SELECT r.rngsubtype, r.rngtypid FROM pg_catalog.pg_range r UNION ALL SELECT r.rngtypid, r.rngmultitypid FROM pg_catalog.pg_range r UNION ALL SELECT a.atttypid, k.reltype FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class k ON k.oid = a.attrelid WHERE a.attnum > 0 AND NOT a.attisdropped AND k.reltype <> 0 AND a.atttypid >= 16384), involved(castfunc, type_oid) AS (SELECT c.castfunc, c.castsource FROM c WHERE c.castsource >= 16384 UNION SELECT c.castfunc, c.casttarget FROM c WHERE c.casttarget >= 16384 UNION SELECT i.castfunc, e.to_type FROM involved i JOIN edge e ON e.from_type = i.type_oid) SELECT 't'::text AS kind, n.nspname::text AS schema, t.typname::text AS name, i.castfunc::int8 AS function_oid, t.oid::int8 AS oid FROM involved i JOIN pg_catalog.pg_type t ON t.oid = i.type_oid JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace UNION SELECT 'r', '', '', i.castfunc::int8, a.attrelid::int8 FROM involved i JOIN pg_catalog.pg_attribute a ON a.atttypid = i.type_oid AND a.attnum > 0 AND NOT a.attisdropped UNION SELECT 'b', '', '', c.castfunc::int8, c.cast_oid::int8 FROM c WHERE c.castsource < 16384 AND c.casttarget < 16384";
+
 /// Event triggers that can fire (`evtenabled <> 'D'`; `O`, `R` and `A` all fire in some
 /// session replication role).
 pub const EVENT_TRIGGERS_SQL: &str = "\
@@ -491,12 +521,19 @@ OR c.relispartition OR c.relrowsecurity OR c.relpersistence = 'u')), ''), \
 coalesce((SELECT pg_catalog.string_agg(n.oid || ':' || n.nspname, ',' ORDER BY n.oid) \
 FROM pg_catalog.pg_namespace n WHERE n.oid >= 16384 AND n.nspname NOT LIKE 'pg\\_%'), ''), \
 coalesce((SELECT pg_catalog.string_agg(dc.table_oid || ':' || dc.attnum || ':' \
-|| dc.type_oid, ',' ORDER BY dc.table_oid, dc.attnum, dc.type_oid) FROM domain_column dc), '') \
+|| dc.type_oid, ',' ORDER BY dc.table_oid, dc.attnum, dc.type_oid) FROM domain_column dc), ''), \
+coalesce((SELECT pg_catalog.string_agg(a.attrelid || ':' || a.attnum || ':' || a.atttypid, ',' \
+ORDER BY a.attrelid, a.attnum) FROM pg_catalog.pg_attribute a \
+JOIN pg_catalog.pg_class k ON k.oid = a.attrelid \
+WHERE a.atttypid >= 16384 AND a.attnum > 0 AND NOT a.attisdropped \
+AND k.relkind::text IN ('r', 'p', 'v', 'm', 'f', 'c') AND k.relpersistence <> 't' \
+AND EXISTS (SELECT 1 FROM pg_catalog.pg_cast c WHERE c.oid >= 16384 AND c.castfunc <> 0 \
+AND c.castcontext IN ('i', 'a'))), '') \
 )) AS fingerprint"
 );
 
 /// Each query with the row type it fills, for loaders and tests.
-pub const QUERIES: [(&str, &str); 12] = [
+pub const QUERIES: [(&str, &str); 13] = [
     ("relations", RELATIONS_SQL),
     ("triggers", TRIGGERS_SQL),
     ("foreign_keys", FOREIGN_KEYS_SQL),
@@ -509,6 +546,7 @@ pub const QUERIES: [(&str, &str); 12] = [
     ("write_calls", WRITE_CALLS_SQL),
     ("event_triggers", EVENT_TRIGGERS_SQL),
     ("implicit_calls", IMPLICIT_CALLS_SQL),
+    ("implicit_casts", IMPLICIT_CASTS_SQL),
 ];
 
 /// First character of a one-character text column (`relkind`, `confdeltype` ...), `'?'` when

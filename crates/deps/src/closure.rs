@@ -273,7 +273,14 @@ impl DepGraph {
         pool.shrink_to_fit();
         let unlogged = Unlogged::build(&b, &pool, &rel_read, &func_read);
         let reads_write = rel_read_write.iter().any(|s| !s.is_trivial());
+        let everywhere = b
+            .everywhere
+            .iter()
+            .map(|&f| b.funcs[f as usize].clone())
+            .collect();
         DepGraph {
+            elsewhere: b.elsewhere,
+            everywhere,
             rels: b.rels,
             funcs: b.funcs,
             pool,

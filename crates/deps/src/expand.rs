@@ -62,6 +62,10 @@ pub struct DepGraph {
     pub(crate) rel_read_write: Vec<Span>,
     /// Some read writes (a `rel_read_write` is not empty).
     pub(crate) reads_write: bool,
+    /// A body that may write another database exists (see [`DepGraph::may_write_elsewhere`]).
+    pub(crate) elsewhere: bool,
+    /// What every statement may call (see [`DepGraph::everywhere_calls`]).
+    pub(crate) everywhere: Vec<FuncName>,
     pub(crate) func_write: Vec<Span>,
     pub(crate) func_read: Vec<Span>,
     /// What DDL writes through the event triggers it fires.
@@ -104,6 +108,20 @@ impl DepGraph {
                 })
             })
         })
+    }
+
+    /// Functions any statement may run without naming them: those of user casts between
+    /// two built-in types that PostgreSQL applies implicitly or on assignment. Count them
+    /// among every statement's calls.
+    pub fn everywhere_calls(&self) -> &[FuncName] {
+        &self.everywhere
+    }
+
+    /// Whether an expansion that answered [`Expansion::WholeDatabase`] may have written
+    /// another database of the instance too: some function body calls `dblink` or
+    /// cannot be analysed at all (the one that may run is not told apart).
+    pub fn may_write_elsewhere(&self) -> bool {
+        self.elsewhere
     }
 
     /// Whether reading `reads` runs a function that writes: a view's query or a

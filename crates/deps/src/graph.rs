@@ -8,6 +8,8 @@
 //! known). System catalogs are ignored. Called functions resolve the same way to every overload;
 //! a call of a function the rows do not have (a built-in, extension code) adds nothing.
 
+mod casts;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -59,6 +61,12 @@ pub(crate) struct Builder {
     pub calls: Vec<Vec<FuncId>>,
     /// Functions DDL runs: those of enabled event triggers.
     pub ddl_calls: Vec<FuncId>,
+    /// Some body may write another database: it calls `dblink`, or cannot be analysed
+    /// (dynamic SQL, another language) and so may do anything.
+    pub elsewhere: bool,
+    /// Functions of user casts between two built-in types, applied implicitly or on
+    /// assignment: any statement may run them.
+    pub everywhere: Vec<FuncId>,
     by_oid: HashMap<Oid, RelId>,
     func_by_oid: HashMap<Oid, FuncId>,
     by_name: HashMap<Arc<str>, Vec<RelId>>,
@@ -211,6 +219,7 @@ impl Builder {
     fn add_catalog_edges(&mut self, rows: &CatalogRows) {
         // First: views and defaults name aggregates by their oids.
         self.add_implicit_calls(rows);
+        self.add_implicit_casts(rows);
         for t in &rows.triggers {
             let (Some(&rel), Some(&f)) = (
                 self.by_oid.get(&t.table_oid),
@@ -319,13 +328,17 @@ impl Builder {
                 'c' => (FuncName::cast_to(Some(&c.schema), &c.name), "cast"),
                 _ => continue,
             };
-            let key = (c.kind, c.schema.clone(), c.name.clone());
-            let node = match self.implicit_by_name.get(&key) {
-                Some(&node) => node,
-                None => {
-                    let node = self.add_func(name, 'v');
-                    self.implicit_by_name.insert(key, node);
-                    node
+            let node = if c.kind == 'c' {
+                self.cast_node(&c.schema, &c.name)
+            } else {
+                let key = (c.kind, c.schema.clone(), c.name.clone());
+                match self.implicit_by_name.get(&key) {
+                    Some(&node) => node,
+                    None => {
+                        let node = self.add_func(name, 'v');
+                        self.implicit_by_name.insert(key, node);
+                        node
+                    }
                 }
             };
             if c.kind == 'a' {
@@ -392,6 +405,7 @@ impl Builder {
     fn add_body(&mut self, f: FuncId, language: &str, definition: Option<&str>) {
         let fx = analyze_body(language, definition);
         let label = func_label(&self.funcs[f as usize]);
+        self.elsewhere |= fx.writes_elsewhere || fx.unanalysable.is_some();
         if let Some(reason) = fx.unanalysable {
             self.report.unanalysable.push(UnanalysableBody {
                 function: label.clone(),

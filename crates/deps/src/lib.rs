@@ -52,8 +52,9 @@ pub mod rules;
 mod unlogged;
 
 pub use catalog::{
-    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, ImplicitCallRow, InheritsRow, Oid,
-    PolicyDepRow, RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow, WriteCallRow,
+    CatalogRows, EventTriggerRow, ForeignKeyRow, FunctionRow, ImplicitCallRow, ImplicitCastRow,
+    InheritsRow, Oid, PolicyDepRow, RelationRow, RuleRow, TriggerRow, ViewCallRow, ViewDepRow,
+    WriteCallRow,
 };
 pub use expand::{DepGraph, Expansion};
 pub use report::{DependencyReport, Edge, EdgeKind, UnanalysableBody};

@@ -4,7 +4,7 @@
 //! routing, functions in defaults and checks, the bodies of called functions) are marked with
 //! its own writes, and a read of a view or of a table with row-security policies is a read of
 //! what those read. The graph that says what those are ([`pgfresh_deps::DepGraph`]) is built
-//! from twelve catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
+//! from thirteen catalog queries ([`pgfresh_deps::catalog`]) run on the primary, in the database
 //! the graph is for, on a connection of pgfresh's own as the `[monitor]` user (as
 //! [`crate::catalog`] reads `pg_proc`), plus the manual rules of `relation_dependencies`.
 //!
@@ -36,13 +36,13 @@ use crate::schema_window::{SchemaChange, SchemaWindow};
 use pgfresh_config::Config;
 use pgfresh_deps::catalog::{
     char_column, EVENT_TRIGGERS_SQL, FOREIGN_KEYS_SQL, FUNCTIONS_SQL, IMPLICIT_CALLS_SQL,
-    INHERITS_SQL, POLICY_DEPS_SQL, RELATIONS_SQL, RULES_SQL, TRIGGERS_SQL, VIEW_CALLS_SQL,
-    VIEW_DEPS_SQL, WRITE_CALLS_SQL,
+    IMPLICIT_CASTS_SQL, INHERITS_SQL, POLICY_DEPS_SQL, RELATIONS_SQL, RULES_SQL, TRIGGERS_SQL,
+    VIEW_CALLS_SQL, VIEW_DEPS_SQL, WRITE_CALLS_SQL,
 };
 use pgfresh_deps::{
     CatalogRows, DepGraph, EventTriggerRow, ForeignKeyRow, FunctionRow, ImplicitCallRow,
-    InheritsRow, ManualRule, Oid, PolicyDepRow, RelationRow, RuleRow, TriggerRow, ViewCallRow,
-    ViewDepRow, WriteCallRow,
+    ImplicitCastRow, InheritsRow, ManualRule, Oid, PolicyDepRow, RelationRow, RuleRow, TriggerRow,
+    ViewCallRow, ViewDepRow, WriteCallRow,
 };
 use tokio::sync::oneshot;
 
@@ -67,7 +67,7 @@ pub const FIRST_LOAD_WAIT: Duration = Duration::from_secs(5);
 /// Databases tracked at most; past it [`Dependencies::graph`] answers None for new ones.
 pub const MAX_DATABASES: usize = 1000;
 
-/// A load (connect, twelve queries) that takes longer is abandoned and counted as an error.
+/// A load (connect, thirteen queries) that takes longer is abandoned and counted as an error.
 pub const LOAD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The manual rules in force, and the graph they make on their own.
@@ -660,7 +660,7 @@ fn letter(row: &tokio_postgres::Row, col: &str) -> Result<char, String> {
     Ok(char_column(&text(row, col)?))
 }
 
-/// Runs the twelve catalog queries and the schema fingerprint on the primary in `db`, in
+/// Runs the thirteen catalog queries and the schema fingerprint on the primary in `db`, in
 /// one read-only snapshot.
 async fn fetch(shared: &Shared, db: &str) -> Result<(CatalogRows, String), String> {
     let mut conn = MonitorConn::open(shared, None, Some(db), "pgfresh dependencies").await?;
@@ -779,6 +779,15 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<(CatalogRows, 
             name: text(&r, "name")?,
             function_oid: oid(&r, "function_oid")?,
             owner_oid: oid(&r, "owner_oid")?,
+        });
+    }
+    for r in run("implicit_casts", IMPLICIT_CASTS_SQL).await? {
+        rows.implicit_casts.push(ImplicitCastRow {
+            kind: letter(&r, "kind")?,
+            schema: text(&r, "schema")?,
+            name: text(&r, "name")?,
+            function_oid: oid(&r, "function_oid")?,
+            oid: oid(&r, "oid")?,
         });
     }
     let fingerprint = crate::schema_watch::fingerprint(&tx).await?;

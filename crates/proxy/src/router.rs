@@ -295,6 +295,7 @@ pub fn decide(parts: &[&Analysis], session: &SessionView, ctx: &RouteCtx<'_>) ->
             g.calls_writer(&a.functions)
                 || (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
                 || g.reads_write(&a.reads)
+                || (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
         }) {
             return decision(Target::Primary, Reason::WriteFunction);
         }
@@ -393,11 +394,14 @@ fn read_requirement(
         whole = g
             .expand_reads_borrowed(&a.reads, &a.functions, &mut behind)
             .is_whole_database();
-        // What the functions of user-defined operators and casts read.
-        if !a.implicit_calls.is_empty() {
-            whole |= g
-                .expand_reads_borrowed(&[], &a.implicit_calls, &mut behind)
-                .is_whole_database();
+        // What the functions of user-defined operators and casts read (and of the casts
+        // any statement may apply).
+        for called in [&a.implicit_calls[..], g.everywhere_calls()] {
+            if !called.is_empty() {
+                whole |= g
+                    .expand_reads_borrowed(&[], called, &mut behind)
+                    .is_whole_database();
+            }
         }
     }
     if whole {

@@ -93,15 +93,18 @@ impl RecencyMap {
             return unknown(HotReason::ColdStart);
         }
         let now = self.clock.now_ms();
-        // An overflow or whole-database mark within the TTL: its position (0: unknown).
-        let mut floor = None;
+        // An overflow or whole-database (or whole-instance) mark within the TTL: its
+        // position (0: unknown).
+        let mut floor: Option<(HotReason, u64)> = None;
         if self.overflow_dbs.load(Ordering::Acquire) > 0 {
-            if let Some(st) = self.overflow.get(db) {
-                if now.saturating_sub(st.last_drop_ms) < ttl {
-                    if st.lsn == 0 {
-                        return unknown(st.reason);
+            for key in [db, INSTANCE] {
+                if let Some(st) = self.overflow.get(key) {
+                    if now.saturating_sub(st.last_drop_ms) < ttl {
+                        if st.lsn == 0 {
+                            return unknown(st.reason);
+                        }
+                        floor = Some((st.reason, floor.map_or(st.lsn, |f| f.1.max(st.lsn))));
                     }
-                    floor = Some((st.reason, st.lsn));
                 }
             }
         }
@@ -171,6 +174,25 @@ impl RecencyMap {
     }
 }
 
+/// The key of whole-instance marks among the per-database records (no database has an
+/// empty name).
+pub(crate) const INSTANCE: &str = "";
+
+impl RecencyMap {
+    /// A committed write that may have gone to any database of the instance (SQL sent over
+    /// `dblink` to a connection string pgfresh cannot tie to one database): every read of
+    /// every database is hot, primary only, for one TTL from now — databases no session
+    /// has used yet included.
+    pub fn mark_instance(&self) {
+        if self.ttl_ms.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let now = self.clock.now_ms();
+        self.counters.whole_database_marks.add(1);
+        self.record_database_hot(INSTANCE, now, 0, HotReason::WholeDatabase);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -186,6 +208,21 @@ mod tests {
             ..RecencyConfig::default()
         };
         (RecencyMap::new(cfg, clock.clone()), clock)
+    }
+
+    #[test]
+    fn an_instance_mark_makes_every_database_hot() {
+        let (m, clock) = map();
+        m.mark("db", &[RelKey::unqualified("a")], Some(Lsn(100)));
+        m.mark_instance();
+        for db in ["db", "never_seen"] {
+            assert_eq!(m.lookup_database(db).required_lsn(), None, "{db}");
+            assert!(m.lookup_database(db).is_hot(), "{db}");
+            assert!(m.lookup(db, &[RelKey::unqualified("x")]).is_hot(), "{db}");
+        }
+        clock.advance(1_000);
+        assert_eq!(m.lookup_database("never_seen"), Hotness::Cold);
+        assert_eq!(m.lookup("db", &[RelKey::unqualified("x")]), Hotness::Cold);
     }
 
     #[test]

@@ -125,9 +125,11 @@ impl RecencyMap {
         }
         let mut verdict = Verdict::default();
         if self.overflow_dbs.load(Ordering::Acquire) > 0 {
-            if let Some(st) = self.overflow.get(db) {
-                if now.get().saturating_sub(st.last_drop_ms) < ttl {
-                    verdict.add(st.reason, st.lsn);
+            for key in [db, crate::database::INSTANCE] {
+                if let Some(st) = self.overflow.get(key) {
+                    if now.get().saturating_sub(st.last_drop_ms) < ttl {
+                        verdict.add(st.reason, st.lsn);
+                    }
                 }
             }
         }

@@ -184,8 +184,9 @@ pub(crate) fn classify(node: &NodeEnum, range: (usize, usize)) -> Statement {
         NodeEnum::DoStmt(_) => {
             w.reasons.push(MustPrimary::DoBlock);
             // The block's code may write any relation (pgfresh does not read it): the
-            // whole database counts as written.
+            // whole database counts as written, and through dblink any other.
             w.writes_unnamed = true;
+            w.writes_elsewhere = true;
             Kind::Write
         }
         NodeEnum::VacuumStmt(v) => {
@@ -247,6 +248,7 @@ fn classify_into(w: &mut Walker, node: &NodeEnum) -> Kind {
     w.functions.extend(s.functions);
     w.implicit_calls.extend(s.implicit_calls);
     w.touches_catalog |= s.touches_catalog;
+    w.writes_elsewhere |= s.writes_elsewhere;
     w.ddl_events |= s.fires_event_triggers;
     if w.session.is_none() {
         w.session = s.session;
@@ -264,6 +266,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         session,
         touches_catalog,
         writes_unnamed,
+        writes_elsewhere,
         changes_effects,
         ddl_events,
         ..
@@ -284,6 +287,7 @@ fn finish(w: Walker, kind: Kind, tx: Option<TxEffect>, range: (usize, usize)) ->
         session,
         touches_catalog,
         writes_unnamed,
+        writes_elsewhere,
         changes_effects,
         fires_event_triggers: kind == Kind::Ddl || ddl_events,
         text_range: range,
@@ -478,6 +482,7 @@ fn explain(e: &protobuf::ExplainStmt, range: (usize, usize)) -> Statement {
         session,
         touches_catalog: s.touches_catalog,
         writes_unnamed: false,
+        writes_elsewhere: false,
         changes_effects: false,
         fires_event_triggers: false,
         text_range: range,

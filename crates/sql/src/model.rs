@@ -303,6 +303,10 @@ pub struct Statement {
     /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, a `DO`
     /// block, `COMMIT PREPARED`): the caller marks the whole database.
     pub writes_unnamed: bool,
+    /// The statement may write another database of the instance, committed by itself
+    /// while the statement runs (SQL sent over `dblink`, a `DO` block): the caller marks
+    /// every database once the statement has run, whatever becomes of its transaction.
+    pub writes_elsewhere: bool,
     /// A schema change that may change what other statements touch behind their text
     /// (a trigger, rule, function, view, policy, partition, inheritance or foreign key; see
     /// `effects.rs`): the dependency graph learned from the catalog is out of date
@@ -330,6 +334,7 @@ impl Statement {
             session: None,
             touches_catalog: false,
             writes_unnamed: false,
+            writes_elsewhere: false,
             changes_effects: false,
             fires_event_triggers: kind == Kind::Ddl,
             text_range,

@@ -26,6 +26,8 @@ pub(crate) struct Walker {
     /// The statement may write relations it does not name (`TRUNCATE … CASCADE`, `nextval`
     /// of a computed name).
     pub writes_unnamed: bool,
+    /// The statement may write another database (see `Statement::writes_elsewhere`).
+    pub writes_elsewhere: bool,
     /// Schema change that may change what other statements touch behind their text.
     pub changes_effects: bool,
     /// A statement PostgreSQL fires event triggers for though it is not `Kind::Ddl`.
@@ -381,7 +383,9 @@ impl Walker {
                 None => {}
             }
             if remote_sql_may_write(&name, &f.args) {
+                // The connection may be to this database or to any other.
                 self.writes_unnamed = true;
+                self.writes_elsewhere = true;
             }
             match advanced_sequence(&name, &f.args) {
                 // A read of the sequence relation (`SELECT last_value FROM s`) sees it.

@@ -173,6 +173,11 @@ pub struct Session {
     /// The modes the transaction open on a server named (BEGIN, SET TRANSACTION): those
     /// of the transaction an AND CHAIN begins (see `Session::chain_anew`).
     tx_modes: pgfresh_sql::TxModes,
+    /// A unit sent since nothing of the client's was last in flight may write any
+    /// database of the instance, committed while it runs (`dblink`): every database is
+    /// marked at each reply that tells the client a statement ended (CommandComplete,
+    /// ErrorResponse, ReadyForQuery), until a unit is sent with nothing in flight again.
+    writes_elsewhere: bool,
     // Rarely touched after the login.
     /// Setting changes waiting for their transaction to commit.
     pending_settings: settings::Pending,
@@ -271,6 +276,7 @@ impl Session {
             parser_enabled: true,
             lost: Default::default(),
             tx_modes: Default::default(),
+            writes_elsewhere: false,
             mode: config.pool.pool_mode,
             pool_settings: Shared::pool_settings(&config),
             pin_gauge: Default::default(),

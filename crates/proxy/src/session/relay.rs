@@ -230,6 +230,7 @@ impl Session {
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.tx = status;
         }
+        self.mark_elsewhere();
         if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
             return self.on_refused_ready(node, status);
         }
@@ -318,6 +319,15 @@ impl Session {
         }
     }
 
+    /// A unit in flight may have written another database of the instance (`dblink`),
+    /// which commits on its own while the statement runs, whatever becomes of this
+    /// transaction: every database is marked before the client hears a statement ended.
+    fn mark_elsewhere(&self) {
+        if self.writes_elsewhere {
+            self.shared.recency.mark_instance();
+        }
+    }
+
     /// AND CHAIN ended a transaction on a standby (a read-only one) and began the next
     /// there, at the chain. That one is a new transaction: like any read-only transaction
     /// it must start where every write acknowledged before its first statement has been
@@ -346,6 +356,7 @@ impl Session {
         if injected {
             return Action::Swallow;
         }
+        self.mark_elsewhere();
         let is_commit = self.body(node, start, end).starts_with(b"COMMIT");
         let Some(u) = self.inflight.front_mut() else {
             return Action::Forward;
@@ -378,6 +389,9 @@ impl Session {
     /// ErrorResponse: the front unit failed; a FATAL may end the connection under a read
     /// pgfresh retries elsewhere or a COMMIT whose outcome is unknown.
     fn on_error(&mut self, node: usize, start: usize, end: usize, injected: bool) -> Action {
+        if !injected {
+            self.mark_elsewhere();
+        }
         let fatal = is_fatal(self.body(node, start, end));
         if fatal && self.inflight.is_empty() {
             // A server closing an idle connection (shutdown, failover,

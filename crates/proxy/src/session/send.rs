@@ -41,6 +41,8 @@ fn analysis_of(stmt: &Statement) -> Analysis {
 struct UnitWrites {
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    /// Any database of the instance may be written (see `InFlight::elsewhere`).
+    elsewhere: bool,
     /// The unit runs DDL (the dependency graph is reloaded once it commits).
     ddl: bool,
     /// The schema window's stamp the analysis was made under.
@@ -60,10 +62,12 @@ fn expand(
     writes: &mut Vec<pgfresh_sql::RelName>,
 ) -> bool {
     // Operators and casts count as calls: a user-defined one runs its function.
+    // So do the casts between built-in types any statement may apply.
     let functions: Vec<pgfresh_sql::FuncName> = unit
         .parts
         .iter()
         .flat_map(|a| a.functions.iter().chain(&a.implicit_calls).cloned())
+        .chain(graph.everywhere_calls().iter().cloned())
         .collect();
     let mut behind = Vec::new();
     let mut whole = graph
@@ -91,6 +95,7 @@ struct Written {
     /// What the unit writes (behind the text too), or the whole database.
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
+    elsewhere: bool,
     ddl: bool,
     schema_stamp: Option<crate::schema_window::Stamp>,
     schema_change: Option<crate::schema_window::SchemaChange>,
@@ -318,6 +323,7 @@ impl Session {
         let UnitWrites {
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -373,6 +379,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -568,6 +575,7 @@ impl Session {
             commit_sent,
             writes,
             whole_db,
+            elsewhere,
             ddl,
             schema_stamp,
             schema_change,
@@ -575,6 +583,12 @@ impl Session {
             sample,
             expect,
         } = written;
+        // (Kept by the session, not each unit in flight, which stays small: see
+        // `Session::writes_elsewhere`.)
+        if self.inflight.iter().all(InFlight::is_injected) {
+            self.writes_elsewhere = false;
+        }
+        self.writes_elsewhere |= elsewhere;
         let synced = unit.synced;
         let owed = if self.wire.copy_in() {
             0
@@ -724,6 +738,7 @@ impl Session {
             // block or COMMIT PREPARED may write anything, and so may a FunctionCall
             // message (libpq's `lo_write`, `lo_creat` ..., or any function by its oid).
             whole_db: flags.writes_unnamed || unit.force_primary,
+            elsewhere: flags.writes_elsewhere,
             ddl,
             schema_stamp: None,
             schema_change: None,
@@ -733,10 +748,11 @@ impl Session {
             // that writes (only then does the graph know a node of its name), or what it
             // reads runs one (a view's query, a row-security policy).
             let writes_behind = self.dep_graph().is_some_and(|g| {
-                unit.parts.iter().any(|a| {
-                    (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
-                        || g.reads_write(&a.reads)
-                })
+                (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
+                    || unit.parts.iter().any(|a| {
+                        (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                            || g.reads_write(&a.reads)
+                    })
             });
             if !writes_behind {
                 return out;
@@ -754,7 +770,9 @@ impl Session {
             }
         }
         if let Some(g) = graph.filter(|g| !g.is_empty()) {
-            out.whole_db |= expand(&g, unit, flags.event_ddl, &mut out.writes);
+            let whole = expand(&g, unit, flags.event_ddl, &mut out.writes);
+            out.whole_db |= whole;
+            out.elsewhere |= whole && g.may_write_elsewhere();
         }
         out
     }

@@ -187,6 +187,7 @@ impl ClientUnit {
             f.ddl |= s.kind == pgfresh_sql::Kind::Ddl || s.changes_effects;
             f.effect_ddl |= s.changes_effects;
             f.writes_unnamed |= s.writes_unnamed;
+            f.writes_elsewhere |= s.writes_elsewhere;
             f.event_ddl |= s.fires_event_triggers;
         }
         f
@@ -559,6 +560,8 @@ pub struct UnitFlags {
     pub effect_ddl: bool,
     /// A statement may write relations it does not name (`Statement::writes_unnamed`).
     pub writes_unnamed: bool,
+    /// A statement may write another database (`Statement::writes_elsewhere`).
+    pub writes_elsewhere: bool,
     /// A statement fires event triggers (`Statement::fires_event_triggers`): DDL, and
     /// `CREATE TEMP TABLE`, `CREATE TABLE AS` and the like, which count as writes.
     pub event_ddl: bool,
@@ -664,6 +667,7 @@ mod tests {
                 ddl: true,
                 effect_ddl: true,
                 writes_unnamed: false,
+                writes_elsewhere: false,
                 event_ddl: true,
             },
             "but its DDL still reloads the dependency graph"

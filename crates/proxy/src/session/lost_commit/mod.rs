@@ -19,7 +19,11 @@
 //! | no id (NULL: the transaction wrote nothing) | `COMMIT` + ReadyForQuery idle | goes on |
 //! | `aborted` | ERROR `40000` transaction_rollback + ReadyForQuery idle | goes on |
 //! | after a failover, `P` past the new timeline's switch point | ERROR `40000` (lost in a failover) + ReadyForQuery idle | goes on |
-//! | id or position not learned, `txid_status` NULL (too old), `in progress` past the deadline, no primary, a failover pgfresh cannot vouch for (below) | FATAL `08007` | ends |
+//! | id or position not learned, `txid_status` NULL (too old), `in progress` past the deadline, no primary, a failover pgfresh cannot vouch for (below) | FATAL `08007`, writes marked first as if it committed | ends |
+//!
+//! `COMMIT AND CHAIN` is not watched (the chained transaction goes with the connection):
+//! a lost one is `08007`, its writes marked as if it committed — and so are those of any
+//! lost COMMIT when the option is off.
 //!
 //! Whom to ask (`plan`): the node the COMMIT went to while it is still the primary of
 //! the same pool generation. After a failover — another node primary, or the same node in
@@ -106,6 +110,13 @@ struct Pending {
     known: Known,
     /// The client's reply when the transaction committed (what it has not received yet).
     reply: Vec<Bytes>,
+    writes: LostWrites,
+}
+
+/// What a lost COMMIT (or a write committing with it) wrote: marked when it committed,
+/// and when its outcome stays unknown, as if it had.
+#[derive(Debug, Default)]
+struct LostWrites {
     writes: Vec<pgfresh_sql::RelName>,
     whole_db: bool,
     ddl: bool,
@@ -263,6 +274,9 @@ impl Session {
         };
         let watch = self.lost.watch.take().filter(|w| w.node == node);
         if watch.is_none() && !self.config.routing.resolve_lost_commits {
+            // 08007 follows at once; the COMMIT may have run all the same.
+            let lost = self.lost_writes();
+            self.mark_as_committed(&lost);
             return false;
         }
         let mut units = self.inflight.iter().filter(|u| !u.is_injected());
@@ -299,16 +313,7 @@ impl Session {
             (_, _, Some(w)) => w.reply,
             _ => Vec::new(),
         };
-        let (mut writes, mut whole_db, mut ddl, mut stamp) = (Vec::new(), false, false, None);
-        if let Some(u) = unit {
-            writes.extend(u.writes.iter().cloned());
-            whole_db = u.whole_db;
-            ddl = u.ddl;
-            stamp = u.schema_stamp;
-        }
-        writes.append(&mut self.tx_writes.writes);
-        let stamp = super::oldest(stamp, self.tx_writes.schema_stamp);
-        whole_db |= self.schema_changed_since(stamp);
+        let writes = self.lost_writes();
         self.lost.pending = Some(Pending {
             node,
             node_name: node_name.clone(),
@@ -316,8 +321,6 @@ impl Session {
             known,
             reply,
             writes,
-            whole_db: whole_db || self.tx_writes.whole_db,
-            ddl: ddl || self.tx_writes.ddl,
         });
         self.inflight.clear();
         self.wire = super::WirePhase::Units;
@@ -397,19 +400,7 @@ impl Session {
                 if !changes.is_empty() {
                     super::settings::apply(&mut self.state, changes, None);
                 }
-                // As for any commit: the writes are marked before the client hears of it
-                // (primary-only for the TTL: the commit's position is not known).
-                if p.whole_db {
-                    self.shared.recency.mark_database(&self.login.database);
-                }
-                if !p.writes.is_empty() {
-                    let keys: Vec<RelKey<'_>> =
-                        p.writes.iter().map(crate::router::rel_key).collect();
-                    self.shared.recency.mark(&self.login.database, &keys, None);
-                }
-                if p.ddl {
-                    self.ddl_done();
-                }
+                self.mark_as_committed(&p.writes);
                 self.out.extend(p.reply);
                 Ok(())
             }
@@ -436,7 +427,43 @@ impl Session {
                 self.out.push(build::ready_for_query(TxStatus::Idle));
                 Ok(())
             }
-            Outcome::Unknown => Err(ProxyError::CommitOutcomeUnknown { node: p.node_name }),
+            Outcome::Unknown => {
+                // It may have committed: a read after the 08007 must see it if it did.
+                self.mark_as_committed(&p.writes);
+                Err(ProxyError::CommitOutcomeUnknown { node: p.node_name })
+            }
+        }
+    }
+
+    /// What the client units in flight and the open transaction wrote, taken from them
+    /// (the connection they ran on is gone).
+    fn lost_writes(&mut self) -> LostWrites {
+        let mut lost = LostWrites::default();
+        let mut stamp = self.tx_writes.schema_stamp;
+        for u in self.inflight.iter().filter(|u| !u.is_injected()) {
+            lost.writes.extend(u.writes.iter().cloned());
+            lost.whole_db |= u.whole_db;
+            lost.ddl |= u.ddl;
+            stamp = super::oldest(stamp, u.schema_stamp);
+        }
+        lost.writes.append(&mut self.tx_writes.writes);
+        lost.whole_db |= self.tx_writes.whole_db || self.schema_changed_since(stamp);
+        lost.ddl |= self.tx_writes.ddl;
+        lost
+    }
+
+    /// As for any commit: the writes are marked before the client hears of it
+    /// (primary-only for the TTL: the commit's position is not known).
+    fn mark_as_committed(&self, lost: &LostWrites) {
+        if lost.whole_db {
+            self.shared.recency.mark_database(&self.login.database);
+        }
+        if !lost.writes.is_empty() {
+            let keys: Vec<RelKey<'_>> = lost.writes.iter().map(crate::router::rel_key).collect();
+            self.shared.recency.mark(&self.login.database, &keys, None);
+        }
+        if lost.ddl {
+            self.ddl_done();
         }
     }
 
