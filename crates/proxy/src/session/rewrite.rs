@@ -162,7 +162,7 @@ impl Session {
         let since = cache.begin_use();
         let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
-        let mut undos = unit.statement_undo.iter().cloned();
+        let mut undos = unit.statement_undo.iter().cloned().map(Box::new);
         for (i, raw) in unit.frames.iter().enumerate() {
             let client = Expect::client();
             if !names_statement(raw) {
@@ -392,7 +392,9 @@ impl Session {
             return false;
         }
         let hidden = matches!(u.expect.pop_front(), Some(Expect::Hidden { .. }));
-        self.collect_due();
+        if matches!(u.expect.front(), Some(Expect::Synth { .. })) {
+            self.collect_due();
+        }
         hidden
     }
 
@@ -420,6 +422,10 @@ impl Session {
         if sync {
             u.expect.pop_front();
         }
+        if skipped.is_empty() {
+            // The usual ReadyForQuery: nothing in front of its Sync.
+            return Vec::new();
+        }
         self.skipped(node, skipped, refused)
     }
 
@@ -439,7 +445,8 @@ impl Session {
                 Expect::Hidden { record } => (record, None),
                 Expect::Synth { undo, .. } => (None, undo),
             };
-            undone.extend(undo.map(|mut u| {
+            undone.extend(undo.map(|u| {
+                let mut u = *u;
                 if refused && i == 0 && u.name.is_empty() {
                     u.previous = None;
                 }

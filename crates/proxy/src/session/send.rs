@@ -660,7 +660,11 @@ impl Session {
             leftover
         };
         // Replies made here that nothing ahead of them waits for go out now.
-        if self.inflight.front().is_some_and(|u| !u.expect.is_empty()) {
+        if self
+            .inflight
+            .front()
+            .is_some_and(|u| matches!(u.expect.front(), Some(Expect::Synth { .. })))
+        {
             self.collect_due();
         }
         self.out.append(&mut self.due);

@@ -238,7 +238,7 @@ pub fn client_replies<'a>(
     undo: &'a [Undo],
     unnamed_first: bool,
 ) -> impl Iterator<Item = Expect> + 'a {
-    let mut undo = undo.iter().cloned();
+    let mut undo = undo.iter().cloned().map(Box::new);
     messages(frames).enumerate().filter_map(move |(i, m)| {
         // The name's first byte: Parse has the name first, Close its kind then the name.
         let named = |at: usize| m.get(at).is_some_and(|b| *b != 0);
@@ -358,7 +358,7 @@ pub enum Expect {
     Client {
         parse: Option<Bytes>,
         sync: bool,
-        undo: Option<Undo>,
+        undo: Option<Box<Undo>>,
     },
     /// A reply to a message pgfresh added (a statement prepared again on this
     /// connection, a least recently used one closed, a statement closed before the
@@ -368,7 +368,10 @@ pub enum Expect {
     Hidden { record: Option<ConnRecord> },
     /// A client message pgfresh answered itself (Parse of a statement the connection
     /// already has, Close of a statement): this reply reaches the client in its turn.
-    Synth { reply: Bytes, undo: Option<Undo> },
+    Synth {
+        reply: Bytes,
+        undo: Option<Box<Undo>>,
+    },
 }
 
 /// A standby's error that another node would not give, for a read that can still be
@@ -861,5 +864,12 @@ mod tests {
     #[test]
     fn a_unit_in_flight_stays_small() {
         assert!(std::mem::size_of::<InFlight>() <= 256);
+    }
+
+    #[test]
+    fn an_expected_reply_stays_small() {
+        // Three or four a statement in transaction mode, each moved into and out of the
+        // unit's queue: the rare undo is boxed.
+        assert!(std::mem::size_of::<Expect>() <= 56);
     }
 }
