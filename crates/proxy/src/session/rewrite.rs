@@ -387,6 +387,11 @@ impl Session {
             return false;
         };
         if tag == b'Z' {
+            if u.expect.front().is_some_and(Expect::is_sync) {
+                // The usual ReadyForQuery: its Sync's is all that is left.
+                u.expect.pop_front();
+                return false;
+            }
             let undo = self.skip_entries(node, false, true);
             self.undo_client(undo);
             return false;
