@@ -944,6 +944,19 @@ async fn functions_behind_implicit_casts_are_read_fresh() {
          CREATE TABLE {dst}(x int);"
     ))
     .await;
+    // A writing cast to int sends every `::int` of the database to the primary: dropped
+    // when the test ends, pass or fail, so that the tests after it read on the replicas.
+    struct DropCast(String);
+    impl Drop for DropCast {
+        fn drop(&mut self) {
+            let _ = cluster().psql(
+                0,
+                "app",
+                &format!("DROP CAST IF EXISTS ({} AS int)", self.0),
+            );
+        }
+    }
+    let _cast = DropCast(tag.clone());
     let edges = || {
         vec![
             edge("function", &format!("{bump}()"), &audit),
