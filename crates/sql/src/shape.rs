@@ -34,8 +34,9 @@ fn shape(sql: &str, out: &mut String) -> Option<()> {
     let mut i = 0;
     let mut copied = 0; // start of the run not yet copied to `out`
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80;
-    while i < b.len() {
-        let c = b[i];
+    loop {
+        i = next_candidate(b, i);
+        let Some(&c) = b.get(i) else { break };
         if !STARTS_TOKEN[usize::from(c)] {
             i += 1;
             continue;
@@ -129,6 +130,34 @@ const STARTS_TOKEN: [bool; 256] = {
     }
     t
 };
+
+/// Index of the first byte at or after `i` that may start a token (see [`STARTS_TOKEN`]):
+/// every such byte lies in `"`..=`9` (0x22 to 0x39), so eight bytes are ruled out at a
+/// time while none is in that range (a word-at-a-time test that is exact for each byte;
+/// what it finds is checked against the table by the caller).
+fn next_candidate(b: &[u8], mut i: usize) -> usize {
+    const LOW7: u64 = u64::from_ne_bytes([0x7f; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    // Bytes x with 0x21 < x < 0x3a: (127 + 0x3a - x7) and (x7 + 127 - 0x21) both carry
+    // into the high bit, where x7 is the byte's low seven bits and its own high bit is
+    // clear (no byte of 0x80 or more starts a token).
+    const ABOVE: u64 = ONES * (127 + 0x3a);
+    const BELOW: u64 = ONES * (127 - 0x21);
+    while let Some(chunk) = b.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+        let x7 = w & LOW7;
+        let found = (ABOVE - x7) & !w & (x7 + BELOW) & HIGH;
+        if found != 0 {
+            return i + (found.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < b.len() && !(0x22..=0x39).contains(&b[i]) {
+        i += 1;
+    }
+    i
+}
 
 /// Appends `sql[copied..literal]` and a `?` for the literal at `literal`, starting the
 /// shape at the first literal.
@@ -236,6 +265,30 @@ mod tests {
         ];
         for (sql, want) in cases {
             assert_eq!(shape(sql).as_deref(), Some(want), "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_word_scan_finds_the_byte_the_table_would() {
+        // Every byte value at every offset of a word, before and after the others.
+        for c in 0..=255u8 {
+            for at in 0..20 {
+                let mut b = vec![b'a'; 20];
+                b[at] = c;
+                let naive = (0..b.len())
+                    .find(|&k| STARTS_TOKEN[usize::from(b[k])])
+                    .unwrap_or(b.len());
+                let i = next_candidate(&b, 0);
+                // It may stop early at a byte the table rejects, never late.
+                assert!(i <= naive, "{c:#x} at {at}");
+                assert!(
+                    i == b.len() || (0x22..=0x39).contains(&b[i]),
+                    "{c:#x} at {at}"
+                );
+                if (0x22..=0x39).contains(&c) {
+                    assert_eq!(i, at, "{c:#x} at {at}");
+                }
+            }
         }
     }
 
