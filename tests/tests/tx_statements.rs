@@ -1,7 +1,7 @@
-//! Transaction pooling: the client's prepared statements behave as on its own
-//! PostgreSQL connection. Each script runs on a direct connection to the primary (the
-//! reference) and through pgfresh in transaction mode, and the outcomes must be the same
-//! message for message.
+//! The client's prepared statements and transactions behave as on its own PostgreSQL
+//! connection. Each script runs on a direct connection to the primary (the reference) and
+//! through pgfresh (in transaction mode, and where it says so in session mode too), and
+//! the outcomes must be the same message for message.
 
 use pgfresh_tests::raw::{cstr, msg};
 use pgfresh_tests::*;
@@ -237,4 +237,106 @@ async fn a_refused_read_retried_elsewhere_keeps_the_statements_it_parses() {
     );
     let r = run(&mut s, &[[bind_execute("s2"), sync()].concat()]).await;
     assert!(r[0].contains("row=two"), "{r:?}");
+}
+
+/// The step that shows where a read-only transaction reading `table` (one row) runs: the
+/// node's port (so it is left out of the comparison).
+fn port_step(table: &str) -> String {
+    format!("SELECT inet_server_port()::text FROM {table}")
+}
+
+/// The outcome of `port_step` on a standby.
+fn on_a_standby(outcome: &str) -> bool {
+    [1, 2]
+        .iter()
+        .any(|i| outcome.contains(&format!("row={} ", node_port(*i))))
+}
+
+/// As `same_as_postgresql`, except that the `probe` steps (`port_step`) must answer a
+/// standby's port through pgfresh (the transaction ran there).
+async fn same_on_a_standby(p: &ProxyHandle, probe: &str, steps: &[&str]) -> Vec<String> {
+    let frames: Vec<Vec<u8>> = steps.iter().map(|s| query(s)).collect();
+    let reference = run(&mut direct_session().await, &frames).await;
+    let through = run(&mut raw::connect(p.addr).await, &frames).await;
+    for (i, (want, got)) in reference.iter().zip(&through).enumerate() {
+        if steps[i] == probe {
+            assert!(on_a_standby(got), "step {i} ran on the primary: {got}");
+        } else {
+            assert_eq!(
+                got, want,
+                "step {i} ({}): pgfresh differs from PostgreSQL",
+                steps[i]
+            );
+        }
+    }
+    reference
+}
+
+/// A read-only transaction chained (`COMMIT AND CHAIN`, `ROLLBACK AND CHAIN`) off a standby
+/// keeps, as on PostgreSQL, the characteristics of the transaction before it, also those
+/// that came from the session's defaults, when the ending transaction changed those
+/// defaults (`default_transaction_isolation`, `SET SESSION CHARACTERISTICS`,
+/// `default_transaction_deferrable`): the new defaults apply from the next transaction on.
+#[tokio::test]
+async fn a_chained_transaction_keeps_the_characteristics_the_defaults_gave() {
+    // (set before the transaction, set in it, the chain)
+    let cases = [
+        (
+            "",
+            "SET default_transaction_isolation = 'repeatable read'",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "SET default_transaction_isolation = 'repeatable read'",
+            "SET default_transaction_isolation = 'read committed'",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "",
+            "SET default_transaction_deferrable = on",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "SET default_transaction_isolation = 'repeatable read'",
+            "RESET default_transaction_isolation",
+            "ROLLBACK AND CHAIN",
+        ),
+    ];
+    for config in [config_text(""), tx_config("")] {
+        let p = start_proxy(&config);
+        let c = p.connect().await;
+        let probe = &port_step(&p.cold_table(&c, "chain_defaults").await);
+        poll(
+            "reads on a standby",
+            std::time::Duration::from_secs(60),
+            || async {
+                let row = simple_row(&c, probe).await;
+                let port = format!("row={} ", row.get(0).unwrap_or(""));
+                on_a_standby(&port).then_some(())
+            },
+        )
+        .await;
+        for (before, inside, chain) in cases {
+            let mut steps = vec![
+                before,
+                "BEGIN READ ONLY",
+                probe,
+                inside,
+                chain,
+                "SHOW transaction_isolation",
+                "SHOW transaction_read_only",
+                "SHOW transaction_deferrable",
+                "COMMIT",
+                "SHOW transaction_isolation",
+                "SHOW transaction_deferrable",
+            ];
+            steps.retain(|s| !s.is_empty());
+            same_on_a_standby(&p, probe, &steps).await;
+        }
+    }
 }

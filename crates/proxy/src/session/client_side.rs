@@ -585,8 +585,11 @@ impl Session {
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
         while let Some(mut unit) = self.ready.pop_front() {
-            if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
-                // A read a standby refused goes again first (see `on_refused_ready`).
+            if self.inflight.front().is_some_and(|u| u.refused.is_some())
+                || self.chain_modes_pending()
+            {
+                // A read a standby refused goes again first (see `on_refused_ready`); a
+                // chained transaction's BEGIN waits for its modes (see `chain_anew`).
                 self.ready.push_front(unit);
                 return Ok(());
             }

@@ -303,6 +303,16 @@ impl Session {
             .map(|n| ProxyError::ReservedStatementName(n.to_string()))
     }
 
+    /// The modes of a transaction an AND CHAIN began on a standby are still being asked
+    /// there (see `chain_anew`): the client's next units wait for them.
+    pub(super) fn chain_modes_pending(&self) -> bool {
+        self.tx.deferred().is_some()
+            && self
+                .inflight
+                .iter()
+                .any(|u| matches!(u.injected, Some(super::unit::Injected::ChainModes(_))))
+    }
+
     /// Units of the client's are running: anything pgfresh answers itself must wait.
     pub(super) fn client_busy(&self) -> bool {
         self.inflight.iter().any(|u| !u.is_injected()) || self.tokens.held_ready.is_some()

@@ -181,9 +181,14 @@ impl Session {
 
     /// Stage an injected simple query (its replies are swallowed) ahead of the unit.
     pub(super) fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
-        self.stage_frames(node, &[build::query(sql)])?;
+        self.stage_query(node, sql)?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         Ok(())
+    }
+
+    /// Stage a simple query of pgfresh's own; the caller records what it is for.
+    pub(super) fn stage_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+        self.stage_frames(node, &[build::query(sql)])
     }
 
     /// Put frames that must precede a unit in `node`'s queue without writing them: the
