@@ -340,3 +340,103 @@ async fn a_chained_transaction_keeps_the_characteristics_the_defaults_gave() {
         }
     }
 }
+
+/// A Parse naming `name` with one parameter of type `oid`.
+fn parse_typed(name: &str, sql: &str, oid: u32) -> Vec<u8> {
+    let mut b = cstr(name);
+    b.extend(cstr(sql));
+    b.extend(1u16.to_be_bytes());
+    b.extend(oid.to_be_bytes());
+    msg(b'P', &b)
+}
+
+/// SQL `EXECUTE` runs a statement the client made with a protocol Parse (PostgreSQL has
+/// one namespace for both), with parameters, in and out of a transaction, over both
+/// protocols, until DEALLOCATE drops it; the name is then free for PREPARE.
+#[tokio::test]
+async fn execute_runs_a_statement_made_by_parse() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("exec_x");
+    let y = unique("exec_y");
+    let q = |sql: String| query(&sql);
+    let steps = [
+        [parse(&x, "SELECT 'px'::text"), sync()].concat(),
+        q(format!("EXECUTE {x}")),
+        [parse_typed(&y, "SELECT ($1 + 1)::text", 23), sync()].concat(),
+        q(format!("EXECUTE {y}(41)")),
+        q(format!("EXECUTE {y}('x')")),
+        query("BEGIN"),
+        q(format!("EXECUTE {y}(1); EXECUTE {x}")),
+        query("COMMIT"),
+        [
+            parse("", &format!("EXECUTE {y}(2)")),
+            bind_execute(""),
+            sync(),
+        ]
+        .concat(),
+        q(format!("DEALLOCATE {x}")),
+        q(format!("EXECUTE {x}")),
+        [bind_execute(&x), sync()].concat(),
+        q(format!("PREPARE {x} AS SELECT 'sx'::text")),
+        q(format!("EXECUTE {x}")),
+        // In a transaction: DEALLOCATE after an EXECUTE drops it there too.
+        query("BEGIN"),
+        q(format!("EXECUTE {y}(3)")),
+        q(format!("DEALLOCATE {y}")),
+        q(format!("EXECUTE {y}(4)")),
+        query("ROLLBACK"),
+        query("BEGIN"),
+        [parse(&y, "SELECT 'py2'::text"), sync()].concat(),
+        q(format!("EXECUTE {y}")),
+        q(format!("DEALLOCATE {y}")),
+        q(format!("PREPARE {y} AS SELECT 'sy'::text")),
+        q(format!("EXECUTE {y}")),
+        query("COMMIT"),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[1].contains("row=px"), "{r:?}");
+    assert!(r[3].contains("row=42"), "{r:?}");
+    assert!(r[8].contains("row=3"), "{r:?}");
+    assert!(r[10].contains("error=26000"), "{r:?}");
+    assert!(r[13].contains("row=sx"), "{r:?}");
+    assert!(r[17].contains("error=26000"), "{r:?}");
+    assert!(r[24].contains("row=sy"), "{r:?}");
+}
+
+/// Two clients' statements of the same name, made by Parse and run by `EXECUTE`, stay
+/// each client's own on the connections they share.
+#[tokio::test]
+async fn execute_of_a_parsed_name_runs_the_clients_own_statement() {
+    let p = start_proxy(&tx_config(""));
+    let name = unique("exec_own");
+    let mut a = raw::connect(p.addr).await;
+    let mut b = raw::connect(p.addr).await;
+    let prepare = |tag: &str| [parse(&name, &format!("SELECT '{tag}'::text")), sync()].concat();
+    let execute = query(&format!("EXECUTE {name}"));
+    run(&mut a, &[prepare("a")]).await;
+    run(&mut b, &[prepare("b")]).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(run(&mut a, std::slice::from_ref(&execute)).await);
+        got.extend(run(&mut b, std::slice::from_ref(&execute)).await);
+    }
+    run(&mut a, &[query("BEGIN"), execute.clone()]).await;
+    got.extend(run(&mut b, std::slice::from_ref(&execute)).await);
+    got.extend(run(&mut a, &[execute.clone(), query("COMMIT")]).await);
+    let rows: Vec<&str> = got
+        .iter()
+        .map(|o| {
+            o.split(" row=")
+                .nth(1)
+                .unwrap_or(o)
+                .split(' ')
+                .next()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        ["a", "b", "a", "b", "a", "b", "b", "a", "CZ"],
+        "{got:?}"
+    );
+}

@@ -287,6 +287,18 @@ impl Session {
             && !matches!(self.tx, TxPhase::Failed)
             && self.state.prepared.contains_key(name)
             && !self.state.sql_prepared.contains_key(name)
+            && !self.holds_under_client_name(name)
+    }
+
+    /// A connection the session holds has the client's statement `name` under that name
+    /// (an EXECUTE ran it there, see `send::put_protocol_statement`): a DEALLOCATE of it
+    /// goes to that connection, so that it is gone there too.
+    fn holds_under_client_name(&self, name: &str) -> bool {
+        let key = format!("sql:{name}");
+        self.backends
+            .iter()
+            .flatten()
+            .any(|l| l.conn.prepared.contains_key(&key))
     }
 
     /// Transaction mode: a SQL-level PREPARE, EXECUTE or DEALLOCATE in `unit` of a name
