@@ -2008,3 +2008,70 @@ async fn a_chained_transaction_keeps_its_connection() {
         assert_eq!(first_value(&b, "/* pgfresh:primary */ SELECT 2").await, "2");
     }
 }
+
+/// A read-only transaction chained (`COMMIT AND CHAIN`, `ROLLBACK AND CHAIN`) off a standby
+/// starts anew with its first statement, here on the primary: the standby's connection goes
+/// back once the chain's rollback there is answered, so the client holds one connection at
+/// a time, and another client's read finds the standby's only connection free.
+#[tokio::test]
+async fn a_chained_transaction_moved_off_a_standby_holds_one_connection() {
+    let standby = node_port(1).to_string();
+    // One standby only, so that the other client's read needs its connection.
+    let second = format!(
+        "[[nodes]]\nname = \"pg2\"\nhost = \"127.0.0.1\"\nport = {}\n\n",
+        node_port(2)
+    );
+    let text = tx_config(1, "query_wait_timeout_ms = 2000\n").replace(&second, "");
+    assert!(!text.contains("\"pg2\""), "{text}");
+    let p = start_proxy(&text);
+    let admin = &console_client(&p).await;
+    let a = p.connect().await;
+    let b = p.connect().await;
+    let t = p.cold_table(&a, "tp_chain_one").await;
+    let read = format!("SELECT inet_server_port()::text FROM {t}");
+    let mut wrong = Vec::new();
+    for chain in ["COMMIT AND CHAIN", "ROLLBACK AND CHAIN"] {
+        poll(
+            "a read-only transaction on the standby",
+            Duration::from_secs(60),
+            || async {
+                a.batch_execute("BEGIN READ ONLY").await.unwrap();
+                if first_value(&a, &read).await == standby {
+                    return Some(());
+                }
+                a.batch_execute("ROLLBACK").await.unwrap();
+                None
+            },
+        )
+        .await;
+        a.batch_execute(chain).await.unwrap();
+        let moved = first_value(&a, &format!("/* pgfresh:primary */ {read}")).await;
+        let lent = show_servers(admin)
+            .await
+            .into_iter()
+            .filter(|(state, _)| state == "active")
+            .count();
+        let other = match b.simple_query(&read).await {
+            Ok(rows) => rows
+                .iter()
+                .find_map(|m| match m {
+                    SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                    _ => None,
+                })
+                .unwrap_or_default(),
+            Err(e) => e.as_db_error().map_or(e.to_string(), |d| {
+                format!("{}: {}", d.code().code(), d.message())
+            }),
+        };
+        a.batch_execute("COMMIT").await.unwrap();
+        let got = (moved, lent, other);
+        if got != (node_port(0).to_string(), 1, standby.clone()) {
+            wrong.push((chain, got));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "(chain, (chained transaction's port, connections lent, the other client's read)): \
+         {wrong:?}"
+    );
+}

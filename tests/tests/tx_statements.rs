@@ -1,7 +1,7 @@
-//! Transaction pooling: the client's prepared statements behave as on its own
-//! PostgreSQL connection. Each script runs on a direct connection to the primary (the
-//! reference) and through pgfresh in transaction mode, and the outcomes must be the same
-//! message for message.
+//! The client's prepared statements and transactions behave as on its own PostgreSQL
+//! connection. Each script runs on a direct connection to the primary (the reference) and
+//! through pgfresh (in transaction mode, and where it says so in session mode too), and
+//! the outcomes must be the same message for message.
 
 use pgfresh_tests::raw::{cstr, msg};
 use pgfresh_tests::*;
@@ -237,4 +237,206 @@ async fn a_refused_read_retried_elsewhere_keeps_the_statements_it_parses() {
     );
     let r = run(&mut s, &[[bind_execute("s2"), sync()].concat()]).await;
     assert!(r[0].contains("row=two"), "{r:?}");
+}
+
+/// The step that shows where a read-only transaction reading `table` (one row) runs: the
+/// node's port (so it is left out of the comparison).
+fn port_step(table: &str) -> String {
+    format!("SELECT inet_server_port()::text FROM {table}")
+}
+
+/// The outcome of `port_step` on a standby.
+fn on_a_standby(outcome: &str) -> bool {
+    [1, 2]
+        .iter()
+        .any(|i| outcome.contains(&format!("row={} ", node_port(*i))))
+}
+
+/// As `same_as_postgresql`, except that the `probe` steps (`port_step`) must answer a
+/// standby's port through pgfresh (the transaction ran there).
+async fn same_on_a_standby(p: &ProxyHandle, probe: &str, steps: &[&str]) -> Vec<String> {
+    let frames: Vec<Vec<u8>> = steps.iter().map(|s| query(s)).collect();
+    let reference = run(&mut direct_session().await, &frames).await;
+    let through = run(&mut raw::connect(p.addr).await, &frames).await;
+    for (i, (want, got)) in reference.iter().zip(&through).enumerate() {
+        if steps[i] == probe {
+            assert!(on_a_standby(got), "step {i} ran on the primary: {got}");
+        } else {
+            assert_eq!(
+                got, want,
+                "step {i} ({}): pgfresh differs from PostgreSQL",
+                steps[i]
+            );
+        }
+    }
+    reference
+}
+
+/// A read-only transaction chained (`COMMIT AND CHAIN`, `ROLLBACK AND CHAIN`) off a standby
+/// keeps, as on PostgreSQL, the characteristics of the transaction before it, also those
+/// that came from the session's defaults, when the ending transaction changed those
+/// defaults (`default_transaction_isolation`, `SET SESSION CHARACTERISTICS`,
+/// `default_transaction_deferrable`): the new defaults apply from the next transaction on.
+#[tokio::test]
+async fn a_chained_transaction_keeps_the_characteristics_the_defaults_gave() {
+    // (set before the transaction, set in it, the chain)
+    let cases = [
+        (
+            "",
+            "SET default_transaction_isolation = 'repeatable read'",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "SET default_transaction_isolation = 'repeatable read'",
+            "SET default_transaction_isolation = 'read committed'",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "",
+            "SET default_transaction_deferrable = on",
+            "COMMIT AND CHAIN",
+        ),
+        (
+            "SET default_transaction_isolation = 'repeatable read'",
+            "RESET default_transaction_isolation",
+            "ROLLBACK AND CHAIN",
+        ),
+    ];
+    for config in [config_text(""), tx_config("")] {
+        let p = start_proxy(&config);
+        let c = p.connect().await;
+        let probe = &port_step(&p.cold_table(&c, "chain_defaults").await);
+        poll(
+            "reads on a standby",
+            std::time::Duration::from_secs(60),
+            || async {
+                let row = simple_row(&c, probe).await;
+                let port = format!("row={} ", row.get(0).unwrap_or(""));
+                on_a_standby(&port).then_some(())
+            },
+        )
+        .await;
+        for (before, inside, chain) in cases {
+            let mut steps = vec![
+                before,
+                "BEGIN READ ONLY",
+                probe,
+                inside,
+                chain,
+                "SHOW transaction_isolation",
+                "SHOW transaction_read_only",
+                "SHOW transaction_deferrable",
+                "COMMIT",
+                "SHOW transaction_isolation",
+                "SHOW transaction_deferrable",
+            ];
+            steps.retain(|s| !s.is_empty());
+            same_on_a_standby(&p, probe, &steps).await;
+        }
+    }
+}
+
+/// A Parse naming `name` with one parameter of type `oid`.
+fn parse_typed(name: &str, sql: &str, oid: u32) -> Vec<u8> {
+    let mut b = cstr(name);
+    b.extend(cstr(sql));
+    b.extend(1u16.to_be_bytes());
+    b.extend(oid.to_be_bytes());
+    msg(b'P', &b)
+}
+
+/// SQL `EXECUTE` runs a statement the client made with a protocol Parse (PostgreSQL has
+/// one namespace for both), with parameters, in and out of a transaction, over both
+/// protocols, until DEALLOCATE drops it; the name is then free for PREPARE.
+#[tokio::test]
+async fn execute_runs_a_statement_made_by_parse() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("exec_x");
+    let y = unique("exec_y");
+    let q = |sql: String| query(&sql);
+    let steps = [
+        [parse(&x, "SELECT 'px'::text"), sync()].concat(),
+        q(format!("EXECUTE {x}")),
+        [parse_typed(&y, "SELECT ($1 + 1)::text", 23), sync()].concat(),
+        q(format!("EXECUTE {y}(41)")),
+        q(format!("EXECUTE {y}('x')")),
+        query("BEGIN"),
+        q(format!("EXECUTE {y}(1); EXECUTE {x}")),
+        query("COMMIT"),
+        [
+            parse("", &format!("EXECUTE {y}(2)")),
+            bind_execute(""),
+            sync(),
+        ]
+        .concat(),
+        q(format!("DEALLOCATE {x}")),
+        q(format!("EXECUTE {x}")),
+        [bind_execute(&x), sync()].concat(),
+        q(format!("PREPARE {x} AS SELECT 'sx'::text")),
+        q(format!("EXECUTE {x}")),
+        // In a transaction: DEALLOCATE after an EXECUTE drops it there too.
+        query("BEGIN"),
+        q(format!("EXECUTE {y}(3)")),
+        q(format!("DEALLOCATE {y}")),
+        q(format!("EXECUTE {y}(4)")),
+        query("ROLLBACK"),
+        query("BEGIN"),
+        [parse(&y, "SELECT 'py2'::text"), sync()].concat(),
+        q(format!("EXECUTE {y}")),
+        q(format!("DEALLOCATE {y}")),
+        q(format!("PREPARE {y} AS SELECT 'sy'::text")),
+        q(format!("EXECUTE {y}")),
+        query("COMMIT"),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[1].contains("row=px"), "{r:?}");
+    assert!(r[3].contains("row=42"), "{r:?}");
+    assert!(r[8].contains("row=3"), "{r:?}");
+    assert!(r[10].contains("error=26000"), "{r:?}");
+    assert!(r[13].contains("row=sx"), "{r:?}");
+    assert!(r[17].contains("error=26000"), "{r:?}");
+    assert!(r[24].contains("row=sy"), "{r:?}");
+}
+
+/// Two clients' statements of the same name, made by Parse and run by `EXECUTE`, stay
+/// each client's own on the connections they share.
+#[tokio::test]
+async fn execute_of_a_parsed_name_runs_the_clients_own_statement() {
+    let p = start_proxy(&tx_config(""));
+    let name = unique("exec_own");
+    let mut a = raw::connect(p.addr).await;
+    let mut b = raw::connect(p.addr).await;
+    let prepare = |tag: &str| [parse(&name, &format!("SELECT '{tag}'::text")), sync()].concat();
+    let execute = query(&format!("EXECUTE {name}"));
+    run(&mut a, &[prepare("a")]).await;
+    run(&mut b, &[prepare("b")]).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(run(&mut a, std::slice::from_ref(&execute)).await);
+        got.extend(run(&mut b, std::slice::from_ref(&execute)).await);
+    }
+    run(&mut a, &[query("BEGIN"), execute.clone()]).await;
+    got.extend(run(&mut b, std::slice::from_ref(&execute)).await);
+    got.extend(run(&mut a, &[execute.clone(), query("COMMIT")]).await);
+    let rows: Vec<&str> = got
+        .iter()
+        .map(|o| {
+            o.split(" row=")
+                .nth(1)
+                .unwrap_or(o)
+                .split(' ')
+                .next()
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        ["a", "b", "a", "b", "a", "b", "b", "a", "CZ"],
+        "{got:?}"
+    );
 }

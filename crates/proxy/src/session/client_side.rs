@@ -47,15 +47,23 @@ static UNKNOWN_PREPARED: LazyLock<Arc<Analysis>> =
 
 /// The statements the SQL `EXECUTE`s in `analysis` run become parts of `unit` (over the
 /// simple protocol and the extended one alike), and are prepared where it runs. One
-/// pgfresh never saw prepared (over the extended protocol, or by a function) may write
-/// anything.
+/// pgfresh never saw prepared (by a function) may write anything. In transaction mode
+/// one the client made with a protocol Parse (one namespace for both) is prepared where
+/// the unit runs under the client's name (`send::put_protocol_statement`).
 fn add_sql_executes(
-    sql_prepared: &foldhash::HashMap<String, (String, Arc<Analysis>)>,
+    state: &super::state::SessionState,
+    mode: PoolMode,
     analysis: &Analysis,
     unit: &mut ClientUnit,
 ) {
     for name in analysis.executes() {
-        add_bound_sql_statement(sql_prepared, name, unit);
+        match state.prepared.get(name) {
+            Some(p) if mode == PoolMode::Transaction && !state.sql_prepared.contains_key(name) => {
+                unit.parts.push(p.analysis.clone());
+                unit.sql_executes.push(name.to_string());
+            }
+            _ => add_bound_sql_statement(&state.sql_prepared, name, unit),
+        }
     }
 }
 
@@ -78,9 +86,9 @@ fn add_bound_sql_statement(
 }
 
 /// Transaction mode: a PREPARE in `analysis` of a name the client has as a protocol-level
-/// statement, which the connection holds under pgfresh's name: the name is taken on the
-/// connection first (`send::hold_protocol_name`), so that the server refuses the PREPARE
-/// as PostgreSQL does (42P05).
+/// statement, which the connection holds under pgfresh's name: the statement is parsed
+/// under the client's name on the connection first (`send::put_protocol_statement`), so
+/// that the server refuses the PREPARE as PostgreSQL does (42P05).
 fn add_name_collisions(
     state: &super::state::SessionState,
     analysis: &Analysis,
@@ -146,7 +154,7 @@ impl Session {
                     self.query_drops_unnamed();
                     let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
-                    add_sql_executes(&self.state.sql_prepared, &analysis, &mut unit);
+                    add_sql_executes(&self.state, self.mode, &analysis, &mut unit);
                     if self.mode == PoolMode::Transaction {
                         add_name_collisions(&self.state, &analysis, &mut unit);
                     }
@@ -197,7 +205,7 @@ impl Session {
                             self.batch.parts.push(p.analysis.clone());
                         }
                         event = portal_event(p);
-                        add_sql_executes(&self.state.sql_prepared, &p.analysis, &mut self.batch);
+                        add_sql_executes(&self.state, self.mode, &p.analysis, &mut self.batch);
                     } else {
                         // The server has one namespace for protocol-level and SQL-level
                         // prepared statements: a Bind may run one made by SQL PREPARE. It is
@@ -585,8 +593,11 @@ impl Session {
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
         while let Some(mut unit) = self.ready.pop_front() {
-            if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
-                // A read a standby refused goes again first (see `on_refused_ready`).
+            if self.inflight.front().is_some_and(|u| u.refused.is_some())
+                || self.chain_modes_pending()
+            {
+                // A read a standby refused goes again first (see `on_refused_ready`); a
+                // chained transaction's BEGIN waits for its modes (see `chain_anew`).
                 self.ready.push_front(unit);
                 return Ok(());
             }

@@ -36,6 +36,35 @@ pub fn chained_begin(modes: &TxModes) -> String {
     sql
 }
 
+/// Asked in the transaction an AND CHAIN began on a standby: its characteristics, as
+/// PostgreSQL gave them (those of the transaction before it, also where they came from
+/// the session's defaults, which that transaction may have changed since).
+pub const CHAIN_MODES_SQL: &str = "SELECT pg_catalog.current_setting('transaction_isolation'), \
+     pg_catalog.current_setting('transaction_deferrable')";
+
+/// The modes `CHAIN_MODES_SQL` answered (`transaction_isolation`,
+/// `transaction_deferrable`), read-only as every transaction on a standby; `None` for
+/// an answer that is not one.
+pub fn chain_modes(isolation: Option<&str>, deferrable: Option<&str>) -> Option<TxModes> {
+    let isolation = match isolation? {
+        "read uncommitted" => Isolation::ReadUncommitted,
+        "read committed" => Isolation::ReadCommitted,
+        "repeatable read" => Isolation::RepeatableRead,
+        "serializable" => Isolation::Serializable,
+        _ => return None,
+    };
+    let deferrable = match deferrable? {
+        "on" => true,
+        "off" => false,
+        _ => return None,
+    };
+    Some(TxModes {
+        read_only: Some(true),
+        isolation: Some(isolation),
+        deferrable: Some(deferrable),
+    })
+}
+
 /// The modes a transaction-control statement names for the transaction open on a server:
 /// BEGIN names them anew, SET TRANSACTION changes those it names.
 pub fn follow_modes(modes: &mut TxModes, stmt: &pgfresh_sql::Statement) {
@@ -108,6 +137,14 @@ impl TxPhase {
         match self {
             TxPhase::Deferred(begin) => Some(begin),
             _ => None,
+        }
+    }
+
+    /// The deferred BEGIN, now to open a transaction with `modes`.
+    pub fn defer_with(&mut self, modes: &TxModes) {
+        if let TxPhase::Deferred(begin) = self {
+            begin.sql = chained_begin(modes);
+            begin.analysis = Arc::new(pgfresh_sql::analyze_uncached(&begin.sql));
         }
     }
 }
@@ -206,6 +243,28 @@ mod tests {
             ..TxModes::default()
         };
         assert_eq!(analysis.statements[0].tx, Some(TxEffect::Begin(read_only)));
+    }
+
+    #[test]
+    fn the_modes_a_standby_answers_make_the_chained_begin() {
+        let modes = chain_modes(Some("repeatable read"), Some("off")).unwrap();
+        assert_eq!(
+            chained_begin(&modes),
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY NOT DEFERRABLE"
+        );
+        let mut phase = TxPhase::Deferred(begin());
+        phase.defer_with(&chain_modes(Some("read committed"), Some("on")).unwrap());
+        let sql = phase.deferred().map(|b| b.sql.clone()).unwrap_or_default();
+        assert_eq!(
+            sql,
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY DEFERRABLE"
+        );
+        assert!(chain_modes(Some("snapshot"), Some("on")).is_none());
+        assert!(chain_modes(Some("read committed"), None).is_none());
+        // Only a deferred BEGIN takes them.
+        let mut idle = TxPhase::Idle;
+        idle.defer_with(&modes);
+        assert!(idle.is_idle());
     }
 
     #[test]

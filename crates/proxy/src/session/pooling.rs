@@ -4,10 +4,11 @@
 //!
 //! A session checks its connections in when nothing of the client's is running or
 //! queued on them and no state lives on them that pgfresh cannot replay elsewhere:
-//! the ReadyForQuery that ended the unit said Idle, no COPY is running, no extended
-//! batch was left open by a Flush, no commit position is still being probed, and no
-//! pin (temp table, LISTEN, session advisory lock, WITH HOLD cursor, a setting pgfresh
-//! cannot see) holds it.
+//! no transaction of the client's is open on a server (none, or one whose BEGIN
+//! pgfresh still defers), the connections' last ReadyForQuery said Idle, no COPY is
+//! running, no extended batch was left open by a Flush, no commit position is still
+//! being probed, and no pin (temp table, LISTEN, session advisory lock, WITH HOLD
+//! cursor, a setting pgfresh cannot see) holds it.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -113,9 +114,11 @@ impl Session {
     }
 
     /// Nothing of the client's is on the connections it holds, and nothing it left there
-    /// binds it to them.
+    /// binds it to them. A transaction that no server has yet (a deferred BEGIN: one
+    /// chained off a standby, whose chain was rolled back there, see `chain_anew`) holds
+    /// none: it is placed with its first statement, like any BEGIN pgfresh answered.
     fn may_check_in(&self) -> bool {
-        self.tx.is_idle()
+        !self.tx.on_server()
             && self.inflight.is_empty()
             && self.wire == super::WirePhase::Units
             && self.tokens.held_ready.is_none()

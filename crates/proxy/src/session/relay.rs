@@ -333,10 +333,20 @@ impl Session {
     /// it must start where every write acknowledged before its first statement has been
     /// replayed, which this standby may not have. Nothing has run in it yet: it is rolled
     /// back on the standby, and the client's transaction becomes a deferred BEGIN with the
-    /// modes of the one before, placed with its first statement.
+    /// modes of the one before, placed with its first statement. Those are asked of the
+    /// standby first (`CHAIN_MODES_SQL`: a level the session's defaults gave it stays,
+    /// even where the ending transaction changed the defaults); until the answer is in,
+    /// the client's next units wait (`chain_modes_pending`), and without one the BEGIN
+    /// names the modes the transaction named (`Session::tx_modes`).
     fn chain_anew(&mut self, node: usize) {
         let sql = super::phase::chained_begin(&self.tx_modes);
-        if self.inject_query(node, "ROLLBACK").is_err() {
+        let asked = self
+            .stage_query(node, super::phase::CHAIN_MODES_SQL)
+            .map(|()| {
+                self.inflight
+                    .push_back(InFlight::injected(Injected::ChainModes(None)))
+            });
+        if asked.is_err() || self.inject_query(node, "ROLLBACK").is_err() {
             // No connection to roll back on: the chained transaction stays where it is.
             return;
         }
@@ -709,6 +719,21 @@ impl Session {
             self.xid_learned(row);
             return;
         }
+        if self
+            .inflight
+            .front()
+            .is_some_and(|u| matches!(u.injected, Some(Injected::ChainModes(_))))
+        {
+            let cols = super::lost_commit::columns(body);
+            let col = |i: usize| cols.get(i).copied().flatten();
+            let answered = super::phase::chain_modes(col(0), col(1));
+            if let Some(Injected::ChainModes(modes)) =
+                self.inflight.front_mut().and_then(|u| u.injected.as_mut())
+            {
+                *modes = answered;
+            }
+            return;
+        }
         // The position probe and the replay sample answer one text column, `X/Y`.
         let lsn = body
             .get(6..)
@@ -742,6 +767,7 @@ impl Session {
             Injected::ReplaySample(Some(lsn)) if !error => {
                 self.shared.balancer.learn_replay(node, lsn);
             }
+            Injected::ChainModes(Some(modes)) if !error => self.tx.defer_with(&modes),
             _ => {}
         }
     }

@@ -287,6 +287,18 @@ impl Session {
             && !matches!(self.tx, TxPhase::Failed)
             && self.state.prepared.contains_key(name)
             && !self.state.sql_prepared.contains_key(name)
+            && !self.holds_under_client_name(name)
+    }
+
+    /// A connection the session holds has the client's statement `name` under that name
+    /// (an EXECUTE ran it there, see `send::put_protocol_statement`): a DEALLOCATE of it
+    /// goes to that connection, so that it is gone there too.
+    fn holds_under_client_name(&self, name: &str) -> bool {
+        let key = format!("sql:{name}");
+        self.backends
+            .iter()
+            .flatten()
+            .any(|l| l.conn.prepared.contains_key(&key))
     }
 
     /// Transaction mode: a SQL-level PREPARE, EXECUTE or DEALLOCATE in `unit` of a name
@@ -301,6 +313,16 @@ impl Session {
             .flat_map(|a| a.statements.iter().filter_map(statement_name))
             .find(|n| n.starts_with(crate::statements::PREFIX))
             .map(|n| ProxyError::ReservedStatementName(n.to_string()))
+    }
+
+    /// The modes of a transaction an AND CHAIN began on a standby are still being asked
+    /// there (see `chain_anew`): the client's next units wait for them.
+    pub(super) fn chain_modes_pending(&self) -> bool {
+        self.tx.deferred().is_some()
+            && self
+                .inflight
+                .iter()
+                .any(|u| matches!(u.injected, Some(super::unit::Injected::ChainModes(_))))
     }
 
     /// Units of the client's are running: anything pgfresh answers itself must wait.

@@ -181,9 +181,14 @@ impl Session {
 
     /// Stage an injected simple query (its replies are swallowed) ahead of the unit.
     pub(super) fn inject_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
-        self.stage_frames(node, &[build::query(sql)])?;
+        self.stage_query(node, sql)?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         Ok(())
+    }
+
+    /// Stage a simple query of pgfresh's own; the caller records what it is for.
+    pub(super) fn stage_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
+        self.stage_frames(node, &[build::query(sql)])
     }
 
     /// Put frames that must precede a unit in `node`'s queue without writing them: the
@@ -418,7 +423,7 @@ impl Session {
         for name in &unit.sql_executes {
             let key = format!("sql:{name}");
             let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
-                self.hold_protocol_name(node, name, key)?;
+                self.put_protocol_statement(node, name, key)?;
                 continue;
             };
             let hash = text_hash(text.as_bytes());
@@ -440,26 +445,39 @@ impl Session {
         Ok(())
     }
 
-    /// Transaction mode: the unit PREPAREs `name`, one of the client's protocol-level
-    /// statements, which live on the connection under pgfresh's names. A stand-in takes
-    /// the name there first (`key`, deallocated at check-in), so that the server refuses
-    /// the PREPARE as PostgreSQL refuses it on the client's own connection (42P05).
-    fn hold_protocol_name(
+    /// Transaction mode: the unit EXECUTEs or PREPAREs `name`, one of the client's
+    /// protocol-level statements, which live on the connection under pgfresh's names. It is
+    /// parsed there under the client's own name first (the client's Parse, its replies
+    /// swallowed; recorded as `key`, deallocated at check-in like a SQL-level statement),
+    /// so that the EXECUTE runs it and the PREPARE is refused (42P05), as on the client's
+    /// own connection.
+    fn put_protocol_statement(
         &mut self,
         node: usize,
         name: &str,
         key: String,
     ) -> Result<(), ProxyError> {
-        let held = self.backends[node]
-            .as_ref()
-            .is_some_and(|l| l.conn.prepared.contains_key(&key));
-        if self.mode != PoolMode::Transaction || held || !self.state.prepared.contains_key(name) {
+        let Some(p) = self.state.prepared.get(name) else {
+            return Ok(());
+        };
+        if self.mode != PoolMode::Transaction {
             return Ok(());
         }
-        let quoted = super::state::quote_ident(name);
-        self.inject_query(node, &format!("PREPARE {quoted} AS SELECT NULL"))?;
+        let (parse, hash) = (p.parse.clone(), p.hash);
+        let has = self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.prepared.get(&key).copied());
+        if has == Some(hash) {
+            return Ok(());
+        }
+        if has.is_some() {
+            let quoted = super::state::quote_ident(name);
+            self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
+        }
+        self.stage_frames(node, &[parse, build::sync()])?;
+        self.inflight.push_back(InFlight::injected(Injected::Plain));
         if let Some(l) = self.backends[node].as_mut() {
-            l.conn.prepared.insert(key, 0);
+            l.conn.prepared.insert(key, hash);
         }
         Ok(())
     }

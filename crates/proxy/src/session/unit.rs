@@ -498,6 +498,10 @@ pub enum Injected {
     /// `SELECT pg_catalog.pg_last_wal_replay_lsn()` right after a read on a standby: the
     /// standby's replay position, for the balancer (see `pgfresh_balancer::live`).
     ReplaySample(Option<pgfresh_lsn::Lsn>),
+    /// `CHAIN_MODES_SQL` in the transaction an AND CHAIN began on a standby, before it is
+    /// rolled back there: the characteristics it has, which the client's chained
+    /// transaction keeps wherever it starts (see `Session::chain_anew`).
+    ChainModes(Option<pgfresh_sql::TxModes>),
 }
 
 impl InFlight {

@@ -68,7 +68,7 @@ pub(in crate::session) struct ProbeRow {
 }
 
 /// The text columns of a DataRow body (`None` for NULL); stops at the first malformed one.
-pub(super) fn columns(body: &[u8]) -> Vec<Option<&str>> {
+pub(in crate::session) fn columns(body: &[u8]) -> Vec<Option<&str>> {
     let mut out = Vec::new();
     let Some(n) = body.get(0..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
         return out;
