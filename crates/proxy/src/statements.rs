@@ -195,17 +195,13 @@ pub fn put_statement_message(out: &mut BytesMut, tag: u8, name: &ServerName) {
 }
 
 /// The names a Bind frame's body starts with, portal then statement, when both are there
-/// and UTF-8 (what [`pgfresh_wire::parse_frontend`] also checks, without reading the
-/// parameters: the server validates those).
-pub fn bind_names(raw: &[u8]) -> Option<(&str, &str)> {
+/// (bytes as sent: a Bind is checked whole, UTF-8 names included, when it comes in).
+pub fn bind_names(raw: &[u8]) -> Option<(&[u8], &[u8])> {
     let body = raw.get(5..)?;
     let p = memchr::memchr(0, body)?;
     let rest = &body[p + 1..];
     let s = memchr::memchr(0, rest)?;
-    Some((
-        std::str::from_utf8(&body[..p]).ok()?,
-        std::str::from_utf8(&rest[..s]).ok()?,
-    ))
+    Some((&body[..p], &rest[..s]))
 }
 
 /// The content of a client's Parse frame: everything after the statement name.
@@ -285,7 +281,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let bind = pgfresh_wire::build::bind("p", "s1", &[], &[Some(b"42")], &[]);
-        assert_eq!(bind_names(&bind), Some(("p", "s1")));
+        assert_eq!(bind_names(&bind), Some((&b"p"[..], &b"s1"[..])));
         // A second message after it: only this one is renamed.
         let renamed = one(|b| {
             put_bind_renamed(b, &bind, b"p", b"s1", &ServerName::of(2));
@@ -314,6 +310,6 @@ mod tests {
     fn bind_names_needs_both_terminators() {
         assert_eq!(bind_names(b"B\0\0\0\x06p\0"), None);
         assert_eq!(bind_names(b"B\0\0\0\x04"), None);
-        assert_eq!(bind_names(b"B\0\0\0\x06\0\0"), Some(("", "")));
+        assert_eq!(bind_names(b"B\0\0\0\x06\0\0"), Some((&b""[..], &b""[..])));
     }
 }

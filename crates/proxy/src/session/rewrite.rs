@@ -54,7 +54,7 @@ fn resolution_scope(settings: &[(String, String)]) -> Vec<u8> {
 /// the statement there first if the connection lacks it.
 fn server_statement(
     cache: &mut StatementCache,
-    name: &str,
+    name: &[u8],
     resolved: Option<Bytes>,
     scope: &[u8],
     out: &mut Rewritten,
@@ -62,7 +62,7 @@ fn server_statement(
     let Some(content) = resolved else {
         // Not a statement of this client's: the server answers that it does not exist,
         // and a name in pgfresh's own space never reaches another client's statement.
-        return name.starts_with(PREFIX).then(ServerName::prefix);
+        return name.starts_with(PREFIX.as_bytes()).then(ServerName::prefix);
     };
     let key = statements::cache_key(&content, scope);
     let id = match cache.lookup(&key) {
@@ -192,13 +192,9 @@ impl Session {
                     server_statement(cache, statement, resolved, &scope, &mut out)
                 };
                 match name {
-                    Some(n) => statements::put_bind_renamed(
-                        &mut out.frames,
-                        raw,
-                        portal.as_bytes(),
-                        statement.as_bytes(),
-                        &n,
-                    ),
+                    Some(n) => {
+                        statements::put_bind_renamed(&mut out.frames, raw, portal, statement, &n)
+                    }
                     None => out.frames.extend_from_slice(raw),
                 }
                 out.expect.push_back(client);
@@ -244,9 +240,14 @@ impl Session {
                         // answers 42P05 and skips the rest of the batch. Parse under the
                         // existing statement's server name, which the server refuses
                         // just so; the client's statement stays as it was (undo).
-                        let server =
-                            server_statement(cache, name, Some(existing), &scope, &mut out)
-                                .unwrap_or_else(ServerName::prefix);
+                        let server = server_statement(
+                            cache,
+                            name.as_bytes(),
+                            Some(existing),
+                            &scope,
+                            &mut out,
+                        )
+                        .unwrap_or_else(ServerName::prefix);
                         statements::put_parse(&mut out.frames, server.as_bytes(), &content);
                         out.expect.push_back(Expect::Client {
                             parse: None,
@@ -288,7 +289,7 @@ impl Session {
                         unnamed.server_name(&mut refs, &mut out)
                     } else {
                         let resolved = refs.next().flatten();
-                        server_statement(cache, name, resolved, &scope, &mut out)
+                        server_statement(cache, name.as_bytes(), resolved, &scope, &mut out)
                     };
                     match server {
                         Some(n) => statements::put_statement_message(&mut out.frames, b'D', &n),
