@@ -47,18 +47,18 @@ static UNKNOWN_PREPARED: LazyLock<Arc<Analysis>> =
 
 /// The statements the SQL `EXECUTE`s in `analysis` run become parts of `unit` (over the
 /// simple protocol and the extended one alike), and are prepared where it runs. One
-/// pgfresh never saw prepared (by a function) may write anything. In transaction mode
-/// one the client made with a protocol Parse (one namespace for both) is prepared where
-/// the unit runs under the client's name (`send::put_protocol_statement`).
+/// pgfresh never saw prepared (by a function) may write anything. One the client made
+/// with a protocol Parse (one namespace for both) is prepared where the unit runs, under
+/// the client's name (`send::put_protocol_statement`): in session mode too, the Parse
+/// may have run on another node.
 fn add_sql_executes(
     state: &super::state::SessionState,
-    mode: PoolMode,
     analysis: &Analysis,
     unit: &mut ClientUnit,
 ) {
     for name in analysis.executes() {
         match state.prepared.get(name) {
-            Some(p) if mode == PoolMode::Transaction && !state.sql_prepared.contains_key(name) => {
+            Some(p) if !state.sql_prepared.contains_key(name) => {
                 unit.parts.push(p.analysis.clone());
                 unit.sql_executes.push(name.to_string());
             }
@@ -85,10 +85,12 @@ fn add_bound_sql_statement(
     }
 }
 
-/// Transaction mode: a PREPARE in `analysis` of a name the client has as a protocol-level
-/// statement, which the connection holds under pgfresh's name: the statement is parsed
-/// under the client's name on the connection first (`send::put_protocol_statement`), so
-/// that the server refuses the PREPARE as PostgreSQL does (42P05).
+/// A PREPARE in `analysis` of a name the client has as a protocol-level statement, which
+/// the connection may not hold under that name (transaction mode keeps it under
+/// pgfresh's name; in session mode the Parse may have run on another node): the
+/// statement is parsed under the client's name on the connection first
+/// (`send::put_protocol_statement`), so that the server refuses the PREPARE as
+/// PostgreSQL does (42P05).
 fn add_name_collisions(
     state: &super::state::SessionState,
     analysis: &Analysis,
@@ -154,10 +156,8 @@ impl Session {
                     self.query_drops_unnamed();
                     let mut unit = self.fresh_unit();
                     let analysis = self.analyze(sql);
-                    add_sql_executes(&self.state, self.mode, &analysis, &mut unit);
-                    if self.mode == PoolMode::Transaction {
-                        add_name_collisions(&self.state, &analysis, &mut unit);
-                    }
+                    add_sql_executes(&self.state, &analysis, &mut unit);
+                    add_name_collisions(&self.state, &analysis, &mut unit);
                     // DEALLOCATE needs the statement where it runs, as EXECUTE does.
                     for s in &analysis.statements {
                         if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
@@ -205,7 +205,7 @@ impl Session {
                             self.batch.parts.push(p.analysis.clone());
                         }
                         event = portal_event(p);
-                        add_sql_executes(&self.state, self.mode, &p.analysis, &mut self.batch);
+                        add_sql_executes(&self.state, &p.analysis, &mut self.batch);
                     } else {
                         // The server has one namespace for protocol-level and SQL-level
                         // prepared statements: a Bind may run one made by SQL PREPARE. It is
@@ -327,9 +327,7 @@ impl Session {
             // the server refuses the Parse (42P05, one namespace for both; see `rewrite`).
             self.batch.sql_executes.push(name.to_string());
         }
-        if self.mode == PoolMode::Transaction {
-            add_name_collisions(&self.state, &analysis, &mut self.batch);
-        }
+        add_name_collisions(&self.state, &analysis, &mut self.batch);
         // DEALLOCATE of a protocol-level statement needs it where it runs.
         for s in &analysis.statements {
             if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(n))) = &s.session {

@@ -445,12 +445,14 @@ impl Session {
         Ok(())
     }
 
-    /// Transaction mode: the unit EXECUTEs or PREPAREs `name`, one of the client's
-    /// protocol-level statements, which live on the connection under pgfresh's names. It is
-    /// parsed there under the client's own name first (the client's Parse, its replies
-    /// swallowed; recorded as `key`, deallocated at check-in like a SQL-level statement),
-    /// so that the EXECUTE runs it and the PREPARE is refused (42P05), as on the client's
-    /// own connection.
+    /// The unit EXECUTEs or PREPAREs `name`, one of the client's protocol-level
+    /// statements, which the connection may lack under that name: in transaction mode it
+    /// lives there under pgfresh's name, in session mode its Parse may have run on
+    /// another node. It is parsed there under the client's own name first (the client's
+    /// Parse, its replies swallowed), so that the EXECUTE runs it and the PREPARE is
+    /// refused (42P05), as on the client's own connection. Transaction mode records it as
+    /// `key` (deallocated at check-in like a SQL-level statement), session mode under its
+    /// name, as a Bind's re-prepared statement.
     fn put_protocol_statement(
         &mut self,
         node: usize,
@@ -460,9 +462,10 @@ impl Session {
         let Some(p) = self.state.prepared.get(name) else {
             return Ok(());
         };
-        if self.mode != PoolMode::Transaction {
-            return Ok(());
-        }
+        let key = match self.mode {
+            PoolMode::Transaction => key,
+            PoolMode::Session => name.to_string(),
+        };
         let (parse, hash) = (p.parse.clone(), p.hash);
         let has = self.backends[node]
             .as_ref()
