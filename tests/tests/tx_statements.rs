@@ -405,8 +405,9 @@ async fn execute_runs_a_statement_made_by_parse() {
 
 /// Session mode: a statement the client made with a protocol Parse, whose batch ran on a
 /// standby, runs by SQL `EXECUTE` wherever that is routed (a read goes to a standby,
-/// maybe the other one; a hint sends it to the primary), and a PREPARE of its name is
-/// refused wherever it runs, as on one PostgreSQL connection.
+/// maybe the other one; a hint sends it to the primary), a PREPARE of its name is
+/// refused wherever it runs, and once DEALLOCATEd no copy of it on another connection
+/// runs, as on one PostgreSQL connection.
 #[tokio::test]
 async fn session_mode_execute_runs_a_statement_parsed_on_another_node() {
     let p = start_proxy(&config_text(""));
@@ -418,12 +419,20 @@ async fn session_mode_execute_runs_a_statement_parsed_on_another_node() {
         query(&format!("/* pgfresh:primary */ EXECUTE {x}")),
         query(&format!("PREPARE {x} AS SELECT 'sx'::text")),
         [bind_execute(&x), sync()].concat(),
+        // Gone everywhere: no connection's copy runs (where PostgreSQL answers 26000).
+        query(&format!("DEALLOCATE {x}")),
+        query(&format!("EXECUTE {x}")),
+        query(&format!("/* pgfresh:primary */ EXECUTE {x}")),
+        [bind_execute(&x), sync()].concat(),
     ];
     let r = same_as_postgresql(&p, &steps).await;
     for i in 1..4 {
         assert!(r[i].contains("row=px"), "step {i}: {r:?}");
     }
     assert!(r[4].contains("error=42P05"), "{r:?}");
+    for i in 7..10 {
+        assert!(r[i].contains("error=26000"), "step {i}: {r:?}");
+    }
 }
 
 /// Two clients' statements of the same name, made by Parse and run by `EXECUTE`, stay

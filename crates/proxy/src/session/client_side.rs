@@ -70,7 +70,8 @@ fn add_sql_executes(
 /// `unit` runs the SQL-level prepared statement `name` (by `EXECUTE`, or by a Bind of a
 /// name no Parse of the client's made: the server has one namespace for both): its
 /// analysis is a part of the unit and it is prepared where the unit runs; one pgfresh
-/// never saw prepared may write anything.
+/// never saw prepared may write anything (and goes where no copy of one of that name is
+/// left, see `ClientUnit::unknown_statements`).
 fn add_bound_sql_statement(
     sql_prepared: &foldhash::HashMap<String, (String, Arc<Analysis>)>,
     name: &str,
@@ -81,7 +82,12 @@ fn add_bound_sql_statement(
             unit.parts.push(inner.clone());
             unit.sql_executes.push(name.to_string());
         }
-        None => unit.parts.push(UNKNOWN_PREPARED.clone()),
+        None => {
+            unit.parts.push(UNKNOWN_PREPARED.clone());
+            if !name.is_empty() {
+                unit.unknown_statements.push(name.to_string());
+            }
+        }
     }
 }
 

@@ -397,7 +397,10 @@ impl Session {
     /// `bring_up_to_date` has something to send before `unit` on `node` (asked first, so
     /// the usual unit makes no future for it).
     fn behind(&self, node: usize, unit: &ClientUnit) -> bool {
-        self.settings_stale(node) || self.tx.deferred().is_some() || !unit.sql_executes.is_empty()
+        self.settings_stale(node)
+            || self.tx.deferred().is_some()
+            || !unit.sql_executes.is_empty()
+            || (self.mode == PoolMode::Session && !unit.unknown_statements.is_empty())
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
@@ -419,6 +422,11 @@ impl Session {
                 super::phase::follow_modes(&mut self.tx_modes, s);
             }
             self.inject_query(node, &begin.sql)?;
+        }
+        if self.mode == PoolMode::Session {
+            for name in &unit.unknown_statements {
+                self.drop_copy(node, name)?;
+            }
         }
         for name in &unit.sql_executes {
             let key = format!("sql:{name}");
@@ -481,6 +489,23 @@ impl Session {
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.prepared.insert(key, hash);
+        }
+        Ok(())
+    }
+
+    /// Session mode: the client has no statement `name` (it was deallocated or closed on
+    /// another connection), so a copy `node`'s connection still holds is deallocated
+    /// before the unit runs it, and the server answers 26000 as PostgreSQL does.
+    fn drop_copy(&mut self, node: usize, name: &str) -> Result<(), ProxyError> {
+        let held = self.backends[node]
+            .as_ref()
+            .is_some_and(|l| l.conn.prepared.contains_key(name));
+        if held {
+            let quoted = super::state::quote_ident(name);
+            self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
+            if let Some(l) = self.backends[node].as_mut() {
+                l.conn.prepared.remove(name);
+            }
         }
         Ok(())
     }

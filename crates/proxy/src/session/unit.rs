@@ -29,6 +29,10 @@ pub struct ClientUnit {
     pub parses: Vec<String>,
     /// SQL `EXECUTE` names used by a simple query.
     pub sql_executes: Vec<String>,
+    /// Names the unit EXECUTEs or binds of which the client had no statement when it was
+    /// read: in session mode a copy a connection still holds (the client dropped it on
+    /// another) is dropped there first, so that the server answers 26000.
+    pub unknown_statements: Vec<String>,
     /// A simple Query unit (its one frame is the Query; see `simple_sql`).
     pub simple: bool,
     /// CopyData/CopyDone/CopyFail: forwarded to the active backend as they come.
@@ -79,6 +83,7 @@ impl ClientUnit {
             uses_statements: Vec::new(),
             parses: Vec::new(),
             sql_executes: Vec::new(),
+            unknown_statements: Vec::new(),
             simple: false,
             passthrough: false,
             force_primary: false,
@@ -125,6 +130,7 @@ impl ClientUnit {
             uses_statements,
             parses,
             sql_executes,
+            unknown_statements,
             simple,
             passthrough,
             force_primary,
@@ -144,6 +150,7 @@ impl ClientUnit {
         uses_statements.clear();
         parses.clear();
         sql_executes.clear();
+        unknown_statements.clear();
         *simple = false;
         *passthrough = false;
         *force_primary = false;
