@@ -472,3 +472,80 @@ async fn execute_of_a_parsed_name_runs_the_clients_own_statement() {
         "{got:?}"
     );
 }
+
+/// Close of a statement, `S` kind.
+fn close_statement(name: &str) -> Vec<u8> {
+    let mut b = vec![b'S'];
+    b.extend(cstr(name));
+    msg(b'C', &b)
+}
+
+/// An `EXECUTE` runs the client's statement as it was when the `EXECUTE` came, not as a
+/// Close and Parse later in the same batch left it (the connection the batch lands on may
+/// lack the statement, so pgfresh parses it there first).
+#[tokio::test]
+async fn execute_runs_the_statement_as_it_was_when_read() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let y = unique(&format!("exec_read_{prefix}_y"));
+        let s = unique(&format!("exec_read_{prefix}_s"));
+        let steps = [
+            [parse(&y, "SELECT 'one'::text"), bind_execute(&y), sync()].concat(),
+            [
+                parse(&s, &format!("/* pgfresh:primary */ EXECUTE {y}")),
+                bind_execute(&s),
+                close_statement(&y),
+                parse(&y, "SELECT 'two'::text"),
+                bind_execute(&y),
+                sync(),
+            ]
+            .concat(),
+            query(&format!("/* pgfresh:primary */ EXECUTE {y}")),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].contains("row=one row=two"), "{prefix}: {r:?}");
+        assert!(r[2].contains("row=two"), "{prefix}: {r:?}");
+    }
+}
+
+/// Session mode: whichever node a batch lands on, the client's statements there are as on
+/// its own connection when the batch begins. A Parse of a name it has is refused (42P05);
+/// a Bind after the batch's own Close fails (26000); one before it runs the old version.
+#[tokio::test]
+async fn session_mode_statements_are_the_clients_wherever_a_batch_runs() {
+    let p = start_proxy(&config_text(""));
+    let y = unique("sess_names_y");
+    let parse_y = |tag: &str, hint: &str| parse(&y, &format!("{hint}SELECT '{tag}'::text"));
+    let primary = "/* pgfresh:primary */ ";
+    let steps = [
+        [parse_y("one", ""), bind_execute(&y), sync()].concat(),
+        // Parsed again, on a standby and on the primary: refused, the old one stays.
+        [parse_y("two", ""), bind_execute(&y), sync()].concat(),
+        [parse_y("two", primary), sync()].concat(),
+        [bind_execute(&y), sync()].concat(),
+        // The batch's own Close, then Parse: the Bind before runs the old one.
+        [
+            bind_execute(&y),
+            close_statement(&y),
+            parse_y("three", primary),
+            bind_execute(&y),
+            sync(),
+        ]
+        .concat(),
+        [bind_execute(&y), sync()].concat(),
+        // Closed, then bound in the same batch: 26000, and closed for good.
+        [close_statement(&y), bind_execute(&y), sync()].concat(),
+        [bind_execute(&y), sync()].concat(),
+        query(&format!("{primary}SELECT 1")),
+        [parse_y("four", ""), bind_execute(&y), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[1].contains("error=42P05"), "{r:?}");
+    assert!(r[2].contains("error=42P05"), "{r:?}");
+    assert!(r[3].contains("row=one"), "{r:?}");
+    assert!(r[4].contains("row=one row=three"), "{r:?}");
+    assert!(r[5].contains("row=three"), "{r:?}");
+    assert!(r[6].contains("error=26000"), "{r:?}");
+    assert!(r[7].contains("error=26000"), "{r:?}");
+    assert!(r[9].contains("row=four"), "{r:?}");
+}

@@ -10,7 +10,7 @@ use pgfresh_wire::{parse_frontend, FrontendMessage};
 use super::routing::Local;
 use super::settings::{event_of, StmtEvent};
 use super::state::Prepared;
-use super::unit::{ClientUnit, Expect, InFlight, Undo};
+use super::unit::{ClientUnit, Expect, InFlight, NamedStatement, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
@@ -60,7 +60,7 @@ fn add_sql_executes(
         match state.prepared.get(name) {
             Some(p) if !state.sql_prepared.contains_key(name) => {
                 unit.parts.push(p.analysis.clone());
-                unit.sql_executes.push(name.to_string());
+                unit.sql_executes.push(NamedStatement::of(state, name));
             }
             _ => add_bound_sql_statement(&state.sql_prepared, name, unit),
         }
@@ -80,7 +80,7 @@ fn add_bound_sql_statement(
     match sql_prepared.get(name) {
         Some((_, inner)) => {
             unit.parts.push(inner.clone());
-            unit.sql_executes.push(name.to_string());
+            unit.sql_executes.push(NamedStatement::sql(name));
         }
         None => {
             unit.parts.push(UNKNOWN_PREPARED.clone());
@@ -108,7 +108,7 @@ fn add_name_collisions(
     for s in &analysis.statements {
         if let Some(pgfresh_sql::SessionEffect::Prepare { name, .. }) = &s.session {
             if state.prepared.contains_key(name) && !state.sql_prepared.contains_key(name) {
-                unit.sql_executes.push(name.clone());
+                unit.sql_executes.push(NamedStatement::of(state, name));
             }
         }
     }
@@ -169,7 +169,7 @@ impl Session {
                         if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
                         {
                             if self.state.sql_prepared.contains_key(name) {
-                                unit.sql_executes.push(name.clone());
+                                unit.sql_executes.push(NamedStatement::sql(name));
                             }
                         }
                     }
@@ -331,7 +331,7 @@ impl Session {
         {
             // A name the client PREPAREd: the statement goes where the Parse runs, and
             // the server refuses the Parse (42P05, one namespace for both; see `rewrite`).
-            self.batch.sql_executes.push(name.to_string());
+            self.batch.sql_executes.push(NamedStatement::sql(name));
         }
         add_name_collisions(&self.state, &analysis, &mut self.batch);
         // DEALLOCATE of a protocol-level statement needs it where it runs.

@@ -12,7 +12,7 @@ use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, 
 use pgfresh_wire::build;
 
 use super::state::{text_hash, PinReason};
-use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected};
+use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected, NamedStatement};
 use super::Session;
 use crate::error::ProxyError;
 use crate::router::{Decision, Reason};
@@ -428,10 +428,12 @@ impl Session {
                 self.drop_copy(node, name)?;
             }
         }
-        for name in &unit.sql_executes {
+        for NamedStatement { name, parsed } in &unit.sql_executes {
             let key = format!("sql:{name}");
             let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
-                self.put_protocol_statement(node, name, key)?;
+                if let Some((parse, hash)) = parsed {
+                    self.put_protocol_statement(node, name, key, parse, *hash)?;
+                }
                 continue;
             };
             let hash = text_hash(text.as_bytes());
@@ -460,21 +462,20 @@ impl Session {
     /// Parse, its replies swallowed), so that the EXECUTE runs it and the PREPARE is
     /// refused (42P05), as on the client's own connection. Transaction mode records it as
     /// `key` (deallocated at check-in like a SQL-level statement), session mode under its
-    /// name, as a Bind's re-prepared statement.
+    /// name, as a Bind's re-prepared statement. `parse` is the client's Parse of it as of
+    /// the message that named it (`NamedStatement::parsed`).
     fn put_protocol_statement(
         &mut self,
         node: usize,
         name: &str,
         key: String,
+        parse: &Bytes,
+        hash: u64,
     ) -> Result<(), ProxyError> {
-        let Some(p) = self.state.prepared.get(name) else {
-            return Ok(());
-        };
         let key = match self.mode {
             PoolMode::Transaction => key,
             PoolMode::Session => name.to_string(),
         };
-        let (parse, hash) = (p.parse.clone(), p.hash);
         let has = self.backends[node]
             .as_ref()
             .and_then(|l| l.conn.prepared.get(&key).copied());
@@ -485,7 +486,7 @@ impl Session {
             let quoted = super::state::quote_ident(name);
             self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
         }
-        self.stage_frames(node, &[parse, build::sync()])?;
+        self.stage_frames(node, &[parse.clone(), build::sync()])?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.prepared.insert(key, hash);
@@ -548,10 +549,14 @@ impl Session {
         }
     }
 
-    /// Session mode: the protocol-level statements `unit` uses that `node`'s connection
-    /// lacks (or holds in another version) are parsed there first, into `pre`, and the
-    /// connection's record follows the unit's own Parses. Each message added has its
-    /// reply swallowed (`expect`).
+    /// Session mode: before `unit`, `node`'s connection is made to hold, for every
+    /// statement name the unit binds, describes, parses or closes, exactly the client's
+    /// statement of that name as it was when the unit began (a copy left from an older
+    /// version or one the client closed is closed, a missing one parsed), so that the
+    /// unit runs there as on the client's own connection: a Parse of a name the client
+    /// has is refused (42P05), a Bind after the batch's own Close fails (26000). The
+    /// messages go into `pre`, each reply swallowed (`expect`); the connection's record
+    /// then follows the unit's own Parses and Closes.
     fn prepare_statements(
         &mut self,
         node: usize,
@@ -567,40 +572,61 @@ impl Session {
             // unit: a unit that binds it prepares it again after the probe.
             l.conn.prepared.remove("");
         }
-        for name in &unit.uses_statements {
-            let Some(p) = self.state.prepared.get(name) else {
+        let undone = unit.statement_undo.iter().map(|u| u.name.as_str());
+        let touched = unit
+            .uses_statements
+            .iter()
+            .map(String::as_str)
+            .chain(undone);
+        for (i, name) in touched.clone().enumerate() {
+            if touched.clone().take(i).any(|n| n == name) {
                 continue;
-            };
-            match l.conn.prepared.get(name).copied() {
-                Some(h) if h == p.hash => {}
-                previous => {
-                    if previous.is_some() && !name.is_empty() {
-                        pre.push(build::close(b'S', name));
-                        expect.push_back(Expect::Hidden { record: None });
-                    }
-                    pre.push(p.parse.clone());
-                    expect.push_back(Expect::Hidden {
-                        record: Some(ConnRecord::Named {
-                            name: name.clone(),
-                            previous,
-                        }),
-                    });
-                    l.conn.prepared.insert(name.clone(), p.hash);
-                }
             }
-        }
-        for name in &unit.parses {
-            if !name.is_empty() && l.conn.prepared.contains_key(name) {
+            // As the unit began: before its first Parse or Close of the name, if any.
+            let start = match unit.statement_undo.iter().find(|u| u.name == name) {
+                Some(u) => u.previous.as_ref(),
+                None => self.state.prepared.get(name),
+            };
+            let has = l.conn.prepared.get(name).copied();
+            if has == start.map(|p| p.hash) {
+                continue;
+            }
+            if !name.is_empty() || (start.is_none() && has.is_some()) {
+                // (A Close of a statement the connection lacks does nothing: its record
+                // may be behind after an error skipped the client's own Close.)
                 pre.push(build::close(b'S', name));
                 expect.push_back(Expect::Hidden { record: None });
             }
-            if let Some(p) = self.state.prepared.get(name) {
+            match start {
+                Some(p) => {
+                    pre.push(p.parse.clone());
+                    expect.push_back(Expect::Hidden {
+                        record: Some(ConnRecord::Named {
+                            name: name.to_string(),
+                            previous: has,
+                        }),
+                    });
+                    l.conn.prepared.insert(name.to_string(), p.hash);
+                }
+                None => {
+                    l.conn.prepared.remove(name);
+                }
+            }
+        }
+        // After the unit, as the client's statements are now (an error that skips its
+        // Parse or Close leaves the record behind; the next unit compares and mends it).
+        let parsed = unit.parses.iter().map(String::as_str);
+        for name in parsed.chain(unit.statement_undo.iter().map(|u| u.name.as_str())) {
+            match self.state.prepared.get(name) {
                 // Most often the same statement again: one lookup, no new key.
-                match l.conn.prepared.get_mut(name) {
+                Some(p) => match l.conn.prepared.get_mut(name) {
                     Some(h) => *h = p.hash,
                     None => {
-                        l.conn.prepared.insert(name.clone(), p.hash);
+                        l.conn.prepared.insert(name.to_string(), p.hash);
                     }
+                },
+                None => {
+                    l.conn.prepared.remove(name);
                 }
             }
         }

@@ -13,6 +13,34 @@ use pgfresh_sql::{Analysis, RelName};
 use super::settings::StmtEvent;
 use crate::router::Reason;
 
+/// A statement a unit runs by its name (`ClientUnit::sql_executes`).
+#[derive(Clone, Debug)]
+pub struct NamedStatement {
+    pub name: String,
+    /// The Parse that made the client's protocol-level statement of that name, and its
+    /// hash, as of the message that names it: a Close or Parse later in the same batch
+    /// is read before the batch is sent, and must not change what this one runs.
+    pub parsed: Option<(Bytes, u64)>,
+}
+
+impl NamedStatement {
+    /// A SQL-level statement `name` (the client's PREPARE of it is what runs).
+    pub fn sql(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            parsed: None,
+        }
+    }
+
+    /// `name`, with the client's protocol-level statement of that name now, if any.
+    pub fn of(state: &super::state::SessionState, name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            parsed: state.prepared.get(name).map(|p| (p.parse.clone(), p.hash)),
+        }
+    }
+}
+
 /// A unit read from the client and waiting to be routed.
 #[derive(Clone, Debug)]
 pub struct ClientUnit {
@@ -27,8 +55,11 @@ pub struct ClientUnit {
     pub uses_statements: Vec<String>,
     /// Parse messages in this unit (statement names).
     pub parses: Vec<String>,
-    /// SQL `EXECUTE` names used by a simple query.
-    pub sql_executes: Vec<String>,
+    /// Statements the unit runs by name, which must exist on the connection under that
+    /// name (SQL `EXECUTE`, DEALLOCATE or a Bind of a SQL-level statement, a PREPARE of
+    /// a protocol-level statement's name), with the client's protocol-level statement of
+    /// that name as it was when the unit was read.
+    pub sql_executes: Vec<NamedStatement>,
     /// Names the unit EXECUTEs or binds of which the client had no statement when it was
     /// read: in session mode a copy a connection still holds (the client dropped it on
     /// another) is dropped there first, so that the server answers 26000.
@@ -730,7 +761,7 @@ mod tests {
         u.synced = true;
         u.uses_statements.push("s1".into());
         u.parses.push("s1".into());
-        u.sql_executes.push("p".into());
+        u.sql_executes.push(NamedStatement::sql("p"));
         u.simple = true;
         u.passthrough = true;
         u.force_primary = true;
