@@ -549,3 +549,31 @@ async fn session_mode_statements_are_the_clients_wherever_a_batch_runs() {
     assert!(r[7].contains("error=26000"), "{r:?}");
     assert!(r[9].contains("row=four"), "{r:?}");
 }
+
+/// Transaction mode: a statement made by Parse, run by `EXECUTE` and then closed in the
+/// same transaction, is gone for a later `EXECUTE` there too (26000, as in PostgreSQL).
+#[tokio::test]
+async fn a_closed_statement_does_not_run_from_the_copy_an_execute_made() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("closed_copy_x");
+    let steps = [
+        query("BEGIN"),
+        [parse(&x, "SELECT 'px'::text"), sync()].concat(),
+        query(&format!("EXECUTE {x}")),
+        [close_statement(&x), sync()].concat(),
+        query(&format!("EXECUTE {x}")),
+        query("ROLLBACK"),
+        // Pinned to its connection by a temporary table: across transactions too.
+        query("CREATE TEMP TABLE closed_copy_pin (a int)"),
+        [parse(&x, "SELECT 'py'::text"), sync()].concat(),
+        query(&format!("EXECUTE {x}")),
+        [close_statement(&x), sync()].concat(),
+        query(&format!("EXECUTE {x}")),
+        query("DISCARD ALL"),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[2].contains("row=px"), "{r:?}");
+    assert!(r[4].contains("error=26000"), "{r:?}");
+    assert!(r[8].contains("row=py"), "{r:?}");
+    assert!(r[10].contains("error=26000"), "{r:?}");
+}

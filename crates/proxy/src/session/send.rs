@@ -400,7 +400,7 @@ impl Session {
         self.settings_stale(node)
             || self.tx.deferred().is_some()
             || !unit.sql_executes.is_empty()
-            || (self.mode == PoolMode::Session && !unit.unknown_statements.is_empty())
+            || !unit.unknown_statements.is_empty()
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
@@ -423,10 +423,8 @@ impl Session {
             }
             self.inject_query(node, &begin.sql)?;
         }
-        if self.mode == PoolMode::Session {
-            for name in &unit.unknown_statements {
-                self.drop_copy(node, name)?;
-            }
+        for name in &unit.unknown_statements {
+            self.drop_copy(node, name)?;
         }
         for NamedStatement { name, parsed } in &unit.sql_executes {
             let key = format!("sql:{name}");
@@ -494,18 +492,24 @@ impl Session {
         Ok(())
     }
 
-    /// Session mode: the client has no statement `name` (it was deallocated or closed on
-    /// another connection), so a copy `node`'s connection still holds is deallocated
-    /// before the unit runs it, and the server answers 26000 as PostgreSQL does.
+    /// The client has no statement `name` (it was deallocated or closed on another
+    /// connection, or closed after an EXECUTE parsed it under the client's name, see
+    /// `put_protocol_statement`), so a copy `node`'s connection still holds under that
+    /// name is deallocated before the unit runs it, and the server answers 26000 as
+    /// PostgreSQL does.
     fn drop_copy(&mut self, node: usize, name: &str) -> Result<(), ProxyError> {
+        let key = match self.mode {
+            PoolMode::Session => std::borrow::Cow::Borrowed(name),
+            PoolMode::Transaction => std::borrow::Cow::Owned(format!("sql:{name}")),
+        };
         let held = self.backends[node]
             .as_ref()
-            .is_some_and(|l| l.conn.prepared.contains_key(name));
+            .is_some_and(|l| l.conn.prepared.contains_key(key.as_ref()));
         if held {
             let quoted = super::state::quote_ident(name);
             self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
             if let Some(l) = self.backends[node].as_mut() {
-                l.conn.prepared.remove(name);
+                l.conn.prepared.remove(key.as_ref());
             }
         }
         Ok(())

@@ -61,8 +61,9 @@ pub struct ClientUnit {
     /// that name as it was when the unit was read.
     pub sql_executes: Vec<NamedStatement>,
     /// Names the unit EXECUTEs or binds of which the client had no statement when it was
-    /// read: in session mode a copy a connection still holds (the client dropped it on
-    /// another) is dropped there first, so that the server answers 26000.
+    /// read: a copy a connection still holds under that name (session mode: the client
+    /// dropped it on another connection; either mode: an EXECUTE parsed it there before
+    /// the client closed it) is dropped there first, so that the server answers 26000.
     pub unknown_statements: Vec<String>,
     /// A simple Query unit (its one frame is the Query; see `simple_sql`).
     pub simple: bool,
