@@ -18,6 +18,7 @@ pub use pgfresh_proxy::Stop;
 pub use pgfresh_localcluster;
 
 pub mod admin;
+pub mod exchange;
 pub mod pki;
 
 /// Password of the cluster's `app` role (see `LocalCluster::shared`).

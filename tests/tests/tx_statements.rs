@@ -3,90 +3,9 @@
 //! through pgfresh (in transaction mode, and where it says so in session mode too), and
 //! the outcomes must be the same message for message.
 
+use pgfresh_tests::exchange::*;
 use pgfresh_tests::raw::{cstr, msg};
 use pgfresh_tests::*;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-
-fn tx_config(routing: &str) -> String {
-    format!(
-        "{}\n[pool]\npool_mode = \"transaction\"\npool_size = 1\n",
-        config_text(routing)
-    )
-}
-
-fn parse(name: &str, sql: &str) -> Vec<u8> {
-    let mut b = cstr(name);
-    b.extend(cstr(sql));
-    b.extend(0u16.to_be_bytes());
-    msg(b'P', &b)
-}
-
-/// Bind of `statement` to the unnamed portal, no parameters, then Execute.
-fn bind_execute(statement: &str) -> Vec<u8> {
-    [raw::bind(statement, &[]), raw::execute()].concat()
-}
-
-fn sync() -> Vec<u8> {
-    msg(b'S', &[])
-}
-
-fn query(sql: &str) -> Vec<u8> {
-    msg(b'Q', &cstr(sql))
-}
-
-/// One exchange's outcome as the client sees it: the message tags, the values of the
-/// DataRows, each error's SQLSTATE and message, and the final transaction status.
-fn outcome(messages: &[(u8, Vec<u8>)]) -> String {
-    let mut out = String::from_utf8_lossy(&raw::tags(messages)).into_owned();
-    for (tag, body) in messages {
-        match tag {
-            b'D' => {
-                let len = i32::from_be_bytes(body[2..6].try_into().unwrap());
-                let v = usize::try_from(len)
-                    .map(|l| String::from_utf8_lossy(&body[6..6 + l]).into_owned())
-                    .unwrap_or_else(|_| "NULL".into());
-                out.push_str(&format!(" row={v}"));
-            }
-            b'E' => {
-                let field = |k: u8| {
-                    body.split(|x| *x == 0)
-                        .find_map(|f| f.strip_prefix(&[k]))
-                        .map(|c| String::from_utf8_lossy(c).into_owned())
-                        .unwrap_or_default()
-                };
-                out.push_str(&format!(" error={}:{}", field(b'C'), field(b'M')));
-            }
-            b'Z' => out.push_str(&format!(" status={}", body[0] as char)),
-            _ => {}
-        }
-    }
-    out
-}
-
-/// Sends each step and reads up to its ReadyForQuery; the outcome of each.
-async fn run<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, steps: &[Vec<u8>]) -> Vec<String> {
-    let mut outcomes = Vec::new();
-    for step in steps {
-        s.write_all(step).await.unwrap();
-        outcomes.push(outcome(&raw::read_until(s, b'Z').await));
-    }
-    outcomes
-}
-
-/// A session on the primary itself, over its Unix socket (trusted), as `app`.
-async fn direct_session() -> tokio::net::UnixStream {
-    let c = cluster();
-    let dir = c
-        .data_dir(0)
-        .parent()
-        .expect("the cluster's directory")
-        .to_owned();
-    let path = dir.join(format!(".s.PGSQL.{}", c.port(0)));
-    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
-    s.write_all(&raw::startup("app", "app")).await.unwrap();
-    raw::read_until(&mut s, b'Z').await;
-    s
-}
 
 /// Runs `steps` on the primary and through `p`; the outcomes through pgfresh must be
 /// the primary's. Returns them.
@@ -471,13 +390,6 @@ async fn execute_of_a_parsed_name_runs_the_clients_own_statement() {
         ["a", "b", "a", "b", "a", "b", "b", "a", "CZ"],
         "{got:?}"
     );
-}
-
-/// Close of a statement, `S` kind.
-fn close_statement(name: &str) -> Vec<u8> {
-    let mut b = vec![b'S'];
-    b.extend(cstr(name));
-    msg(b'C', &b)
 }
 
 /// An `EXECUTE` runs the client's statement as it was when the `EXECUTE` came, not as a
