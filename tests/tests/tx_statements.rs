@@ -489,3 +489,27 @@ async fn a_closed_statement_does_not_run_from_the_copy_an_execute_made() {
     assert!(r[8].contains("row=py"), "{r:?}");
     assert!(r[10].contains("error=26000"), "{r:?}");
 }
+
+/// A Parse of a name the client already has is refused (42P05), and PostgreSQL's error
+/// names the client's statement, wherever the batch runs; the old statement stays.
+#[tokio::test]
+async fn a_parse_of_a_name_in_use_is_refused_naming_the_clients_statement() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("in_use_x");
+    let steps = [
+        [parse(&x, "SELECT 'one'::text"), sync()].concat(),
+        [parse(&x, "SELECT 'two'::text"), sync()].concat(),
+        [
+            parse(&x, "/* pgfresh:primary */ SELECT 'two'::text"),
+            bind_execute(&x),
+            sync(),
+        ]
+        .concat(),
+        [bind_execute(&x), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    let exists = format!("error=42P05:prepared statement \"{x}\" already exists");
+    assert!(r[1].contains(&exists), "{r:?}");
+    assert!(r[2].contains(&exists), "{r:?}");
+    assert!(r[3].contains("row=one"), "{r:?}");
+}

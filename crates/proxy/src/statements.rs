@@ -209,6 +209,46 @@ pub fn parse_content(raw: &Bytes, name: &str) -> Bytes {
     raw.slice(5 + name.len() + 1..)
 }
 
+/// The ErrorResponse with body `body` whose message names one of pgfresh's statements
+/// (`"__pgfresh_N"`), naming the client's statement `client` there instead; `None` when
+/// the message names none. (A refused Parse of a name the client has is sent under its
+/// statement's server name, see `session::rewrite`.)
+pub fn error_naming(body: &[u8], client: &str) -> Option<Bytes> {
+    let quoted = format!("\"{PREFIX}");
+    let mut fields = BytesMut::with_capacity(body.len() + client.len());
+    let mut renamed = false;
+    let mut rest = body;
+    while let Some((&kind, tail)) = rest.split_first().filter(|(k, _)| **k != 0) {
+        let end = memchr::memchr(0, tail)?;
+        let value = &tail[..end];
+        rest = &tail[end + 1..];
+        fields.put_u8(kind);
+        let at = (kind == b'M')
+            .then(|| memchr::memmem::find(value, quoted.as_bytes()))
+            .flatten();
+        match at {
+            Some(at) => {
+                // The name between the quotes: the prefix and its digits.
+                let name_end = value[at + quoted.len()..]
+                    .iter()
+                    .position(|b| !b.is_ascii_digit())
+                    .map(|n| at + quoted.len() + n)
+                    .filter(|e| value.get(*e) == Some(&b'"'))?;
+                fields.put_slice(&value[..=at]);
+                fields.put_slice(client.as_bytes());
+                fields.put_slice(&value[name_end..]);
+                renamed = true;
+            }
+            None => fields.put_slice(value),
+        }
+        fields.put_u8(0);
+    }
+    fields.put_u8(0);
+    let mut out = BytesMut::new();
+    put_frame(&mut out, b'E', &[&fields]);
+    renamed.then(|| out.freeze())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +351,25 @@ mod tests {
         assert_eq!(bind_names(b"B\0\0\0\x06p\0"), None);
         assert_eq!(bind_names(b"B\0\0\0\x04"), None);
         assert_eq!(bind_names(b"B\0\0\0\x06\0\0"), Some((&b""[..], &b""[..])));
+    }
+
+    #[test]
+    fn an_error_naming_a_server_statement_names_the_client_s() {
+        let body = b"SERROR\0C42P05\0Mprepared statement \"__pgfresh_12\" already exists\0Rx\0\0";
+        let renamed = error_naming(body, "mine").expect("renamed");
+        assert_eq!(
+            &renamed[5..],
+            b"SERROR\0C42P05\0Mprepared statement \"mine\" already exists\0Rx\0\0"
+        );
+        assert_eq!(
+            renamed.len(),
+            1 + u32::from_be_bytes(renamed[1..5].try_into().unwrap()) as usize
+        );
+        // The client's own name, or none: nothing to do.
+        assert!(error_naming(
+            b"C42P05\0Mprepared statement \"mine\" already exists\0\0",
+            "x"
+        )
+        .is_none());
     }
 }

@@ -410,6 +410,11 @@ impl Session {
             tracing::info!(node, "server closed an idle connection");
             return Action::Swallow;
         }
+        let renamed = if injected {
+            None
+        } else {
+            self.error_for_client(self.body(node, start, end))
+        };
         // What the refused and skipped messages changed in the client's statements,
         // taken back below unless the unit runs again elsewhere (where they run).
         let undo = if injected {
@@ -486,6 +491,10 @@ impl Session {
                     "a statement pgfresh replayed on a backend failed"
                 );
             }
+            return Action::Swallow;
+        }
+        if let Some(error) = renamed {
+            self.due.push(error);
             return Action::Swallow;
         }
         Action::Forward

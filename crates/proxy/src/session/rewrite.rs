@@ -404,6 +404,26 @@ impl Session {
         hidden
     }
 
+    /// An ErrorResponse (body `body`) for the front unit's next expected reply, as the
+    /// client is to read it: a Parse of a name the client has is refused under the server
+    /// name of the client's statement (see `rewrite_unit`), and PostgreSQL's error names
+    /// the client's statement (its undo says which). `None`: the server's error as it is.
+    pub(super) fn error_for_client(&self, body: &[u8]) -> Option<Bytes> {
+        let u = self.inflight.front()?;
+        let Some(Expect::Client {
+            parse: None,
+            sync: false,
+            undo: Some(undo),
+        }) = u.expect.front()
+        else {
+            return None;
+        };
+        if undo.name.is_empty() {
+            return None;
+        }
+        statements::error_naming(body, &undo.name)
+    }
+
     /// An ErrorResponse from `node` for the front unit: the server skips to the Sync, so
     /// the entries in front of the Sync's are taken, the first the refused message's.
     /// Returns what the refused and skipped messages changed in the client's statements,
