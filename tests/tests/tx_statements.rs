@@ -513,3 +513,34 @@ async fn a_parse_of_a_name_in_use_is_refused_naming_the_clients_statement() {
     assert!(r[2].contains(&exists), "{r:?}");
     assert!(r[3].contains("row=one"), "{r:?}");
 }
+
+/// A PREPARE of a name the client already PREPAREd is refused (42P05) wherever it runs,
+/// as on PostgreSQL, and the first statement stays; after DEALLOCATE the name is free.
+#[tokio::test]
+async fn a_prepare_of_a_name_in_use_is_refused_wherever_it_runs() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("prepare_twice_{prefix}"));
+        let q = |sql: String| query(&sql);
+        let steps = [
+            q(format!(
+                "/* pgfresh:primary */ PREPARE {x} AS SELECT 'one'::text"
+            )),
+            q(format!("PREPARE {x} AS SELECT 'two'::text")),
+            q(format!(
+                "/* pgfresh:primary */ PREPARE {x} AS SELECT 'two'::text"
+            )),
+            q(format!("EXECUTE {x}")),
+            q(format!(
+                "DEALLOCATE {x}; PREPARE {x} AS SELECT 'three'::text"
+            )),
+            q(format!("EXECUTE {x}")),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        let exists = format!("error=42P05:prepared statement \"{x}\" already exists");
+        assert!(r[1].contains(&exists), "{prefix}: {r:?}");
+        assert!(r[2].contains(&exists), "{prefix}: {r:?}");
+        assert!(r[3].contains("row=one"), "{prefix}: {r:?}");
+        assert!(r[5].contains("row=three"), "{prefix}: {r:?}");
+    }
+}

@@ -91,23 +91,25 @@ fn add_bound_sql_statement(
     }
 }
 
-/// A PREPARE in `analysis` of a name the client has as a protocol-level statement, which
-/// the connection may not hold under that name (transaction mode keeps it under
-/// pgfresh's name; in session mode the Parse may have run on another node): the
-/// statement is parsed under the client's name on the connection first
-/// (`send::put_protocol_statement`), so that the server refuses the PREPARE as
-/// PostgreSQL does (42P05).
+/// A PREPARE in `analysis` of a name the client already has, which the connection may
+/// not hold under that name (transaction mode keeps a protocol-level statement under
+/// pgfresh's name; a SQL-level one, and in session mode a Parse, may have run on another
+/// connection): the client's statement is put on the connection under its name first
+/// (`send::put_protocol_statement`, or PREPAREd as an `EXECUTE`'s is), so that the server
+/// refuses the PREPARE as PostgreSQL does (42P05).
 fn add_name_collisions(
     state: &super::state::SessionState,
     analysis: &Analysis,
     unit: &mut ClientUnit,
 ) {
-    if state.prepared.is_empty() {
+    if state.prepared.is_empty() && state.sql_prepared.is_empty() {
         return;
     }
     for s in &analysis.statements {
         if let Some(pgfresh_sql::SessionEffect::Prepare { name, .. }) = &s.session {
-            if state.prepared.contains_key(name) && !state.sql_prepared.contains_key(name) {
+            if state.sql_prepared.contains_key(name) {
+                unit.sql_executes.push(NamedStatement::sql(name));
+            } else if state.prepared.contains_key(name) {
                 unit.sql_executes.push(NamedStatement::of(state, name));
             }
         }

@@ -902,10 +902,12 @@ impl Session {
                         // replayed elsewhere, so the session stays where it is confirmed.
                         self.state.pins.insert(PinReason::UnknownSetting);
                     }
-                    // A name the client has as a protocol-level statement: the server
-                    // refuses it (42P05, one namespace for both).
+                    // A name the client has, as a protocol-level statement or by an earlier
+                    // PREPARE: the server refuses it (42P05, one namespace for both), and
+                    // the statement stays as it was (`add_name_collisions`).
                     SessionEffect::Prepare { name, .. }
-                        if self.state.prepared.contains_key(name) => {}
+                        if self.state.prepared.contains_key(name)
+                            || self.state.sql_prepared.contains_key(name) => {}
                     SessionEffect::Prepare { name, inner } => {
                         if let Some(t) = text() {
                             self.state
