@@ -544,3 +544,26 @@ async fn a_prepare_of_a_name_in_use_is_refused_wherever_it_runs() {
         assert!(r[5].contains("row=three"), "{prefix}: {r:?}");
     }
 }
+
+/// Session mode: a Parse an error skipped made no statement, though pgfresh's record of
+/// the connection may count it until the next unit mends it; what pgfresh sends to mend it
+/// must not fail the client's transaction: an `EXECUTE` of the name in a transaction
+/// fails with 26000 as on PostgreSQL (not with 25P02, after pgfresh's own `DEALLOCATE`
+/// failed there).
+#[tokio::test]
+async fn a_statement_an_error_skipped_does_not_fail_a_later_transaction() {
+    let p = start_proxy(&config_text(""));
+    let z = unique("skipped_z");
+    let steps = [
+        [bind_execute(&z), parse(&z, "SELECT 'one'::text"), sync()].concat(),
+        query("BEGIN"),
+        query("SELECT 'in'::text"),
+        query(&format!("EXECUTE {z}")),
+        query("ROLLBACK"),
+        query(&format!("EXECUTE {z}")),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[0].contains("error=26000"), "{r:?}");
+    assert!(r[3].contains("error=26000"), "{r:?}");
+    assert!(r[5].contains("error=26000"), "{r:?}");
+}

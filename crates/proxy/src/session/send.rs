@@ -186,6 +186,16 @@ impl Session {
         Ok(())
     }
 
+    /// Closes prepared statement `name` on `node`'s connection, SQL-level or not, with a
+    /// protocol Close: unlike `DEALLOCATE` it never fails (a name the connection lacks,
+    /// after its record counted a Parse an error skipped, is no error; nor is a failed
+    /// transaction), so it cannot fail the client's transaction.
+    fn inject_close(&mut self, node: usize, name: &str) -> Result<(), ProxyError> {
+        self.stage_frames(node, &[build::close(b'S', name), build::sync()])?;
+        self.inflight.push_back(InFlight::injected(Injected::Plain));
+        Ok(())
+    }
+
     /// Stage a simple query of pgfresh's own; the caller records what it is for.
     pub(super) fn stage_query(&mut self, node: usize, sql: &str) -> Result<(), ProxyError> {
         self.stage_frames(node, &[build::query(sql)])
@@ -439,12 +449,10 @@ impl Session {
                 .as_ref()
                 .and_then(|l| l.conn.prepared.get(&key).copied());
             if has != Some(hash) {
-                let mut sql = String::new();
                 if has.is_some() {
-                    sql.push_str(&format!("DEALLOCATE {};", super::state::quote_ident(name)));
+                    self.inject_close(node, name)?;
                 }
-                sql.push_str(&text);
-                self.inject_query(node, &sql)?;
+                self.inject_query(node, &text)?;
                 if let Some(l) = self.backends[node].as_mut() {
                     l.conn.prepared.insert(key, hash);
                 }
@@ -481,8 +489,7 @@ impl Session {
             return Ok(());
         }
         if has.is_some() {
-            let quoted = super::state::quote_ident(name);
-            self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
+            self.inject_close(node, name)?;
         }
         self.stage_frames(node, &[parse.clone(), build::sync()])?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
@@ -506,8 +513,7 @@ impl Session {
             .as_ref()
             .is_some_and(|l| l.conn.prepared.contains_key(key.as_ref()));
         if held {
-            let quoted = super::state::quote_ident(name);
-            self.inject_query(node, &format!("DEALLOCATE {quoted}"))?;
+            self.inject_close(node, name)?;
             if let Some(l) = self.backends[node].as_mut() {
                 l.conn.prepared.remove(key.as_ref());
             }
