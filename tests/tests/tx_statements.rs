@@ -567,3 +567,34 @@ async fn a_statement_an_error_skipped_does_not_fail_a_later_transaction() {
     assert!(r[3].contains("error=26000"), "{r:?}");
     assert!(r[5].contains("error=26000"), "{r:?}");
 }
+
+/// Session mode: a Parse of a name the client PREPAREd is refused (42P05) wherever the
+/// batch runs, as on PostgreSQL (one namespace for both), and the PREPAREd statement
+/// stays, run by EXECUTE and by Bind alike.
+#[tokio::test]
+async fn session_mode_a_parse_of_a_prepared_name_is_refused_wherever_it_runs() {
+    let p = start_proxy(&config_text(""));
+    let y = unique("sess_prepared_y");
+    let steps = [
+        query(&format!(
+            "/* pgfresh:primary */ PREPARE {y} AS SELECT 'one'::text"
+        )),
+        [parse(&y, "SELECT 'two'::text"), sync()].concat(),
+        [
+            parse(&y, "/* pgfresh:primary */ SELECT 'two'::text"),
+            bind_execute(&y),
+            sync(),
+        ]
+        .concat(),
+        query(&format!("EXECUTE {y}")),
+        [bind_execute(&y), sync()].concat(),
+        query(&format!("/* pgfresh:primary */ EXECUTE {y}")),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    let exists = format!("error=42P05:prepared statement \"{y}\" already exists");
+    assert!(r[1].contains(&exists), "{r:?}");
+    assert!(r[2].contains(&exists), "{r:?}");
+    for i in 3..6 {
+        assert!(r[i].contains("row=one"), "step {i}: {r:?}");
+    }
+}

@@ -327,12 +327,10 @@ impl Session {
                 previous,
             });
         }
-        if self.mode == PoolMode::Transaction
-            && !name.is_empty()
-            && self.state.sql_prepared.contains_key(name)
-        {
-            // A name the client PREPAREd: the statement goes where the Parse runs, and
-            // the server refuses the Parse (42P05, one namespace for both; see `rewrite`).
+        if !name.is_empty() && self.state.sql_prepared.contains_key(name) {
+            // A name the client PREPAREd: the statement goes where the Parse runs (in
+            // session mode too, the PREPARE may have run on another node), and the
+            // server refuses the Parse (42P05, one namespace for both; see `rewrite`).
             self.batch.sql_executes.push(NamedStatement::sql(name));
         }
         add_name_collisions(&self.state, &analysis, &mut self.batch);

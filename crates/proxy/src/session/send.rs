@@ -627,6 +627,12 @@ impl Session {
         // Parse or Close leaves the record behind; the next unit compares and mends it).
         let parsed = unit.parses.iter().map(String::as_str);
         for name in parsed.chain(unit.statement_undo.iter().map(|u| u.name.as_str())) {
+            if self.state.sql_prepared.contains_key(name) {
+                // A name the client PREPAREd: the server refuses the Parse, and what the
+                // connection holds under that name is the PREPAREd statement (under its
+                // own record), which no later unit must close as a stale copy.
+                continue;
+            }
             match self.state.prepared.get(name) {
                 // Most often the same statement again: one lookup, no new key.
                 Some(p) => match l.conn.prepared.get_mut(name) {
