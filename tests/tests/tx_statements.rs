@@ -598,3 +598,23 @@ async fn session_mode_a_parse_of_a_prepared_name_is_refused_wherever_it_runs() {
         assert!(r[i].contains("row=one"), "step {i}: {r:?}");
     }
 }
+
+/// A Describe of a statement the client PREPAREd describes it, as on PostgreSQL (one
+/// namespace for both), wherever the batch runs.
+#[tokio::test]
+async fn a_describe_of_a_prepared_statement_describes_it() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let z = unique(&format!("describe_prepared_{prefix}"));
+        let steps = [
+            query(&format!(
+                "/* pgfresh:primary */ PREPARE {z} AS SELECT 'one'::text"
+            )),
+            [describe(b'S', &z), sync()].concat(),
+            [describe(b'S', &z), bind_execute(&z), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].starts_with("tTZ"), "{prefix}: {r:?}");
+        assert!(r[2].contains("row=one"), "{prefix}: {r:?}");
+    }
+}

@@ -243,6 +243,14 @@ impl Session {
                     if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
                         self.batch.uses_statements.push(name.to_string());
                     }
+                    if kind == b'S'
+                        && !self.state.prepared.contains_key(name)
+                        && self.state.sql_prepared.contains_key(name)
+                    {
+                        // One the client PREPAREd (one namespace for both), as a Bind of
+                        // it: the statement goes where the Describe runs.
+                        add_bound_sql_statement(&self.state.sql_prepared, name, &mut self.batch);
+                    }
                     if kind == b'S' && self.refers_to_statement(name) {
                         let p = self.state.prepared.get(name);
                         self.batch.statement_refs.push(p.map(|p| p.content.clone()));
