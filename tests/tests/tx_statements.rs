@@ -618,3 +618,25 @@ async fn a_describe_of_a_prepared_statement_describes_it() {
         assert!(r[2].contains("row=one"), "{prefix}: {r:?}");
     }
 }
+
+/// Transaction mode: in a failed transaction a Parse is refused (25P02) and makes no
+/// statement, as on PostgreSQL, also one whose text the connection already has under
+/// pgfresh's name (which pgfresh otherwise answers itself).
+#[tokio::test]
+async fn a_parse_in_a_failed_transaction_is_refused() {
+    let p = start_proxy(&tx_config(""));
+    let a = unique("failed_parse_a");
+    let b = unique("failed_parse_b");
+    let text = format!("SELECT '{b}'::text");
+    let steps = [
+        query("BEGIN"),
+        [parse(&a, &text), bind_execute(&a), sync()].concat(),
+        query("SELEC 1"),
+        [parse(&b, &text), sync()].concat(),
+        query("ROLLBACK"),
+        [bind_execute(&b), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[3].contains("error=25P02"), "{r:?}");
+    assert!(r[5].contains("error=26000"), "{r:?}");
+}

@@ -160,6 +160,7 @@ impl Session {
         let (cache, held) = (&mut leased.conn.statements, &leased.conn.prepared);
         let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
+        let failed = matches!(self.tx, super::TxPhase::Failed);
         let mut unnamed = Unnamed::Foreign;
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned().map(Box::new);
@@ -249,6 +250,20 @@ impl Session {
                         )
                         .unwrap_or_else(ServerName::prefix);
                         statements::put_parse(&mut out.frames, server.as_bytes(), &content);
+                        out.expect.push_back(Expect::Client {
+                            parse: None,
+                            sync: false,
+                            undo,
+                        });
+                    } else if let Some(id) = cache.lookup(&key).filter(|_| failed) {
+                        // In a failed transaction the server refuses any Parse (25P02)
+                        // before it looks at the name: sent under the statement's server
+                        // name, and refused just so, not answered here.
+                        statements::put_parse(
+                            &mut out.frames,
+                            ServerName::of(id).as_bytes(),
+                            &content,
+                        );
                         out.expect.push_back(Expect::Client {
                             parse: None,
                             sync: false,
