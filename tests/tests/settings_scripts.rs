@@ -139,8 +139,13 @@ async fn direct_session_with(params: &[(String, String)]) -> tokio::net::UnixStr
     s
 }
 
-/// Runs `steps` on the primary and through `p`, both sessions started with these startup
-/// parameters; the outcomes through pgfresh must be the primary's. Returns them.
+/// Runs `steps` on the primary and through `p`; the outcomes through pgfresh must be
+/// the primary's. Returns them.
+async fn same_as_postgresql(p: &ProxyHandle, steps: &[&str]) -> Vec<String> {
+    same_as_postgresql_with(p, &[], steps).await
+}
+
+/// As `same_as_postgresql`, both sessions started with these startup parameters.
 async fn same_as_postgresql_with(
     p: &ProxyHandle,
     params: &[(&str, &str)],
@@ -720,6 +725,32 @@ fn shown(names: &[&str]) -> String {
         .map(|n| format!("current_setting('{n}')"))
         .collect();
     format!("SELECT {}", columns.join(", "))
+}
+
+/// `set_config`'s third argument is a boolean, which PostgreSQL reads as it reads any
+/// (`'TRUE'`, `'yes'`, `'1'`, `'on'`, a prefix like `'tru'`, any case, spaces around):
+/// each of these is a setting of the transaction only, gone once it ends, and each of
+/// `'FALSE'`, `'no'`, `'0'`, `'of'` is one of the session.
+#[tokio::test]
+async fn set_config_reads_its_flag_as_postgresql_reads_a_boolean() {
+    let p = start_proxy(&config_text(""));
+    let show = shown(&["work_mem"]);
+    let mut steps = Vec::new();
+    let (local, session) = (
+        ["'TRUE'", "'yes'", "'1'", "' on '", "'tru'", "'Y'"],
+        ["'FALSE'", "'no'", "'0'", "'of'", "'fal'", "' N'"],
+    );
+    for (i, flag) in local.iter().chain(&session).enumerate() {
+        steps.push(format!(
+            "SELECT set_config('work_mem', '{}kB', {flag})",
+            1000 + i
+        ));
+        steps.push(show.clone());
+    }
+    let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[1].contains("row=[4MB]"), "{r:?}");
+    assert!(r[13].contains("row=[1006kB]"), "{r:?}");
 }
 
 /// RESET, `SET … TO DEFAULT`, RESET ALL and DISCARD ALL return a setting the client's

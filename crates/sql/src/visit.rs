@@ -92,6 +92,21 @@ pub(crate) fn const_text(node: &Node) -> Option<String> {
     }
 }
 
+/// A boolean literal's text as PostgreSQL's `boolin` reads it: any case, spaces around,
+/// and any prefix of `true`, `false`, `yes`, `no` long enough to tell (`on` and `off`
+/// need two letters), or `1`, `0`. `None`: not a boolean (the call fails).
+fn parse_bool(text: &str) -> Option<bool> {
+    let v = text.trim().to_ascii_lowercase();
+    let prefix_of = |word: &str, least: usize| v.len() >= least && word.starts_with(v.as_str());
+    if prefix_of("true", 1) || prefix_of("yes", 1) || prefix_of("on", 2) || v == "1" {
+        Some(true)
+    } else if prefix_of("false", 1) || prefix_of("no", 1) || prefix_of("off", 2) || v == "0" {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 impl Walker {
     fn opt(&mut self, node: &Option<Box<Node>>) {
         if let Some(n) = node {
@@ -368,7 +383,9 @@ impl Walker {
                         self.session = Some(SessionEffect::SetConfig {
                             name: arg(0),
                             value: arg(1),
-                            local: arg(2).map(|v| matches!(v.as_str(), "on" | "true" | "t")),
+                            // A literal that is no boolean fails the call, which is then
+                            // never confirmed: not a flag pgfresh cannot read.
+                            local: arg(2).map(|v| parse_bool(&v).unwrap_or(false)),
                         });
                     }
                 }

@@ -286,6 +286,25 @@ fn session_effects() {
                 local: Some(false),
             },
         ),
+        // The flag read as PostgreSQL reads a boolean.
+        (
+            "SELECT set_config('a.b', '1', ' TRUE ')",
+            Kind::Read,
+            S::SetConfig {
+                name: Some("a.b".into()),
+                value: Some("1".into()),
+                local: Some(true),
+            },
+        ),
+        (
+            "SELECT set_config('a.b', '1', 'of')",
+            Kind::Read,
+            S::SetConfig {
+                name: Some("a.b".into()),
+                value: Some("1".into()),
+                local: Some(false),
+            },
+        ),
     ];
     let count = cases.len();
     for (sql, kind, effect) in cases {
@@ -301,7 +320,7 @@ fn session_effects() {
             assert!(a.writes.contains(name), "{sql}");
         }
     }
-    assert_eq!(count, 40);
+    assert_eq!(count, 42);
     let a =
         analyze_uncached("DECLARE c NO SCROLL CURSOR WITHOUT HOLD FOR SELECT * FROM t FOR UPDATE");
     assert_eq!(a.must_primary, vec![MustPrimary::LockingClause]);
