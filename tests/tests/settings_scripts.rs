@@ -753,6 +753,34 @@ async fn set_config_reads_its_flag_as_postgresql_reads_a_boolean() {
     assert!(r[13].contains("row=[1006kB]"), "{r:?}");
 }
 
+/// Every `set_config` of a statement changes its setting, in the order PostgreSQL calls
+/// them (left to right in a select list): each non-local one is the session's after
+/// the statement, and the last one of a name wins.
+#[tokio::test]
+async fn every_set_config_of_a_statement_is_kept() {
+    let p = start_proxy(&config_text(""));
+    let show = shown(&["work_mem", "statement_timeout", "application_name"]);
+    let r = same_as_postgresql(
+        &p,
+        &[
+            "SELECT set_config('work_mem', '1100kB', false), \
+             set_config('statement_timeout', '101000', false), \
+             set_config('application_name', 'local', true)",
+            &show,
+            "SELECT set_config('work_mem', '1200kB', false), set_config('work_mem', '1300kB', false)",
+            &show,
+            "BEGIN",
+            "SELECT set_config('application_name', 'kept', false), \
+             set_config('application_name', 'local', true)",
+            "COMMIT",
+            &show,
+        ],
+    )
+    .await;
+    assert!(r[1].contains("row=[1100kB|101s|]"), "{r:?}");
+    assert!(r[7].contains("row=[1300kB|101s|kept]"), "{r:?}");
+}
+
 /// RESET, `SET … TO DEFAULT`, RESET ALL and DISCARD ALL return a setting the client's
 /// startup packet gave (a parameter of its own, or a `-c` option) to that value, in
 /// PostgreSQL: the startup packet makes the session's reset values. They are not

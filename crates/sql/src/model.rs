@@ -158,6 +158,9 @@ pub enum SessionEffect {
         /// `is_local` when given as a literal.
         local: Option<bool>,
     },
+    /// Several `set_config` calls in one statement, each a [`SessionEffect::SetConfig`], in
+    /// the order PostgreSQL makes them (a select list left to right).
+    SetConfigs(Vec<SessionEffect>),
     /// SQL `PREPARE name AS statement`; `inner` is the analysis of the prepared statement.
     Prepare {
         /// Statement name.

@@ -378,16 +378,27 @@ impl Walker {
                 Builtin::Primary(r) => self.reason(r),
                 Builtin::SetConfig => {
                     self.reason(MustPrimary::SetConfig);
-                    if self.session.is_none() {
-                        let arg = |i: usize| f.args.get(i).and_then(const_text);
-                        self.session = Some(SessionEffect::SetConfig {
-                            name: arg(0),
-                            value: arg(1),
-                            // A literal that is no boolean fails the call, which is then
-                            // never confirmed: not a flag pgfresh cannot read.
-                            local: arg(2).map(|v| parse_bool(&v).unwrap_or(false)),
-                        });
-                    }
+                    let arg = |i: usize| f.args.get(i).and_then(const_text);
+                    let call = SessionEffect::SetConfig {
+                        name: arg(0),
+                        value: arg(1),
+                        // A literal that is no boolean fails the call, which is then
+                        // never confirmed: not a flag pgfresh cannot read.
+                        local: arg(2).map(|v| parse_bool(&v).unwrap_or(false)),
+                    };
+                    // Each call sets its parameter, in the order they are met (a select
+                    // list left to right): none may be left out.
+                    self.session = match self.session.take() {
+                        None => Some(call),
+                        Some(first @ SessionEffect::SetConfig { .. }) => {
+                            Some(SessionEffect::SetConfigs(vec![first, call]))
+                        }
+                        Some(SessionEffect::SetConfigs(mut calls)) => {
+                            calls.push(call);
+                            Some(SessionEffect::SetConfigs(calls))
+                        }
+                        other => other,
+                    };
                 }
                 Builtin::StandbySafe | Builtin::Unknown => {}
             }

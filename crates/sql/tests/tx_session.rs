@@ -305,6 +305,23 @@ fn session_effects() {
                 local: Some(false),
             },
         ),
+        // Every call of a statement, in order.
+        (
+            "SELECT set_config('a.b', '1', false), set_config('c.d', '2', true)",
+            Kind::Read,
+            S::SetConfigs(vec![
+                S::SetConfig {
+                    name: Some("a.b".into()),
+                    value: Some("1".into()),
+                    local: Some(false),
+                },
+                S::SetConfig {
+                    name: Some("c.d".into()),
+                    value: Some("2".into()),
+                    local: Some(true),
+                },
+            ]),
+        ),
     ];
     let count = cases.len();
     for (sql, kind, effect) in cases {
@@ -320,7 +337,7 @@ fn session_effects() {
             assert!(a.writes.contains(name), "{sql}");
         }
     }
-    assert_eq!(count, 42);
+    assert_eq!(count, 43);
     let a =
         analyze_uncached("DECLARE c NO SCROLL CURSOR WITHOUT HOLD FOR SELECT * FROM t FOR UPDATE");
     assert_eq!(a.must_primary, vec![MustPrimary::LockingClause]);

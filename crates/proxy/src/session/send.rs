@@ -86,6 +86,18 @@ fn expand(
     whole
 }
 
+/// Whether `effect` sets a session value with a `set_config` whose name, value or
+/// flag is not a literal: pgfresh cannot replay what it set.
+fn sets_unreadable(effect: &SessionEffect) -> bool {
+    match effect {
+        SessionEffect::SetConfig { name, value, local } => {
+            *local != Some(true) && (name.is_none() || value.is_none() || local.is_none())
+        }
+        SessionEffect::SetConfigs(calls) => calls.iter().any(sets_unreadable),
+        _ => false,
+    }
+}
+
 /// What [`Session::write_unit`] wrote, for [`Session::track_unit`].
 struct Written {
     /// The unit runs outside a transaction.
@@ -906,9 +918,8 @@ impl Session {
                         }
                         DiscardKind::Plans | DiscardKind::Sequences => {}
                     },
-                    SessionEffect::SetConfig { name, value, local }
-                        if *local != Some(true)
-                            && (name.is_none() || value.is_none() || local.is_none()) =>
+                    SessionEffect::SetConfig { .. } | SessionEffect::SetConfigs(_)
+                        if sets_unreadable(effect) =>
                     {
                         // set_config with a value pgfresh cannot see: the setting cannot be
                         // replayed elsewhere, so the session stays where it is confirmed.

@@ -99,6 +99,15 @@ pub fn event_of(stmt: &Statement, text: Option<&str>) -> StmtEvent {
     let Some(effect) = &stmt.session else {
         return StmtEvent::Other;
     };
+    if let SessionEffect::SetConfigs(calls) = effect {
+        // One statement that calls set_config more than once: each call that sets the
+        // session's value counts, in the order the server makes them.
+        let changes: Vec<SettingChange> = calls.iter().filter_map(set_config_change).collect();
+        return match changes.is_empty() {
+            true => StmtEvent::Other,
+            false => StmtEvent::Change(changes),
+        };
+    }
     let change = match effect {
         SessionEffect::Set { local: true, .. } => return StmtEvent::Other,
         SessionEffect::Set { name, value, .. } => SettingChange::Set {
@@ -140,22 +149,36 @@ pub fn event_of(stmt: &Statement, text: Option<&str>) -> StmtEvent {
                 )
             }),
         },
-        SessionEffect::SetConfig {
-            name: Some(name),
-            value: Some(value),
-            local: Some(false),
-        } => SettingChange::Set {
-            name: name.clone(),
-            value: Some(value.clone()),
-            stmt: Some(format!(
-                "SELECT pg_catalog.set_config({}, {}, false)",
-                literal(name),
-                literal(value)
-            )),
+        SessionEffect::SetConfig { .. } => match set_config_change(effect) {
+            Some(change) => change,
+            None => return StmtEvent::Other,
         },
         _ => return StmtEvent::Other,
     };
     StmtEvent::Change(vec![change])
+}
+
+/// The change one `set_config` call makes to the session: none when it sets the
+/// transaction's value only, or names what pgfresh cannot read (the session is then
+/// pinned where it ran, see `send.rs`).
+fn set_config_change(call: &SessionEffect) -> Option<SettingChange> {
+    let SessionEffect::SetConfig {
+        name: Some(name),
+        value: Some(value),
+        local: Some(false),
+    } = call
+    else {
+        return None;
+    };
+    Some(SettingChange::Set {
+        name: name.clone(),
+        value: Some(value.clone()),
+        stmt: Some(format!(
+            "SELECT pg_catalog.set_config({}, {}, false)",
+            literal(name),
+            literal(value)
+        )),
+    })
 }
 
 fn set(name: &str, value: &str) -> SettingChange {
@@ -363,6 +386,22 @@ mod tests {
         assert_eq!(ev("SELECT 1"), StmtEvent::Other);
         assert_eq!(
             ev("SELECT set_config('work_mem', '2MB', true)"),
+            StmtEvent::Other
+        );
+    }
+
+    #[test]
+    fn every_set_config_of_a_statement_that_sets_the_session_counts() {
+        let e = ev(
+            "SELECT set_config('a.b', '1', false), set_config('c.d', '2', true), \
+             set_config('e.f', '3', 'off')",
+        );
+        let StmtEvent::Change(changes) = e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(names(&changes), ["a.b", "e.f"]);
+        assert_eq!(
+            ev("SELECT set_config('a.b', '1', true), set_config('c.d', '2', 'yes')"),
             StmtEvent::Other
         );
     }
