@@ -640,3 +640,27 @@ async fn a_parse_in_a_failed_transaction_is_refused() {
     assert!(r[3].contains("error=25P02"), "{r:?}");
     assert!(r[5].contains("error=26000"), "{r:?}");
 }
+
+/// Session mode: a statement the client PREPAREd on one node and DEALLOCATEd where its
+/// session went next is gone on both: a Parse of its name on the first node makes the
+/// client's statement, as on PostgreSQL (not refused with 42P05 by the copy left there).
+#[tokio::test]
+async fn session_mode_a_deallocated_statement_leaves_no_copy_behind() {
+    let p = start_proxy(&config_text(""));
+    let y = unique("deallocated_copy");
+    let primary = "/* pgfresh:primary */";
+    let steps = [
+        query(&format!("{primary} PREPARE {y} AS SELECT 'one'::text")),
+        // Read on a standby: the session's next statements run there.
+        query("SELECT 'q'::text"),
+        query(&format!("DEALLOCATE {y}")),
+        [
+            parse(&y, &format!("{primary} SELECT 'two'::text")),
+            bind_execute(&y),
+            sync(),
+        ]
+        .concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[3].contains("row=two"), "{r:?}");
+}

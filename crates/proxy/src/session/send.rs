@@ -604,6 +604,14 @@ impl Session {
             if touched.clone().take(i).any(|n| n == name) {
                 continue;
             }
+            if !self.state.sql_prepared.contains_key(name)
+                && l.conn.prepared.remove(&format!("sql:{name}")).is_some()
+            {
+                // A statement the client PREPAREd and has since deallocated (on another
+                // connection) is still here under the name: closed first, a stale copy.
+                pre.push(build::close(b'S', name));
+                expect.push_back(Expect::Hidden { record: None });
+            }
             // As the unit began: before its first Parse or Close of the name, if any.
             let start = match unit.statement_undo.iter().find(|u| u.name == name) {
                 Some(u) => u.previous.as_ref(),
