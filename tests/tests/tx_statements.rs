@@ -641,6 +641,55 @@ async fn a_parse_in_a_failed_transaction_is_refused() {
     assert!(r[5].contains("error=26000"), "{r:?}");
 }
 
+/// A SQL PREPARE or DEALLOCATE counts once the server completes it, as on PostgreSQL: one
+/// the server refuses (a syntax error later in its string, a failed transaction, a name in
+/// use) or skips (an error before it in its string) changes nothing, and one that
+/// completed stays when its transaction is rolled back (they are not transactional). A
+/// DEALLOCATE of a statement made by Parse, after a ROLLBACK in the same string, drops it.
+#[tokio::test]
+async fn prepare_and_deallocate_count_once_the_server_completes_them() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let [x, y, z, w] = ["x", "y", "z", "w"].map(|n| unique(&format!("completed_{prefix}_{n}")));
+        let q = |sql: String| query(&sql);
+        let primary = "/* pgfresh:primary */";
+        let steps = [
+            // Refused with its string: no z.
+            q(format!("PREPARE {z} AS SELECT 'z1'::text; SELEC 1")),
+            q(format!("EXECUTE {z}")),
+            [parse(&z, "SELECT 'z2'::text"), sync()].concat(),
+            // Refused in a failed transaction: y is free after it.
+            query("BEGIN"),
+            query("SELEC 1"),
+            q(format!("{primary} PREPARE {y} AS SELECT 'y1'::text")),
+            query("ROLLBACK"),
+            q(format!("{primary} PREPARE {y} AS SELECT 'y2'::text")),
+            q(format!("EXECUTE {y}")),
+            // Refused (a name in use): the DEALLOCATE after it is skipped, y stays.
+            q(format!("PREPARE {y} AS SELECT 'y3'::text; DEALLOCATE {y}")),
+            q(format!("EXECUTE {y}")),
+            // Completed in a transaction rolled back: w stays.
+            query("BEGIN"),
+            q(format!("{primary} PREPARE {w} AS SELECT 'w1'::text")),
+            query("ROLLBACK"),
+            q(format!("EXECUTE {w}")),
+            // A statement made by Parse, dropped by a DEALLOCATE after a ROLLBACK.
+            [parse(&x, "SELECT 'x1'::text"), sync()].concat(),
+            q(format!("ROLLBACK; DEALLOCATE {x}")),
+            [bind_execute(&x), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[2].starts_with("1Z"), "{prefix}: {r:?}");
+        assert!(r[7].starts_with("CZ"), "{prefix}: {r:?}");
+        assert!(r[9].contains("error=42P05"), "{prefix}: {r:?}");
+        assert!(r[10].contains("row=y2"), "{prefix}: {r:?}");
+        assert!(r[14].contains("row=w1"), "{prefix}: {r:?}");
+        assert!(r[16].starts_with("NCCZ"), "{prefix}: {r:?}");
+        assert!(r[17].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
 /// Session mode: a statement the client PREPAREd on one node and DEALLOCATEd where its
 /// session went next is gone on both: a Parse of its name on the first node makes the
 /// client's statement, as on PostgreSQL (not refused with 42P05 by the copy left there).

@@ -166,12 +166,19 @@ impl Session {
                     let analysis = self.analyze(sql);
                     add_sql_executes(&self.state, &analysis, &mut unit);
                     add_name_collisions(&self.state, &analysis, &mut unit);
-                    // DEALLOCATE needs the statement where it runs, as EXECUTE does.
+                    // DEALLOCATE needs the statement where it runs, as EXECUTE does: one
+                    // the client PREPAREd, or made with a protocol Parse (in transaction
+                    // mode it lives under pgfresh's name, in session mode the Parse may
+                    // have run on another node; a lone DEALLOCATE of one is answered
+                    // here in transaction mode, see `answer_locally`).
                     for s in &analysis.statements {
                         if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
                         {
                             if self.state.sql_prepared.contains_key(name) {
                                 unit.sql_executes.push(NamedStatement::sql(name));
+                            } else if self.state.prepared.contains_key(name) {
+                                unit.sql_executes
+                                    .push(NamedStatement::of(&self.state, name));
                             }
                         }
                     }
@@ -562,14 +569,22 @@ impl Session {
     /// unanswered in a batch ahead may be skipped (an error before it), and the change it
     /// made taken back: the next batch is read once none is (within an open batch the
     /// server skips the rest too, and what it changed is taken back in order).
+    ///
+    /// In either mode, a SQL PREPARE or DEALLOCATE ahead changes the client's statements
+    /// only once the server completes it (`StatementChange`): the next unit is read once
+    /// it has.
     pub(super) fn statements_unsettled(&self) -> bool {
-        self.mode == PoolMode::Transaction
-            && self.batch.frames.is_empty()
+        self.batch.frames.is_empty()
             && self.wire == super::WirePhase::Units
             && self.inflight.iter().any(|u| {
-                u.expect.iter().any(Expect::may_undo)
-                    || u.refused.is_some()
-                    || (u.unnamed_first && u.acks == 0 && !u.error && !self.parses_unnamed_next())
+                u.events.iter().any(StmtEvent::changes_statements)
+                    || (self.mode == PoolMode::Transaction
+                        && (u.expect.iter().any(Expect::may_undo)
+                            || u.refused.is_some()
+                            || (u.unnamed_first
+                                && u.acks == 0
+                                && !u.error
+                                && !self.parses_unnamed_next())))
             })
     }
 

@@ -374,7 +374,9 @@ impl Session {
         u.replied = true;
         let event = u.events.pop_front();
         u.ended_tx = matches!(event, Some(StmtEvent::Commit | StmtEvent::Rollback));
-        if let Some(event) = event.filter(|e| *e != StmtEvent::Other) {
+        if let Some(StmtEvent::Statements(change)) = event {
+            self.statements_completed(node, *change);
+        } else if let Some(event) = event.filter(|e| *e != StmtEvent::Other) {
             let tag = self.body(node, start, end).to_vec();
             let committed = self.pending_settings.on_complete(event, &tag);
             self.apply_settings(node, committed);

@@ -4,13 +4,14 @@
 //! state (writes to mark, pins, prepared statements).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use bytes::Bytes;
 use pgfresh_config::PoolMode;
 use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::build;
 
+use super::settings::{StatementChange, StmtEvent};
 use super::state::{text_hash, PinReason};
 use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected, NamedStatement};
 use super::Session;
@@ -18,7 +19,7 @@ use crate::error::ProxyError;
 use crate::router::{Decision, Reason};
 
 /// An Analysis for a single statement (the inner statement of SQL PREPARE).
-fn analysis_of(stmt: &Statement) -> Analysis {
+pub(super) fn analysis_of(stmt: &Statement) -> Analysis {
     Analysis {
         statements: vec![stmt.clone()],
         kind: stmt.kind,
@@ -533,40 +534,58 @@ impl Session {
         Ok(())
     }
 
-    /// What `node`'s connection will hold once the unit's SQL-level PREPARE, DEALLOCATE
-    /// and DISCARD ALL have run there.
+    /// What `node`'s connection will hold once the unit's DISCARD ALL has run there
+    /// (PREPARE and DEALLOCATE are followed when the server completes them, see
+    /// `statements_completed`).
     fn track_sql_statements(&mut self, node: usize, unit: &ClientUnit) {
-        for s in unit.parts.iter().flat_map(|a| &a.statements) {
-            let key_hash = match &s.session {
-                Some(SessionEffect::Prepare { name, .. }) => self
-                    .state
-                    .sql_prepared
-                    .get(name)
-                    .map(|(t, _)| (format!("sql:{name}"), Some(text_hash(t.as_bytes())))),
-                Some(SessionEffect::Deallocate(Some(name))) => {
-                    // A protocol-level statement of that name goes too (session mode).
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.prepared.remove(name.as_str());
-                    }
-                    Some((format!("sql:{name}"), None))
+        let discards = unit
+            .parts
+            .iter()
+            .flat_map(|a| &a.statements)
+            .any(|s| matches!(s.session, Some(SessionEffect::Discard(DiscardKind::All))));
+        if let Some(l) = self.backends[node].as_mut().filter(|_| discards) {
+            // Every prepared statement on the connection goes, other clients'
+            // (transaction mode) included.
+            l.conn.statements.clear();
+            l.conn.prepared.clear();
+        }
+    }
+
+    /// The server completed a SQL PREPARE or DEALLOCATE on `node`: the client's
+    /// statements and the connection's record follow it (see `StatementChange`).
+    pub(super) fn statements_completed(&mut self, node: usize, change: StatementChange) {
+        let conn = self.backends[node].as_mut().map(|l| &mut l.conn);
+        match change {
+            StatementChange::Prepare {
+                name,
+                text,
+                analysis,
+            } => {
+                if let Some(c) = conn {
+                    c.prepared
+                        .insert(format!("sql:{name}"), text_hash(text.as_bytes()));
                 }
-                Some(SessionEffect::Discard(DiscardKind::All))
-                | Some(SessionEffect::Deallocate(None)) => {
+                self.state.sql_prepared.insert(name, (text, analysis));
+            }
+            StatementChange::Deallocate(Some(name)) => {
+                if let Some(c) = conn {
+                    // A protocol-level statement of that name goes too (one namespace).
+                    c.prepared.remove(name.as_str());
+                    c.prepared.remove(&format!("sql:{name}"));
+                }
+                self.state.sql_prepared.remove(&name);
+                self.state.prepared.remove(&name);
+            }
+            StatementChange::Deallocate(None) => {
+                if let Some(c) = conn {
                     // Every prepared statement on the connection goes, other clients'
                     // (transaction mode) included.
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.statements.clear();
-                        l.conn.prepared.clear();
-                    }
-                    None
+                    c.statements.clear();
+                    c.prepared.clear();
                 }
-                _ => None,
-            };
-            if let (Some((key, hash)), Some(l)) = (key_hash, self.backends[node].as_mut()) {
-                match hash {
-                    Some(h) => l.conn.prepared.insert(key, h),
-                    None => l.conn.prepared.remove(&key),
-                };
+                // Protocol-level statements go too.
+                self.state.sql_prepared.clear();
+                self.state.prepared.clear();
             }
         }
     }
@@ -705,8 +724,13 @@ impl Session {
             u16::try_from(super::unit::ready_replies(&unit.frames)).unwrap_or(u16::MAX)
         };
         // Moved, not copied: a unit kept for a retry is a replica read, whose statements
-        // change no settings.
-        let events = std::mem::take(&mut unit.events);
+        // change no settings; but a PREPARE among them changes the client's statements
+        // when it completes, on whichever attempt that is.
+        let events = if retryable && unit.events.iter().any(StmtEvent::changes_statements) {
+            unit.events.clone()
+        } else {
+            std::mem::take(&mut unit.events)
+        };
         let tx_control = unit.controls_transaction();
         let leftover = if continuing {
             if let Some(last) = self.inflight.back_mut() {
@@ -890,7 +914,7 @@ impl Session {
     }
 
     fn apply_session_effects(&mut self, unit: &ClientUnit) {
-        for (i, a) in unit.parts.iter().enumerate() {
+        for a in &unit.parts {
             for s in &a.statements {
                 if s.must_primary.iter().any(|m| {
                     matches!(
@@ -903,11 +927,8 @@ impl Session {
                     self.state.pins.insert(PinReason::AdvisoryLock);
                 }
                 let Some(effect) = &s.session else { continue };
-                let text = || {
-                    let sql = if i == 0 { unit.simple_sql() } else { None };
-                    sql.and_then(|t| t.get(s.text_range.0..s.text_range.1))
-                        .map(str::to_string)
-                };
+                // (PREPARE and DEALLOCATE count once the server completes them, see
+                // `statements_completed`.)
                 match effect {
                     SessionEffect::Discard(kind) => match kind {
                         DiscardKind::All => {
@@ -932,28 +953,6 @@ impl Session {
                         // set_config with a value pgfresh cannot see: the setting cannot be
                         // replayed elsewhere, so the session stays where it is confirmed.
                         self.state.pins.insert(PinReason::UnknownSetting);
-                    }
-                    // A name the client has, as a protocol-level statement or by an earlier
-                    // PREPARE: the server refuses it (42P05, one namespace for both), and
-                    // the statement stays as it was (`add_name_collisions`).
-                    SessionEffect::Prepare { name, .. }
-                        if self.state.prepared.contains_key(name)
-                            || self.state.sql_prepared.contains_key(name) => {}
-                    SessionEffect::Prepare { name, inner } => {
-                        if let Some(t) = text() {
-                            self.state
-                                .sql_prepared
-                                .insert(name.clone(), (t, Arc::new(analysis_of(inner))));
-                        }
-                    }
-                    SessionEffect::Deallocate(Some(name)) => {
-                        self.state.sql_prepared.remove(name);
-                        self.state.prepared.remove(name);
-                    }
-                    SessionEffect::Deallocate(None) => {
-                        // Protocol-level statements go too.
-                        self.state.sql_prepared.clear();
-                        self.state.prepared.clear();
                     }
                     SessionEffect::Listen(_) => {
                         self.state.pins.insert(PinReason::Listen);

@@ -13,7 +13,9 @@
 //! commits (and pins the session to its connection, see `SessionState::hold_cursor`), while
 //! a CLOSE takes effect at once, as in the server.
 
-use pgfresh_sql::{DiscardKind, Isolation, SessionEffect, Statement, TxEffect};
+use std::sync::Arc;
+
+use pgfresh_sql::{Analysis, DiscardKind, Isolation, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::TxStatus;
 
 use super::state::{literal, quote_ident, SessionState};
@@ -50,6 +52,35 @@ pub enum StmtEvent {
     Rollback,
     /// CLOSE of a cursor (`None`: CLOSE ALL).
     Close(Option<String>),
+    /// SQL PREPARE or DEALLOCATE: a change to the client's prepared statements (boxed:
+    /// rare, and every statement has an event).
+    Statements(Box<StatementChange>),
+}
+
+/// A change SQL PREPARE or DEALLOCATE makes to the client's prepared statements, made
+/// when the server completes the statement (`Session::statements_completed`), as on the
+/// client's own connection: not transactional (a rollback of the transaction keeps it),
+/// and one the server refuses, or skips after an error before it, makes none. Until then
+/// the client's next unit waits to be read (`Session::statements_unsettled`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatementChange {
+    /// PREPARE `name`: its own text (prepared again as written wherever it is executed)
+    /// and the analysis of the statement it prepares.
+    Prepare {
+        name: String,
+        text: String,
+        analysis: Arc<Analysis>,
+    },
+    /// DEALLOCATE `name` (`None`: DEALLOCATE ALL), which drops a protocol-level
+    /// statement of that name too (one namespace for both).
+    Deallocate(Option<String>),
+}
+
+impl StmtEvent {
+    /// The event changes the client's prepared statements.
+    pub fn changes_statements(&self) -> bool {
+        matches!(self, StmtEvent::Statements(_))
+    }
 }
 
 /// Staged changes of the open (implicit or explicit) transaction, with savepoints.
@@ -109,6 +140,19 @@ pub fn event_of(stmt: &Statement, text: Option<&str>) -> StmtEvent {
         };
     }
     let change = match effect {
+        SessionEffect::Prepare { name, inner } => {
+            // A text pgfresh cannot read back cannot be prepared elsewhere: not recorded.
+            return text.map_or(StmtEvent::Other, |t| {
+                StmtEvent::Statements(Box::new(StatementChange::Prepare {
+                    name: name.clone(),
+                    text: t.to_string(),
+                    analysis: Arc::new(super::send::analysis_of(inner)),
+                }))
+            });
+        }
+        SessionEffect::Deallocate(name) => {
+            return StmtEvent::Statements(Box::new(StatementChange::Deallocate(name.clone())))
+        }
         SessionEffect::Set { local: true, .. } => return StmtEvent::Other,
         SessionEffect::Set { name, value, .. } => SettingChange::Set {
             name: name.clone(),
@@ -214,7 +258,8 @@ impl Pending {
     /// that are now committed.
     pub fn on_complete(&mut self, event: StmtEvent, tag: &[u8]) -> Vec<SettingChange> {
         match event {
-            StmtEvent::Other => Vec::new(),
+            // (Prepared statements are no settings: see `StatementChange`.)
+            StmtEvent::Other | StmtEvent::Statements(_) => Vec::new(),
             StmtEvent::Change(c) => {
                 self.staged.extend(c.into_iter().map(Staged::Change));
                 Vec::new()
