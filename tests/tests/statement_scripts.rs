@@ -27,12 +27,12 @@ const PAIRS: u64 = 50;
 /// failed transaction, a statement pgfresh puts on the connection first fails there
 /// ahead of the client's own messages (25P02 for a syntax error, an unknown statement
 /// answering 26000 instead of 25P02 and the reverse); and a few batches mixing these.
-const SESSION_DIFFERENCES: &[u64] = &[10, 11, 33, 66, 71, 76, 80, 88, 96, 101, 102, 107, 144, 147];
+const SESSION_DIFFERENCES: &[u64] = &[10, 11, 33, 66, 71, 76, 80, 88, 96, 101, 102, 144, 147];
 const TRANSACTION_DIFFERENCES: &[u64] = &[
     4, 17, 19, 30, 34, 49, 56, 58, 61, 71, 74, 76, 102, 113, 144, 149,
 ];
 /// (By the first seed of the pair.)
-const PAIR_DIFFERENCES: &[u64] = &[155, 157, 159, 163, 169, 195, 197, 207, 211, 247];
+const PAIR_DIFFERENCES: &[u64] = &[155, 157, 163, 195, 197, 207, 247];
 
 /// How long one step may take through pgfresh before the script counts as stuck (a
 /// failure, reported like a mismatch; never a wait for anything).
@@ -412,9 +412,17 @@ fn all_same(results: Vec<Result<(), String>>) {
     );
 }
 
+/// `config` with reads on the first standby only (the second's weight 0): which node a
+/// read lands on, and so which of its connections holds what, is the same every run.
+fn one_reading_standby(config: String) -> String {
+    let second = "name = \"pg2\"\n";
+    assert!(config.contains(second), "the test config names pg2");
+    config.replacen(second, &format!("{second}weight = 0\n"), 1)
+}
+
 #[tokio::test]
 async fn session_mode_scripts_answer_as_postgresql() {
-    let p = start_proxy(&config_text(""));
+    let p = start_proxy(&one_reading_standby(config_text("")));
     let mut results = Vec::new();
     for seed in (1..=SCRIPTS).filter(|s| !SESSION_DIFFERENCES.contains(s)) {
         results.push(compare_alone(&p, "session", seed).await);
@@ -424,7 +432,7 @@ async fn session_mode_scripts_answer_as_postgresql() {
 
 #[tokio::test]
 async fn transaction_mode_scripts_answer_as_postgresql() {
-    let p = start_proxy(&tx_config(""));
+    let p = start_proxy(&one_reading_standby(tx_config("")));
     let mut results = Vec::new();
     for seed in (1..=SCRIPTS).filter(|s| !TRANSACTION_DIFFERENCES.contains(s)) {
         results.push(compare_alone(&p, "transaction", seed).await);
@@ -434,7 +442,7 @@ async fn transaction_mode_scripts_answer_as_postgresql() {
 
 #[tokio::test]
 async fn transaction_mode_interleaved_scripts_answer_as_postgresql() {
-    let p = start_proxy(&tx_config(""));
+    let p = start_proxy(&one_reading_standby(tx_config("")));
     let mut results = Vec::new();
     let firsts = (0..PAIRS).map(|pair| SCRIPTS + 1 + 2 * pair);
     for a in firsts.filter(|a| !PAIR_DIFFERENCES.contains(a)) {
