@@ -713,3 +713,33 @@ async fn session_mode_a_deallocated_statement_leaves_no_copy_behind() {
     let r = same_as_postgresql(&p, &steps).await;
     assert!(r[3].contains("row=two"), "{r:?}");
 }
+
+/// Session mode: in a failed transaction PostgreSQL refuses a batch's first message that
+/// is not a Close, each kind with its own error: a Parse of a text that does not parse
+/// with 42601, a Bind of a statement the client has with 25P02. A statement the client
+/// made on another node is not parsed ahead of them there (that Parse would be refused
+/// first, 25P02); after the ROLLBACK it runs as it was.
+#[tokio::test]
+async fn session_mode_a_failed_transaction_refuses_the_clients_own_first_message() {
+    let p = start_proxy(&config_text(""));
+    let [x, y] = ["x", "y"].map(|n| unique(&format!("failed_first_{n}")));
+    let steps = [
+        [
+            parse(&y, "/* pgfresh:primary */ SELECT 'one'::text"),
+            sync(),
+        ]
+        .concat(),
+        // Read on a standby: the transaction runs there.
+        query("BEGIN READ ONLY"),
+        query("SELECT 'q'::text"),
+        query("SELEC 1"),
+        [parse(&x, "SELEC 1"), bind_execute(&y), sync()].concat(),
+        [bind_execute(&y), sync()].concat(),
+        query("ROLLBACK"),
+        [bind_execute(&y), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[4].contains("error=42601"), "{r:?}");
+    assert!(r[5].contains("error=25P02"), "{r:?}");
+    assert!(r[7].contains("row=one"), "{r:?}");
+}

@@ -11,6 +11,7 @@ use pgfresh_config::PoolMode;
 use pgfresh_sql::{Analysis, DiscardKind, MustPrimary, SessionEffect, Statement, TxEffect};
 use pgfresh_wire::build;
 
+use super::phase::TxPhase;
 use super::settings::{StatementChange, StmtEvent};
 use super::state::{text_hash, PinReason};
 use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected, NamedStatement};
@@ -131,6 +132,22 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
         Some(b'P') if f.get(5) == Some(&0) => false,
         _ => gone,
     })
+}
+
+/// The statement a batch's first message binds or describes, if that is what it does. In
+/// a failed transaction the server refuses that message (25P02) if it has the statement,
+/// and answers 26000 if not; it refuses every Parse there (25P02, unless the text does
+/// not parse: 42601), and so skips everything after it.
+fn first_use(frames: &[Bytes]) -> Option<&[u8]> {
+    let first = super::unit::messages(frames).find(|m| m.first() != Some(&b'H'))?;
+    match first.first() {
+        Some(b'B') => crate::statements::bind_names(first).map(|(_, s)| s),
+        Some(b'D') if first.get(5) == Some(&b'S') => {
+            let name = first.get(6..)?;
+            name.split(|b| *b == 0).next()
+        }
+        _ => None,
+    }
 }
 
 /// Appends `frames` to a connection's write buffer, room made once.
@@ -449,6 +466,12 @@ impl Session {
         for name in &unit.unknown_statements {
             self.drop_copy(node, name)?;
         }
+        if matches!(self.tx, TxPhase::Failed) {
+            // A PREPARE or Parse put here would be refused (25P02), and the connection's
+            // record would count it; the client's EXECUTE is refused all the same. The
+            // record catches up with the client's statements after the ROLLBACK.
+            return Ok(());
+        }
         for NamedStatement { name, parsed } in &unit.sql_executes {
             let key = format!("sql:{name}");
             let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
@@ -605,6 +628,13 @@ impl Session {
         pre: &mut Vec<Bytes>,
         expect: &mut VecDeque<Expect>,
     ) {
+        // In a failed transaction a Parse put here would be refused ahead of the client's
+        // own messages: only the statement the client's first message uses is parsed,
+        // where the connection lacks it, so that the server refuses it (25P02) where
+        // PostgreSQL refuses that message. Any other stays as the connection holds it
+        // (the first refusal skips what uses it) until the transaction ends.
+        let failed = matches!(self.tx, TxPhase::Failed);
+        let refused = failed.then(|| first_use(&unit.frames)).flatten();
         let Some(l) = self.backends[node].as_mut() else {
             return;
         };
@@ -638,6 +668,11 @@ impl Session {
             };
             let has = l.conn.prepared.get(name).copied();
             if has == start.map(|p| p.hash) {
+                continue;
+            }
+            if failed && start.is_some() && (has.is_some() || refused != Some(name.as_bytes())) {
+                // (A Close of a statement the client lacks is put here still: a Close is
+                // never refused.)
                 continue;
             }
             if !name.is_empty() || (start.is_none() && has.is_some()) {
