@@ -743,3 +743,39 @@ async fn session_mode_a_failed_transaction_refuses_the_clients_own_first_message
     assert!(r[5].contains("error=25P02"), "{r:?}");
     assert!(r[7].contains("row=one"), "{r:?}");
 }
+
+/// In a failed transaction PostgreSQL refuses a Bind of a statement the client PREPAREd
+/// (25P02), wherever the transaction runs; and a refused Parse of the unnamed statement,
+/// the batch's first message, leaves none (PostgreSQL drops the old one before it
+/// parses): a Describe of it after a second Parse the error skipped answers 26000.
+#[tokio::test]
+async fn a_failed_transaction_refuses_the_clients_statements_as_postgresql_does() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("failed_refuses_{prefix}"));
+        let steps = [
+            query(&format!(
+                "/* pgfresh:primary */ PREPARE {x} AS SELECT 'one'::text"
+            )),
+            // Read on a standby: the transaction runs there.
+            query("BEGIN READ ONLY"),
+            query("SELECT 'q'::text"),
+            query("SELEC 1"),
+            [bind_execute(&x), sync()].concat(),
+            [
+                parse("", "SELECT 'a'::text"),
+                parse("", "SELECT 'b'::text"),
+                sync(),
+            ]
+            .concat(),
+            [describe(b'S', ""), sync()].concat(),
+            query("ROLLBACK"),
+            [bind_execute(&x), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[4].contains("error=25P02"), "{prefix}: {r:?}");
+        assert!(r[5].contains("error=25P02"), "{prefix}: {r:?}");
+        assert!(r[6].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[8].contains("row=one"), "{prefix}: {r:?}");
+    }
+}

@@ -334,7 +334,7 @@ impl Session {
             name.to_string(),
             Prepared::new(raw.clone(), name, analysis.clone()),
         );
-        if name.is_empty() && self.batch_starts_here() {
+        if name.is_empty() && self.batch_starts_here() && self.parse_stands() {
             self.batch.unnamed_first = true;
         } else {
             self.batch.statement_undo.push(Undo {
@@ -369,6 +369,15 @@ impl Session {
         self.batch.frames.is_empty()
             && self.ready.is_empty()
             && self.wire == super::WirePhase::Units
+    }
+
+    /// A batch's leading Parse of the unnamed statement may go without an undo
+    /// (`ClientUnit::unnamed_first`): the server does not refuse it for the state of the
+    /// transaction. In a failed one it does (25P02), after dropping the old unnamed
+    /// statement, so the client has none: its undo says so (and a later Parse the error
+    /// skips takes the client back to none, not to the refused one).
+    fn parse_stands(&self) -> bool {
+        !matches!(self.tx, super::TxPhase::Failed)
     }
 
     /// A simple Query destroys the unnamed statement before it runs, whatever it runs and
@@ -407,7 +416,7 @@ impl Session {
     /// The unit is the one its frames would make one by one; a batch whose statement
     /// changes the session's settings or transaction state goes frame by frame.
     fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
-        if !self.batch_starts_here() {
+        if !self.batch_starts_here() || !self.parse_stands() {
             return None;
         }
         let found = pgfresh_wire::unnamed_batch(&self.cbuf, &self.limits)?;

@@ -168,6 +168,18 @@ pub(super) fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
 static POSITION_PROBE: LazyLock<Bytes> =
     LazyLock::new(|| build::query("SELECT pg_catalog.pg_current_wal_insert_lsn()"));
 
+/// A Parse that the server refuses in a failed transaction (25P02) as it refuses any
+/// there, and outside one too (no such relation): it makes no statement either way. Put
+/// ahead of a batch whose first message PostgreSQL would refuse there (see
+/// `Session::refuses_first_use`).
+static REFUSED_PARSE: LazyLock<Bytes> = LazyLock::new(|| {
+    build::parse(
+        crate::statements::PREFIX,
+        "SELECT FROM pg_catalog.__pgfresh_none",
+        &[],
+    )
+});
+
 /// The replay sample that may follow an autocommit read on a standby (see
 /// `pgfresh_balancer::live`), as a Query frame built once.
 static REPLAY_SAMPLE: LazyLock<Bytes> =
@@ -328,8 +340,13 @@ impl Session {
         }
         let session_mode = self.mode == PoolMode::Session;
         let mut expect = VecDeque::new();
+        let refused = !continuing && self.refuses_first_use(node, unit);
         if session_mode {
             self.prepare_statements(node, unit, &mut pre, &mut expect);
+            if refused {
+                pre.push(REFUSED_PARSE.clone());
+                expect.push_back(Expect::Hidden { record: None });
+            }
             if continuing || !unit.synced || !unit.statement_undo.is_empty() {
                 // A batch left open by a Flush: the replies still owed for its first part
                 // come before those of what is put in front of this one. A Parse or
@@ -392,7 +409,7 @@ impl Session {
                 .is_some_and(|s| s.node() == node && s.take_replay_sample());
         // The rewritten messages as one frame (the buffer's own allocation, shared until
         // sent, then reused by the next unit's rewrite).
-        let (one, rewrite_expect) = match rewritten {
+        let (one, mut rewrite_expect) = match rewritten {
             Some(mut r) => {
                 let one = r.frames.split().freeze();
                 self.rewrite_buf = r.frames;
@@ -400,6 +417,13 @@ impl Session {
             }
             None => (None, None),
         };
+        if refused && !session_mode {
+            // Ahead of the unit's messages, as rewritten or not.
+            pre.push(REFUSED_PARSE.clone());
+            rewrite_expect
+                .get_or_insert_with(VecDeque::new)
+                .push_front(Expect::Hidden { record: None });
+        }
         let frames = one.as_ref().map_or(&unit.frames[..], |o| &o[..]);
         if pre.is_empty() && !probe && !sample {
             self.send_frames(node, frames).await?;
@@ -441,6 +465,26 @@ impl Session {
             || self.tx.deferred().is_some()
             || !unit.sql_executes.is_empty()
             || !unit.unknown_statements.is_empty()
+    }
+
+    /// In a failed transaction PostgreSQL refuses (25P02) a batch's first message that
+    /// binds or describes a statement the client has; one the client PREPAREd that
+    /// `node`'s connection lacks (its PREPARE is refused there too, see
+    /// `bring_up_to_date`) would answer 26000: a Parse the server refuses goes just ahead
+    /// of it ([`REFUSED_PARSE`], its error the client's). (A statement made by Parse is
+    /// parsed ahead of such a message and refused alike: `prepare_statements`, and in
+    /// transaction mode the rewrite.)
+    fn refuses_first_use(&self, node: usize, unit: &ClientUnit) -> bool {
+        if !matches!(self.tx, TxPhase::Failed) {
+            return false;
+        }
+        let Some(name) = first_use(&unit.frames).and_then(|n| std::str::from_utf8(n).ok()) else {
+            return false;
+        };
+        self.state.sql_prepared.contains_key(name)
+            && self.backends[node]
+                .as_ref()
+                .is_some_and(|l| !l.conn.prepared.contains_key(&format!("sql:{name}")))
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
