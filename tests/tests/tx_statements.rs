@@ -779,3 +779,66 @@ async fn a_failed_transaction_refuses_the_clients_statements_as_postgresql_does(
         assert!(r[8].contains("row=one"), "{prefix}: {r:?}");
     }
 }
+
+/// A protocol Close drops a statement the client made with SQL PREPARE, as on PostgreSQL
+/// (one namespace for both): a Parse of the name after it makes the client's statement
+/// (not refused with 42P05), and an EXECUTE runs that one. A Close an error skips (after
+/// a Parse of the name, refused with 42P05) drops nothing.
+#[tokio::test]
+async fn a_close_drops_a_prepared_statement() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let z = unique(&format!("close_prepared_{prefix}"));
+        let steps = [
+            query(&format!(
+                "/* pgfresh:primary */ PREPARE {z} AS SELECT 'one'::text"
+            )),
+            [parse(&z, "SELECT 'two'::text"), close_statement(&z), sync()].concat(),
+            [
+                bind_execute(&z),
+                close_statement(&z),
+                parse(&z, "SELECT 'three'::text"),
+                bind_execute(&z),
+                sync(),
+            ]
+            .concat(),
+            query(&format!("EXECUTE {z}")),
+            [close_statement(&z), sync()].concat(),
+            query(&format!("EXECUTE {z}")),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].contains("error=42P05"), "{prefix}: {r:?}");
+        assert!(
+            r[2].contains("row=one") && r[2].contains("row=three"),
+            "{prefix}: {r:?}"
+        );
+        assert!(r[3].contains("row=three"), "{prefix}: {r:?}");
+        assert!(r[5].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
+/// Session mode: a Parse an error skipped made no statement, and a statement the client
+/// PREPAREd under that name later stays when a batch names it (a Parse of it refused
+/// with 42601, not closed first as a stale copy): EXECUTE runs it, DEALLOCATE drops it.
+#[tokio::test]
+async fn session_mode_a_skipped_parse_leaves_a_later_prepared_statement() {
+    let p = start_proxy(&config_text(""));
+    let z = unique("skipped_parse_prepared");
+    let primary = "/* pgfresh:primary */";
+    let steps = [
+        [
+            bind_execute("nope"),
+            parse(&z, &format!("{primary} SELECT 'one'::text")),
+            sync(),
+        ]
+        .concat(),
+        query(&format!("{primary} PREPARE {z} AS SELECT 'two'::text")),
+        [parse(&z, &format!("{primary} SELEC 1")), sync()].concat(),
+        query(&format!("{primary} EXECUTE {z}")),
+        query(&format!("DEALLOCATE {z}")),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[2].contains("error=42601"), "{r:?}");
+    assert!(r[3].contains("row=two"), "{r:?}");
+    assert!(r[4].starts_with("CZ"), "{r:?}");
+}

@@ -267,10 +267,14 @@ impl Session {
                 FrontendMessage::Close { kind, name } => {
                     if kind == b'S' {
                         let previous = self.state.prepared.remove(name);
+                        // One the client PREPAREd goes too (one namespace): the Close
+                        // goes to the server, which drops it (`rewrite`).
+                        let sql = self.state.sql_prepared.remove(name);
                         self.batch.parses.retain(|n| n != name);
                         self.batch.statement_undo.push(Undo {
                             name: name.to_string(),
                             previous,
+                            sql,
                         });
                     }
                     self.push_batch(frame.raw);
@@ -340,6 +344,7 @@ impl Session {
             self.batch.statement_undo.push(Undo {
                 name: name.to_string(),
                 previous,
+                sql: None,
             });
         }
         if !name.is_empty() && self.state.sql_prepared.contains_key(name) {

@@ -224,7 +224,14 @@ impl Session {
                         .as_ref()
                         .and_then(|u| u.previous.as_ref())
                         .map(|p| p.content.clone());
-                    if self.state.sql_prepared.contains_key(name)
+                    // One the client PREPAREd and closes later in the batch is the
+                    // client's still.
+                    let done = unit.statement_undo.len() - undos.len();
+                    let closed_later = unit.statement_undo[done..]
+                        .iter()
+                        .find(|u| u.name == name)
+                        .is_some_and(|u| u.sql.is_some());
+                    if (self.state.sql_prepared.contains_key(name) || closed_later)
                         && held.contains_key(&format!("sql:{name}"))
                     {
                         // A name the client PREPAREd, on the connection (`sql_executes`):
@@ -313,10 +320,23 @@ impl Session {
                     out.expect.push_back(client);
                 }
                 Ok(FrontendMessage::Close { kind: b'S', name }) if !name.is_empty() => {
-                    out.expect.push_back(Expect::Synth {
-                        reply: build::close_complete(),
-                        undo: undos.next(),
-                    });
+                    let undo = undos.next();
+                    if undo.as_ref().is_some_and(|u| u.sql.is_some()) {
+                        // A statement the client PREPAREd, under its own name on the
+                        // connection if anywhere: the server drops it (a Close never
+                        // fails), and a Parse of the name after it is not refused.
+                        out.frames.extend_from_slice(raw);
+                        out.expect.push_back(Expect::Client {
+                            parse: None,
+                            sync: false,
+                            undo,
+                        });
+                    } else {
+                        out.expect.push_back(Expect::Synth {
+                            reply: build::close_complete(),
+                            undo,
+                        });
+                    }
                 }
                 Ok(FrontendMessage::Close { kind: b'S', .. }) => {
                     // The unnamed statement (a named one is answered above).
@@ -412,11 +432,24 @@ impl Session {
             self.undo_client(undo);
             return false;
         }
-        let hidden = matches!(u.expect.pop_front(), Some(Expect::Hidden { .. }));
+        let entry = u.expect.pop_front();
         if matches!(u.expect.front(), Some(Expect::Synth { .. })) {
             self.collect_due();
         }
-        hidden
+        match entry {
+            Some(Expect::Hidden { .. }) => true,
+            Some(Expect::Client {
+                undo: Some(undo), ..
+            }) if tag == b'3' && undo.sql.is_some() => {
+                // The client's Close of a statement it PREPAREd completed: the
+                // connection holds it no more.
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.prepared.remove(&format!("sql:{}", undo.name));
+                }
+                false
+            }
+            _ => false,
+        }
     }
 
     /// An ErrorResponse (body `body`) for the front unit's next expected reply, as the
@@ -523,6 +556,9 @@ impl Session {
     /// happen: its statements go back to what they were before them.
     pub(super) fn undo_client(&mut self, undo: Vec<Undo>) {
         for u in undo.into_iter().rev() {
+            if let Some(sql) = u.sql {
+                self.state.sql_prepared.insert(u.name.clone(), sql);
+            }
             match u.previous {
                 Some(p) => self.state.prepared.insert(u.name, p),
                 None => self.state.prepared.remove(&u.name),

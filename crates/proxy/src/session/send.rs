@@ -150,6 +150,17 @@ fn first_use(frames: &[Bytes]) -> Option<&[u8]> {
     }
 }
 
+/// The statement the client PREPAREd under `name` that `unit` closes (a protocol Close:
+/// one namespace for both), as it was before.
+fn closed_prepared<'a>(
+    unit: &'a ClientUnit,
+    name: &str,
+) -> Option<&'a (String, std::sync::Arc<Analysis>)> {
+    unit.statement_undo
+        .iter()
+        .find_map(|u| u.sql.as_ref().filter(|_| u.name == name))
+}
+
 /// Appends `frames` to a connection's write buffer, room made once.
 pub(super) fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
     wbuf.reserve(frames.iter().map(Bytes::len).sum());
@@ -518,7 +529,14 @@ impl Session {
         }
         for NamedStatement { name, parsed } in &unit.sql_executes {
             let key = format!("sql:{name}");
-            let Some((text, _)) = self.state.sql_prepared.get(name).cloned() else {
+            // (One the unit closes is the client's until then.)
+            let Some((text, _)) = self
+                .state
+                .sql_prepared
+                .get(name)
+                .or_else(|| closed_prepared(unit, name))
+                .cloned()
+            else {
                 if let Some((parse, hash)) = parsed {
                     self.put_protocol_statement(node, name, key, parse, *hash)?;
                 }
@@ -568,7 +586,15 @@ impl Session {
         if has == Some(hash) {
             return Ok(());
         }
-        if has.is_some() {
+        // Session mode: a statement the client PREPAREd under the name and has since
+        // closed or deallocated on another node may still be here (the Parse would be
+        // refused, and the EXECUTE run it).
+        let stale = self.mode == PoolMode::Session
+            && !self.state.sql_prepared.contains_key(name)
+            && self.backends[node]
+                .as_mut()
+                .is_some_and(|l| l.conn.prepared.remove(&format!("sql:{name}")).is_some());
+        if has.is_some() || stale {
             self.inject_close(node, name)?;
         }
         self.stage_frames(node, &[parse.clone(), build::sync()])?;
@@ -585,17 +611,23 @@ impl Session {
     /// name is deallocated before the unit runs it, and the server answers 26000 as
     /// PostgreSQL does.
     fn drop_copy(&mut self, node: usize, name: &str) -> Result<(), ProxyError> {
-        let key = match self.mode {
-            PoolMode::Session => std::borrow::Cow::Borrowed(name),
-            PoolMode::Transaction => std::borrow::Cow::Owned(format!("sql:{name}")),
+        // Session mode: made by Parse, or PREPAREd (a copy the client's EXECUTE put here).
+        let sql = format!("sql:{name}");
+        let keys = match self.mode {
+            PoolMode::Session => [Some(name), Some(sql.as_str())],
+            PoolMode::Transaction => [None, Some(sql.as_str())],
         };
-        let held = self.backends[node]
-            .as_ref()
-            .is_some_and(|l| l.conn.prepared.contains_key(key.as_ref()));
+        let held = self.backends[node].as_ref().is_some_and(|l| {
+            keys.iter()
+                .flatten()
+                .any(|k| l.conn.prepared.contains_key(k))
+        });
         if held {
             self.inject_close(node, name)?;
             if let Some(l) = self.backends[node].as_mut() {
-                l.conn.prepared.remove(key.as_ref());
+                for k in keys.iter().flatten() {
+                    l.conn.prepared.remove(k);
+                }
             }
         }
         Ok(())
@@ -698,12 +730,23 @@ impl Session {
                 continue;
             }
             if !self.state.sql_prepared.contains_key(name)
+                && closed_prepared(unit, name).is_none()
                 && l.conn.prepared.remove(&format!("sql:{name}")).is_some()
             {
                 // A statement the client PREPAREd and has since deallocated (on another
                 // connection) is still here under the name: closed first, a stale copy.
                 pre.push(build::close(b'S', name));
                 expect.push_back(Expect::Hidden { record: None });
+            }
+            if (self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some())
+                && l.conn.prepared.contains_key(&format!("sql:{name}"))
+            {
+                // What the connection holds under the name is the statement the client
+                // PREPAREd: a record of one made by Parse there is stale (a Parse an
+                // error skipped), and a Close of it would close the PREPAREd one (one
+                // namespace for both).
+                l.conn.prepared.remove(name);
+                continue;
             }
             // As the unit began: before its first Parse or Close of the name, if any.
             let start = match unit.statement_undo.iter().find(|u| u.name == name) {

@@ -472,6 +472,9 @@ pub enum ConnRecord {
 pub struct Undo {
     pub name: String,
     pub previous: Option<super::state::Prepared>,
+    /// A Close of a statement the client PREPAREd (one namespace for both): its text and
+    /// analysis, as `SessionState::sql_prepared` held them.
+    pub sql: Option<(String, std::sync::Arc<pgfresh_sql::Analysis>)>,
 }
 
 impl Expect {
@@ -776,6 +779,7 @@ mod tests {
         u.statement_undo.push(Undo {
             name: "s1".into(),
             previous: None,
+            sql: None,
         });
         u.unnamed_first = true;
         u.recycle();
@@ -814,6 +818,7 @@ mod tests {
         let undo = |name: &str| Undo {
             name: name.into(),
             previous: None,
+            sql: None,
         };
         let named = vec![
             build::parse("", "SELECT 1", &[]),
