@@ -89,16 +89,22 @@ pub async fn run<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, steps: &[Vec<u8>]
     outcomes
 }
 
-/// A session on the primary itself, over its Unix socket (trusted), as `app`.
-pub async fn direct_session() -> tokio::net::UnixStream {
+/// The primary's Unix socket, where the shared cluster trusts `app`.
+pub fn primary_socket() -> std::path::PathBuf {
     let c = crate::cluster();
     let dir = c
         .data_dir(0)
         .parent()
         .expect("the cluster's directory")
         .to_owned();
-    let path = dir.join(format!(".s.PGSQL.{}", c.port(0)));
-    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    dir.join(format!(".s.PGSQL.{}", c.port(0)))
+}
+
+/// A session on the primary itself, over its Unix socket (trusted), as `app`.
+pub async fn direct_session() -> tokio::net::UnixStream {
+    let mut s = tokio::net::UnixStream::connect(primary_socket())
+        .await
+        .unwrap();
     s.write_all(&raw::startup("app", "app")).await.unwrap();
     raw::read_until(&mut s, b'Z').await;
     s

@@ -125,14 +125,9 @@ async fn proxied_session(p: &ProxyHandle, params: &[(String, String)]) -> tokio:
 /// A session on the primary itself, over its Unix socket (trusted), as `app`, with
 /// startup `params`.
 async fn direct_session_with(params: &[(String, String)]) -> tokio::net::UnixStream {
-    let c = cluster();
-    let dir = c
-        .data_dir(0)
-        .parent()
-        .expect("the cluster's directory")
-        .to_owned();
-    let path = dir.join(format!(".s.PGSQL.{}", c.port(0)));
-    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    let mut s = tokio::net::UnixStream::connect(pgfresh_tests::exchange::primary_socket())
+        .await
+        .unwrap();
     s.write_all(&startup("app", params)).await.unwrap();
     let login = raw::read_until(&mut s, b'Z').await;
     assert!(!raw::tags(&login).contains(&b'E'), "{}", outcome(&login));
