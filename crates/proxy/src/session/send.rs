@@ -665,6 +665,7 @@ impl Session {
                         .insert(format!("sql:{name}"), text_hash(text.as_bytes()));
                 }
                 self.state.sql_prepared.insert(name, (text, analysis));
+                self.state.sql_prepared_ever = true;
             }
             StatementChange::Deallocate(Some(name)) => {
                 if let Some(c) = conn {
@@ -729,18 +730,20 @@ impl Session {
             if touched.clone().take(i).any(|n| n == name) {
                 continue;
             }
-            if !self.state.sql_prepared.contains_key(name)
-                && closed_prepared(unit, name).is_none()
-                && l.conn.prepared.remove(&format!("sql:{name}")).is_some()
-            {
-                // A statement the client PREPAREd and has since deallocated (on another
-                // connection) is still here under the name: closed first, a stale copy.
-                pre.push(build::close(b'S', name));
-                expect.push_back(Expect::Hidden { record: None });
+            // Only a client that has PREPAREd can have a `sql:` record here.
+            let sql_key = self.state.sql_prepared_ever.then(|| format!("sql:{name}"));
+            let prepared =
+                self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
+            if let Some(key) = sql_key.as_deref().filter(|_| !prepared) {
+                if l.conn.prepared.remove(key).is_some() {
+                    // A statement the client PREPAREd and has since deallocated (on
+                    // another connection) is still here under the name: closed first, a
+                    // stale copy.
+                    pre.push(build::close(b'S', name));
+                    expect.push_back(Expect::Hidden { record: None });
+                }
             }
-            if (self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some())
-                && l.conn.prepared.contains_key(&format!("sql:{name}"))
-            {
+            if prepared && sql_key.is_some_and(|k| l.conn.prepared.contains_key(&k)) {
                 // What the connection holds under the name is the statement the client
                 // PREPAREd: a record of one made by Parse there is stale (a Parse an
                 // error skipped), and a Close of it would close the PREPAREd one (one

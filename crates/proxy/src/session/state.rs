@@ -132,6 +132,10 @@ pub struct SessionState {
     pub prepared: crate::name_map::NameMap<Prepared>,
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
     pub sql_prepared: foldhash::HashMap<String, (String, Arc<Analysis>)>,
+    /// The client has PREPAREd a statement at some time (never reset): only then can a
+    /// connection of its own hold one under a `sql:` record (session mode), so only then
+    /// does a unit look for one (`send::prepare_statements`, on every named Bind).
+    pub sql_prepared_ever: bool,
     pub pins: BTreeSet<PinReason>,
     /// The WITH HOLD cursors the session keeps, by name, with the node whose connection
     /// holds each (`PinReason::HoldCursor` while there is one).
@@ -151,6 +155,7 @@ impl Default for SessionState {
             settings: no_settings(),
             prepared: Default::default(),
             sql_prepared: Default::default(),
+            sql_prepared_ever: false,
             pins: Default::default(),
             hold_cursors: Default::default(),
             route_primary: false,
