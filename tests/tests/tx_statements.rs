@@ -780,6 +780,52 @@ async fn a_failed_transaction_refuses_the_clients_statements_as_postgresql_does(
     }
 }
 
+/// In a failed transaction a Close completes, and the batch's next message is refused:
+/// a Bind or Describe of a statement the client has, behind one or more Closes, answers
+/// CloseComplete and then 25P02 as on PostgreSQL, also where the transaction's connection
+/// lacks the statement (made by PREPARE or by Parse on the primary, the transaction on a
+/// standby); a Bind of a statement one of those Closes closed answers 26000.
+#[tokio::test]
+async fn a_failed_transaction_refuses_the_first_use_behind_closes() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let [x, y, z] = ["x", "y", "z"].map(|n| unique(&format!("behind_closes_{prefix}_{n}")));
+        let steps = [
+            query(&format!(
+                "/* pgfresh:primary */ PREPARE {x} AS SELECT 'one'::text"
+            )),
+            [
+                parse(&y, "/* pgfresh:primary */ SELECT 'two'::text"),
+                sync(),
+            ]
+            .concat(),
+            // Read on a standby: the transaction runs there.
+            query("BEGIN READ ONLY"),
+            query("SELECT 'q'::text"),
+            query("SELEC 1"),
+            [close_statement(""), bind_execute(&x), sync()].concat(),
+            [
+                close_statement(&z),
+                close_statement(""),
+                bind_execute(&y),
+                sync(),
+            ]
+            .concat(),
+            [close_statement(&z), describe(b'S', &x), sync()].concat(),
+            [close_statement(&y), bind_execute(&y), sync()].concat(),
+            query("ROLLBACK"),
+            [bind_execute(&x), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        for i in 5..=7 {
+            assert!(r[i].starts_with('3'), "{prefix} step {i}: {r:?}");
+            assert!(r[i].contains("error=25P02"), "{prefix} step {i}: {r:?}");
+        }
+        assert!(r[8].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[10].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
 /// A protocol Close drops a statement the client made with SQL PREPARE, as on PostgreSQL
 /// (one namespace for both): a Parse of the name after it makes the client's statement
 /// (not refused with 42P05), and an EXECUTE runs that one. A Close an error skips (after

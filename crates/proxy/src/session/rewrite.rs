@@ -147,7 +147,15 @@ pub(super) fn plain_unit(unit: &ClientUnit) -> bool {
 
 impl Session {
     /// Map `unit`'s statements onto `node`'s connection (see the module comment).
-    pub(super) fn rewrite_unit(&mut self, node: usize, unit: &ClientUnit) -> Rewritten {
+    /// `refuse_at`: the place of the message a failed transaction must refuse where the
+    /// connection lacks the statement it uses (`Session::refuses_first_use`); a Parse the
+    /// server refuses goes in front of it.
+    pub(super) fn rewrite_unit(
+        &mut self,
+        node: usize,
+        unit: &ClientUnit,
+        refuse_at: Option<usize>,
+    ) -> Rewritten {
         let max = self.config.pool.max_prepared_statements;
         let mut out = Rewritten {
             frames: std::mem::take(&mut self.rewrite_buf),
@@ -165,6 +173,10 @@ impl Session {
         let mut refs = unit.statement_refs.iter().cloned();
         let mut undos = unit.statement_undo.iter().cloned().map(Box::new);
         for (i, raw) in unit.frames.iter().enumerate() {
+            if refuse_at == Some(i) {
+                out.frames.extend_from_slice(&super::send::REFUSED_PARSE);
+                out.expect.push_back(Expect::Hidden { record: None });
+            }
             let client = Expect::client();
             if !names_statement(raw) {
                 // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to

@@ -134,20 +134,63 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
     })
 }
 
-/// The statement a batch's first message binds or describes, if that is what it does. In
-/// a failed transaction the server refuses that message (25P02) if it has the statement,
-/// and answers 26000 if not; it refuses every Parse there (25P02, unless the text does
-/// not parse: 42601), and so skips everything after it.
-fn first_use(frames: &[Bytes]) -> Option<&[u8]> {
-    let first = super::unit::messages(frames).find(|m| m.first() != Some(&b'H'))?;
-    match first.first() {
-        Some(b'B') => crate::statements::bind_names(first).map(|(_, s)| s),
-        Some(b'D') if first.get(5) == Some(&b'S') => {
-            let name = first.get(6..)?;
-            name.split(|b| *b == 0).next()
-        }
-        _ => None,
+/// The first message of a batch that a failed transaction refuses, by its place among
+/// the batch's messages, and the statement it binds or describes if that is what it
+/// does. Leading Closes (never refused) and Flushes are passed over. In a failed
+/// transaction the server refuses that message (25P02) if it has the statement, and
+/// answers 26000 if not; it refuses every Parse there (25P02, unless the text does not
+/// parse: 42601), and so skips everything after it. `None` for a statement one of the
+/// leading Closes closed: PostgreSQL answers 26000 too.
+fn first_use(frames: &[Bytes]) -> Option<(usize, &[u8])> {
+    let mut closed: Vec<&[u8]> = Vec::new();
+    for (i, m) in super::unit::messages(frames).enumerate() {
+        let name = match m.first() {
+            Some(b'H') => continue,
+            Some(b'C') => {
+                if m.get(5) == Some(&b'S') {
+                    closed.extend(m.get(6..).and_then(|n| n.split(|b| *b == 0).next()));
+                }
+                continue;
+            }
+            Some(b'B') => crate::statements::bind_names(m).map(|(_, s)| s),
+            Some(b'D') if m.get(5) == Some(&b'S') => {
+                m.get(6..).and_then(|n| n.split(|b| *b == 0).next())
+            }
+            _ => None,
+        }?;
+        return (!closed.contains(&name)).then_some((i, name));
     }
+    None
+}
+
+/// `frames` with `insert` put in front of the message at `at` (counted as
+/// [`super::unit::messages`] counts): a frame that holds several messages is cut there.
+fn insert_before(frames: &[Bytes], at: usize, insert: &Bytes) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(frames.len() + 2);
+    let mut seen = 0;
+    let mut inserted = false;
+    for f in frames {
+        let count = super::unit::messages(std::slice::from_ref(f)).count();
+        if inserted || seen + count <= at {
+            out.push(f.clone());
+        } else {
+            let offset: usize = super::unit::messages(std::slice::from_ref(f))
+                .take(at - seen)
+                .map(<[u8]>::len)
+                .sum();
+            if offset > 0 {
+                out.push(f.slice(..offset));
+            }
+            out.push(insert.clone());
+            out.push(f.slice(offset..));
+            inserted = true;
+        }
+        seen += count;
+    }
+    if !inserted {
+        out.push(insert.clone());
+    }
+    out
 }
 
 /// The statement the client PREPAREd under `name` that `unit` closes (a protocol Close:
@@ -183,7 +226,7 @@ static POSITION_PROBE: LazyLock<Bytes> =
 /// there, and outside one too (no such relation): it makes no statement either way. Put
 /// ahead of a batch whose first message PostgreSQL would refuse there (see
 /// `Session::refuses_first_use`).
-static REFUSED_PARSE: LazyLock<Bytes> = LazyLock::new(|| {
+pub(super) static REFUSED_PARSE: LazyLock<Bytes> = LazyLock::new(|| {
     build::parse(
         crate::statements::PREFIX,
         "SELECT FROM pg_catalog.__pgfresh_none",
@@ -351,23 +394,32 @@ impl Session {
         }
         let session_mode = self.mode == PoolMode::Session;
         let mut expect = VecDeque::new();
-        let refused = !continuing && self.refuses_first_use(node, unit);
+        let refused = if continuing {
+            None
+        } else {
+            self.refuses_first_use(node, unit)
+        };
         if session_mode {
             self.prepare_statements(node, unit, &mut pre, &mut expect);
-            if refused {
-                pre.push(REFUSED_PARSE.clone());
-                expect.push_back(Expect::Hidden { record: None });
-            }
-            if continuing || !unit.synced || !unit.statement_undo.is_empty() {
+            if continuing || refused.is_some() || !unit.synced || !unit.statement_undo.is_empty() {
                 // A batch left open by a Flush: the replies still owed for its first part
                 // come before those of what is put in front of this one. A Parse or
                 // Close of a named statement: what it changed in the client's statements
-                // is taken back if the server skips it.
+                // is taken back if the server skips it. A refused first use: the refused
+                // Parse's reply comes after those of the Closes ahead of it.
+                let at = expect.len();
                 expect.extend(super::unit::client_replies(
                     &unit.frames,
                     &unit.statement_undo,
                     unit.unnamed_first,
                 ));
+                if let Some(k) = refused {
+                    let ahead = super::unit::messages(&unit.frames)
+                        .take(k)
+                        .filter(|m| m.first() != Some(&b'H'))
+                        .count();
+                    expect.insert(at + ahead, Expect::Hidden { record: None });
+                }
             }
         }
         // Session effects of this unit, applied optimistically; the node that runs the
@@ -391,8 +443,8 @@ impl Session {
         let rewritten = (!session_mode
             && !unit.simple
             && !unit.force_primary
-            && (continuing || !super::rewrite::plain_unit(unit)))
-        .then(|| self.rewrite_unit(node, unit));
+            && (continuing || refused.is_some() || !super::rewrite::plain_unit(unit)))
+        .then(|| self.rewrite_unit(node, unit, refused));
         let UnitWrites {
             writes,
             whole_db,
@@ -420,7 +472,7 @@ impl Session {
                 .is_some_and(|s| s.node() == node && s.take_replay_sample());
         // The rewritten messages as one frame (the buffer's own allocation, shared until
         // sent, then reused by the next unit's rewrite).
-        let (one, mut rewrite_expect) = match rewritten {
+        let (one, rewrite_expect) = match rewritten {
             Some(mut r) => {
                 let one = r.frames.split().freeze();
                 self.rewrite_buf = r.frames;
@@ -428,14 +480,16 @@ impl Session {
             }
             None => (None, None),
         };
-        if refused && !session_mode {
-            // Ahead of the unit's messages, as rewritten or not.
-            pre.push(REFUSED_PARSE.clone());
-            rewrite_expect
-                .get_or_insert_with(VecDeque::new)
-                .push_front(Expect::Hidden { record: None });
-        }
-        let frames = one.as_ref().map_or(&unit.frames[..], |o| &o[..]);
+        // Session mode: the refused Parse in front of the message it stands for (the
+        // rewrite puts it there in transaction mode).
+        let in_place = refused
+            .filter(|_| session_mode)
+            .map(|k| insert_before(&unit.frames, k, &REFUSED_PARSE));
+        let frames = match (&one, &in_place) {
+            (Some(o), _) => &o[..],
+            (None, Some(f)) => &f[..],
+            (None, None) => &unit.frames[..],
+        };
         if pre.is_empty() && !probe && !sample {
             self.send_frames(node, frames).await?;
         } else {
@@ -453,6 +507,7 @@ impl Session {
         // Session mode fills `expect`, transaction mode rewrites the unit: never both, so
         // the rewrite's queue is moved, not copied.
         drop(one);
+        drop(in_place);
         let expect = rewrite_expect.unwrap_or(expect);
         Ok(Written {
             autocommit,
@@ -478,24 +533,33 @@ impl Session {
             || !unit.unknown_statements.is_empty()
     }
 
-    /// In a failed transaction PostgreSQL refuses (25P02) a batch's first message that
-    /// binds or describes a statement the client has; one the client PREPAREd that
-    /// `node`'s connection lacks (its PREPARE is refused there too, see
-    /// `bring_up_to_date`) would answer 26000: a Parse the server refuses goes just ahead
-    /// of it ([`REFUSED_PARSE`], its error the client's). (A statement made by Parse is
-    /// parsed ahead of such a message and refused alike: `prepare_statements`, and in
-    /// transaction mode the rewrite.)
-    fn refuses_first_use(&self, node: usize, unit: &ClientUnit) -> bool {
+    /// In a failed transaction PostgreSQL refuses (25P02) the first message of a batch
+    /// that binds or describes a statement the client has (after any leading Closes,
+    /// which complete: see [`first_use`]). Where `node`'s connection lacks that statement
+    /// the server would answer 26000 instead: a Parse it refuses goes just ahead of that
+    /// message ([`REFUSED_PARSE`], its error the client's). Returns that message's place
+    /// in the batch. The statement is one the client PREPAREd (its PREPARE is refused
+    /// there too, see `bring_up_to_date`), or in session mode one it made by Parse
+    /// (transaction mode's rewrite prepares those in place, and the server refuses that
+    /// Parse alike).
+    fn refuses_first_use(&self, node: usize, unit: &ClientUnit) -> Option<usize> {
         if !matches!(self.tx, TxPhase::Failed) {
-            return false;
+            return None;
         }
-        let Some(name) = first_use(&unit.frames).and_then(|n| std::str::from_utf8(n).ok()) else {
-            return false;
-        };
-        self.state.sql_prepared.contains_key(name)
-            && self.backends[node]
-                .as_ref()
-                .is_some_and(|l| !l.conn.prepared.contains_key(&format!("sql:{name}")))
+        let (at, name) = first_use(&unit.frames)?;
+        let name = std::str::from_utf8(name).ok()?;
+        let held = &self.backends[node].as_ref()?.conn.prepared;
+        let prepared =
+            self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
+        let lacks_prepared = prepared && !held.contains_key(&format!("sql:{name}"));
+        // Session mode: as the unit began (before its first Parse or Close of the name).
+        let parsed = self.mode == PoolMode::Session
+            && !prepared
+            && match unit.statement_undo.iter().find(|u| u.name == name) {
+                Some(u) => u.previous.is_some(),
+                None => self.state.prepared.contains_key(name),
+            };
+        (lacks_prepared || (parsed && !held.contains_key(name))).then_some(at)
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
@@ -706,12 +770,11 @@ impl Session {
         expect: &mut VecDeque<Expect>,
     ) {
         // In a failed transaction a Parse put here would be refused ahead of the client's
-        // own messages: only the statement the client's first message uses is parsed,
-        // where the connection lacks it, so that the server refuses it (25P02) where
-        // PostgreSQL refuses that message. Any other stays as the connection holds it
-        // (the first refusal skips what uses it) until the transaction ends.
+        // own messages: none is. Where the connection lacks the statement the first
+        // refused message uses, a Parse the server refuses goes in front of that message
+        // instead (`refuses_first_use`); any other stays as the connection holds it (the
+        // first refusal skips what uses it) until the transaction ends.
         let failed = matches!(self.tx, TxPhase::Failed);
-        let refused = failed.then(|| first_use(&unit.frames)).flatten();
         let Some(l) = self.backends[node].as_mut() else {
             return;
         };
@@ -760,7 +823,7 @@ impl Session {
             if has == start.map(|p| p.hash) {
                 continue;
             }
-            if failed && start.is_some() && (has.is_some() || refused != Some(name.as_bytes())) {
+            if failed && start.is_some() {
                 // (A Close of a statement the client lacks is put here still: a Close is
                 // never refused.)
                 continue;
@@ -1122,6 +1185,56 @@ mod tests {
         ];
         for (i, (frames, gone)) in cases.into_iter().enumerate() {
             assert_eq!(destroys_unnamed(&frames), gone, "case {i}");
+        }
+    }
+
+    #[test]
+    fn the_first_use_passes_over_closes_and_flushes() {
+        let bind = |s: &str| build::bind("", s, &[], &[], &[]);
+        let close = |s: &str| build::close(b'S', s);
+        let describe = |s: &str| build::describe(b'S', s);
+        type Case = (Vec<Bytes>, Option<(usize, &'static [u8])>);
+        let cases: [Case; 7] = [
+            (vec![bind("a"), build::sync()], Some((0, b"a"))),
+            (vec![close(""), bind("a"), build::sync()], Some((1, b"a"))),
+            (
+                vec![close("b"), build::flush(), describe("a")],
+                Some((2, b"a")),
+            ),
+            // The Close drops the statement: PostgreSQL answers 26000 as the server does.
+            (vec![close("a"), bind("a"), build::sync()], None),
+            (vec![close(""), bind(""), build::sync()], None),
+            (vec![build::parse("a", "SELECT 1", &[]), bind("a")], None),
+            (vec![build::sync()], None),
+        ];
+        for (i, (frames, want)) in cases.into_iter().enumerate() {
+            assert_eq!(first_use(&frames), want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn a_message_goes_in_front_of_the_one_at_its_place() {
+        let mark = build::query("SELECT 'mark'");
+        let (c, b, s) = (
+            build::close(b'S', ""),
+            build::bind("", "a", &[], &[], &[]),
+            build::sync(),
+        );
+        let one = |f: &[Bytes]| f.concat();
+        // One message a frame, and the same batch as one chunk: cut where it goes.
+        for frames in [
+            vec![c.clone(), b.clone(), s.clone()],
+            vec![one(&[c.clone(), b.clone(), s.clone()]).into()],
+        ] {
+            for at in 0..=3 {
+                let mut want = vec![c.clone(), b.clone(), s.clone()];
+                want.insert(at, mark.clone());
+                assert_eq!(
+                    insert_before(&frames, at, &mark).concat(),
+                    want.concat(),
+                    "at {at}"
+                );
+            }
         }
     }
 }
