@@ -826,6 +826,85 @@ async fn a_failed_transaction_refuses_the_first_use_behind_closes() {
     }
 }
 
+/// A batch that parses a statement and EXECUTEs it (through the unnamed statement) runs
+/// it, and only from its Parse on: a Describe or Bind of the name in front of the Parse
+/// answers 26000 as on PostgreSQL (transaction mode parsed the EXECUTE's statement under
+/// the client's name ahead of the whole batch). After the batch the statement runs by
+/// EXECUTE and by Bind alike.
+#[tokio::test]
+async fn a_statement_parsed_and_executed_in_one_batch_exists_from_its_parse_on() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("parsed_then_executed_{prefix}"));
+        let execute = [parse("", &format!("EXECUTE {x}")), bind_execute("")].concat();
+        let steps = [
+            [
+                describe(b'S', &x),
+                parse(&x, "SELECT 'one'::text"),
+                execute.clone(),
+                sync(),
+            ]
+            .concat(),
+            [
+                parse(&x, "SELECT 'one'::text"),
+                describe(b'S', &x),
+                execute.clone(),
+                sync(),
+            ]
+            .concat(),
+            query(&format!("EXECUTE {x}")),
+            [bind_execute(&x), sync()].concat(),
+            [
+                close_statement(&x),
+                bind_execute(&x),
+                parse(&x, "SELECT 'two'::text"),
+                execute,
+                sync(),
+            ]
+            .concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[0].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[1].contains("row=one"), "{prefix}: {r:?}");
+        assert!(
+            r[2].contains("row=one") && r[3].contains("row=one"),
+            "{prefix}: {r:?}"
+        );
+        assert!(r[4].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
+/// A Parse an error skipped leaves no statement on the connection, nor a record that
+/// passes for one: once the client parses the same text on another node (a read, on a
+/// standby), an EXECUTE and a Bind of it on the first node (the primary) run it.
+#[tokio::test]
+async fn a_skipped_parse_does_not_pass_for_the_statement_parsed_again_elsewhere() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("skipped_then_elsewhere_{prefix}"));
+        let steps = [
+            // A transaction that may write runs on the primary.
+            query("BEGIN"),
+            [
+                bind_execute("nope"),
+                parse(&x, "SELECT 'one'::text"),
+                sync(),
+            ]
+            .concat(),
+            query("ROLLBACK"),
+            [parse(&x, "SELECT 'one'::text"), sync()].concat(),
+            query(&format!("/* pgfresh:primary */ EXECUTE {x}")),
+            query("BEGIN"),
+            [bind_execute(&x), sync()].concat(),
+            query("COMMIT"),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[4].contains("row=one"), "{prefix}: {r:?}");
+        assert!(r[6].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
 /// A protocol Close drops a statement the client made with SQL PREPARE, as on PostgreSQL
 /// (one namespace for both): a Parse of the name after it makes the client's statement
 /// (not refused with 42P05), and an EXECUTE runs that one. A Close an error skips (after

@@ -19,6 +19,8 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use pgfresh_wire::{build, non_utf8_text, parse_frontend, Frame, FrontendMessage};
 
+use pgfresh_config::PoolMode;
+
 use super::unit::{ClientUnit, ConnRecord, Expect, Undo};
 use super::Session;
 use crate::statements::{self, ServerName, StatementCache, PREFIX};
@@ -77,6 +79,41 @@ fn server_statement(
         }
     };
     Some(ServerName::of(id))
+}
+
+/// A statement the client parses in `raw` and EXECUTEs later in the same batch runs
+/// under the client's own name on the server: it is parsed so right after the client's
+/// Parse (the client's message again, its reply swallowed), not ahead of the batch
+/// (`Session::bring_up_to_date`), where a message in front of the Parse would find it.
+/// Recorded as `sql:` and the name, deallocated at check-in like a PREPAREd statement;
+/// skipped with the rest of the batch if the client's Parse is refused.
+fn copy_for_execute(
+    unit: &ClientUnit,
+    raw: &Bytes,
+    name: &str,
+    held: &mut crate::name_map::NameMap<u64>,
+    out: &mut Rewritten,
+) {
+    let Some(hash) = unit.sql_executes.iter().find_map(|e| e.made_by(raw)) else {
+        return;
+    };
+    let key = format!("sql:{name}");
+    let previous = held.get(&key).copied();
+    if previous == Some(hash) {
+        return;
+    }
+    if previous.is_some() {
+        out.frames.extend_from_slice(&build::close(b'S', name));
+        out.expect.push_back(Expect::Hidden { record: None });
+    }
+    out.frames.extend_from_slice(raw);
+    out.expect.push_back(Expect::Hidden {
+        record: Some(ConnRecord::Named {
+            name: key.clone(),
+            previous,
+        }),
+    });
+    held.insert(key, hash);
 }
 
 /// Whether a client's message may name a prepared statement: a Parse, a Bind, or a
@@ -165,7 +202,7 @@ impl Session {
             super::send::append(&mut out.frames, &unit.frames);
             return out;
         };
-        let (cache, held) = (&mut leased.conn.statements, &leased.conn.prepared);
+        let (cache, held) = (&mut leased.conn.statements, &mut leased.conn.prepared);
         let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
         let failed = matches!(self.tx, super::TxPhase::Failed);
@@ -306,6 +343,7 @@ impl Session {
                             undo,
                         });
                     }
+                    copy_for_execute(unit, raw, name, held, &mut out);
                 }
                 Ok(FrontendMessage::Parse { .. }) => {
                     unnamed = Unnamed::Parsed;
@@ -531,6 +569,21 @@ impl Session {
                 Expect::Hidden { record } => (record, None),
                 Expect::Synth { undo, .. } => (None, undo),
             };
+            if let Some(u) = undo.as_ref().filter(|_| self.mode == PoolMode::Session) {
+                // Session mode recorded the client's Parse or Close as done on the
+                // connection (`prepare_statements`); what the server holds under the name
+                // is now unknown (a refused Parse of the unnamed statement drops it, a
+                // skipped one keeps the old, pgfresh's own Parse ahead of a refused one
+                // made it): the next unit that uses the name closes it there and parses
+                // the client's statement again. Kept, the record could pass for the
+                // client's statement once the client parses the same text again on
+                // another node.
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn
+                        .prepared
+                        .insert(u.name.clone(), super::state::UNKNOWN_STATEMENT);
+                }
+            }
             undone.extend(undo.map(|u| {
                 let mut u = *u;
                 if refused && i == 0 && u.name.is_empty() {

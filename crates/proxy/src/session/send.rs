@@ -559,7 +559,13 @@ impl Session {
                 Some(u) => u.previous.is_some(),
                 None => self.state.prepared.contains_key(name),
             };
-        (lacks_prepared || (parsed && !held.contains_key(name))).then_some(at)
+        // (A name whose state there is unknown counts as lacking: the server refuses the
+        // message behind the refused Parse as it would refuse the message.)
+        let lacks_parsed = parsed
+            && held
+                .get(name)
+                .is_none_or(|h| *h == super::state::UNKNOWN_STATEMENT);
+        (lacks_prepared || lacks_parsed).then_some(at)
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
@@ -591,7 +597,7 @@ impl Session {
             // record catches up with the client's statements after the ROLLBACK.
             return Ok(());
         }
-        for NamedStatement { name, parsed } in &unit.sql_executes {
+        for (i, NamedStatement { name, parsed }) in unit.sql_executes.iter().enumerate() {
             let key = format!("sql:{name}");
             // (One the unit closes is the client's until then.)
             let Some((text, _)) = self
@@ -601,7 +607,9 @@ impl Session {
                 .or_else(|| closed_prepared(unit, name))
                 .cloned()
             else {
-                if let Some((parse, hash)) = parsed {
+                let in_place = self.mode == PoolMode::Transaction
+                    && super::unit::parsed_in(unit, &unit.sql_executes[i]);
+                if let Some((parse, hash)) = parsed.as_ref().filter(|_| !in_place) {
                     self.put_protocol_statement(node, name, key, parse, *hash)?;
                 }
                 continue;

@@ -165,12 +165,21 @@ impl Default for SessionState {
     }
 }
 
+/// Session mode: what a connection's record holds for a statement name whose state there
+/// is unknown (the client's Parse or Close of it that an error skipped or refused, see
+/// `Session::skipped`). No text hashes to it, so the next unit that uses the name closes
+/// it there and parses the client's statement again.
+pub const UNKNOWN_STATEMENT: u64 = u64::MAX;
+
 /// A statement text's hash, to notice a name prepared again with another text (the same
 /// for the whole process; foldhash, seeded once, is much cheaper per Parse than SipHash).
+/// Never [`UNKNOWN_STATEMENT`].
 pub fn text_hash(bytes: &[u8]) -> u64 {
     use std::hash::BuildHasher;
     static SEED: std::sync::OnceLock<foldhash::quality::RandomState> = std::sync::OnceLock::new();
-    SEED.get_or_init(Default::default).hash_one(bytes)
+    SEED.get_or_init(Default::default)
+        .hash_one(bytes)
+        .min(UNKNOWN_STATEMENT - 1)
 }
 
 /// Quote a value as a SQL string literal.

@@ -39,6 +39,23 @@ impl NamedStatement {
             parsed: state.prepared.get(name).map(|p| (p.parse.clone(), p.hash)),
         }
     }
+
+    /// The hash of the statement this one runs if `parse`, a Parse of `frames`, made
+    /// it (the very message, not one alike: a batch that parses the name and then
+    /// EXECUTEs it).
+    pub fn made_by(&self, parse: &Bytes) -> Option<u64> {
+        self.parsed
+            .as_ref()
+            .filter(|(p, _)| p.as_ptr() == parse.as_ptr() && p.len() == parse.len())
+            .map(|(_, hash)| *hash)
+    }
+}
+
+/// Whether `unit` itself parses the statement `e` runs: transaction mode prepares it
+/// under the client's name right after that Parse (`Session::rewrite_unit`), not ahead
+/// of the batch, where messages in front of the Parse would find it.
+pub fn parsed_in(unit: &ClientUnit, e: &NamedStatement) -> bool {
+    unit.frames.iter().any(|f| e.made_by(f).is_some())
 }
 
 /// A unit read from the client and waiting to be routed.
@@ -460,9 +477,10 @@ pub enum ConnRecord {
     /// Transaction mode: a least recently used statement closed, by its id and content
     /// (still on the connection if the Close is skipped).
     Evicted { id: u64, content: Bytes },
-    /// Session mode: a statement prepared under the client's name, with the version the
-    /// connection held before (`None`: it had none), which it still holds if the Parse is
-    /// skipped.
+    /// A statement prepared under the client's name, by its key in the connection's
+    /// record (session mode: the name; transaction mode: `sql:` and the name, a copy an
+    /// EXECUTE of the same batch runs), with the version the connection held before
+    /// (`None`: it had none), which it still holds if the Parse is skipped.
     Named { name: String, previous: Option<u64> },
 }
 
@@ -499,7 +517,11 @@ impl Expect {
             self,
             Expect::Client { parse: Some(_), .. }
                 | Expect::Hidden {
-                    record: Some(ConnRecord::Prepared(_) | ConnRecord::Evicted { .. })
+                    record: Some(
+                        ConnRecord::Prepared(_)
+                            | ConnRecord::Evicted { .. }
+                            | ConnRecord::Named { .. }
+                    )
                 }
         )
     }
