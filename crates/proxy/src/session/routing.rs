@@ -343,9 +343,10 @@ impl Session {
                 reason: Reason::StandbyRefused,
             };
         }
-        let config = self.config.clone();
-        let policy = self.policy.load().clone();
         let deps = self.dep_graph();
+        // (Fields borrowed apart, not cloned: each Arc clone is a locked increment and
+        // decrement a statement.)
+        let (config, policy) = (&self.config, self.policy.load());
         // Only units that call functions need the catalog.
         let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
             self.shared
@@ -356,7 +357,7 @@ impl Session {
         };
         let ctx = RouteCtx {
             routing: &config.routing,
-            policy: &policy,
+            policy,
             oracle: functions
                 .as_deref()
                 .map(|f| f as &dyn pgfresh_sql::VolatilityOracle),

@@ -452,7 +452,7 @@ impl Session {
             ddl,
             schema_stamp,
             schema_change,
-        } = self.unit_writes(unit);
+        } = self.unit_writes(unit, retryable);
         let probe = self.needs_position_probe(
             node,
             unit,
@@ -1056,8 +1056,10 @@ impl Session {
     /// says those writes and the functions it calls write behind them (triggers,
     /// cascades, partitions, function bodies). `whole_db` when something unanalysable
     /// may write anything in the database, or the graph may be out of date (see
-    /// [`crate::schema_window`]).
-    fn unit_writes(&mut self, unit: &ClientUnit) -> UnitWrites {
+    /// [`crate::schema_window`]). `replica_read`: an autocommit read the router sent to
+    /// a standby, having found that nothing it runs or reads writes (`router::decide`
+    /// asks the graph as below, and a standby writes nothing in any case).
+    fn unit_writes(&mut self, unit: &ClientUnit, replica_read: bool) -> UnitWrites {
         let writes = unit.writes();
         // Built-ins fire nothing and write only what the analysis names: a read that calls
         // only those (`count(*)`, `now()`) needs no graph, learned or not.
@@ -1079,13 +1081,14 @@ impl Session {
             // A plain read, unless an operator or cast it applies runs a user function
             // that writes (only then does the graph know a node of its name), or what it
             // reads runs one (a view's query, a row-security policy).
-            let writes_behind = self.dep_graph().is_some_and(|g| {
-                (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
-                    || unit.parts.iter().any(|a| {
-                        (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
-                            || g.reads_write(&a.reads)
-                    })
-            });
+            let writes_behind = !replica_read
+                && self.dep_graph().is_some_and(|g| {
+                    (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
+                        || unit.parts.iter().any(|a| {
+                            (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                                || g.reads_write(&a.reads)
+                        })
+                });
             if !writes_behind {
                 return out;
             }
