@@ -512,16 +512,27 @@ impl ServerConn {
         self.prepared.retain(|k, _| !k.starts_with("sql:"));
     }
 
-    /// `DEALLOCATE` for each SQL-level prepared statement a client left on this
-    /// connection, or `None` when there are none.
-    pub fn sql_prepared_cleanup(&self) -> Option<String> {
-        let names: Vec<String> = self
-            .prepared
-            .keys()
-            .filter_map(|k| k.strip_prefix("sql:"))
-            .map(|n| format!("DEALLOCATE {}", crate::session::state::quote_ident(n)))
-            .collect();
-        (!names.is_empty()).then(|| names.join("; "))
+    /// A protocol Close for each SQL-level prepared statement a client left on this
+    /// connection, then a Sync, or `None` when there are none. (A Close of a statement
+    /// the server lacks completes all the same, where a `DEALLOCATE` would fail.)
+    pub fn sql_prepared_cleanup(&self) -> Option<Vec<u8>> {
+        let mut frames = Vec::new();
+        for name in self.prepared.keys().filter_map(|k| k.strip_prefix("sql:")) {
+            frames.extend_from_slice(&build::close(b'S', name));
+        }
+        (!frames.is_empty()).then(|| {
+            frames.extend_from_slice(&build::sync());
+            frames
+        })
+    }
+
+    /// Send `frames` (ending in a Sync) and discard the replies, as [`Self::run_quiet`].
+    pub async fn run_frames_quiet(
+        &mut self,
+        frames: &[u8],
+    ) -> Result<Result<(), String>, ProxyError> {
+        self.send(frames).await?;
+        self.drain_until_ready().await
     }
 
     /// Bytes of a Terminate message, for a polite close.

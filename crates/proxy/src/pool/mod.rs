@@ -526,9 +526,10 @@ impl Pools {
     }
 
     /// Transaction mode: give a connection back at the end of a unit of work. Only a
-    /// connection that is idle, current and owes nothing is kept; `cleanup` (SQL the
-    /// client left behind, such as its SQL-level prepared statements) runs first.
-    pub fn checkin(&self, mut leased: Leased, cleanup: Option<String>, s: &PoolSettings) {
+    /// connection that is idle, current and owes nothing is kept; `cleanup` (messages
+    /// ending in a Sync that drop what the client left behind, its SQL-level prepared
+    /// statements) runs first.
+    pub fn checkin(&self, mut leased: Leased, cleanup: Option<Vec<u8>>, s: &PoolSettings) {
         let reusable = leased.is_current()
             && leased.conn.tx == pgfresh_wire::TxStatus::Idle
             && leased.conn.unsent() == 0
@@ -539,10 +540,10 @@ impl Pools {
         }
         match cleanup {
             None => leased.return_idle(s),
-            Some(sql) => {
+            Some(frames) => {
                 let s = s.clone();
                 tokio::spawn(async move {
-                    if matches!(leased.conn.run_quiet(&sql).await, Ok(Ok(())))
+                    if matches!(leased.conn.run_frames_quiet(&frames).await, Ok(Ok(())))
                         && leased.conn.tx == pgfresh_wire::TxStatus::Idle
                     {
                         leased.conn.forget_sql_prepared();
