@@ -50,10 +50,15 @@ pub struct ServerConn {
     cancel_target: Option<Arc<crate::cancel::CancelTarget>>,
     /// ParameterStatus values the server reported, kept current.
     pub params: HashMap<String, String>,
-    /// Session mode: named prepared statements that exist on this connection, by the
-    /// client's name, with the hash of their text so a redefinition is noticed. In both
-    /// modes, the client's SQL-level PREPAREs as `sql:name`.
+    /// Session mode: statements on this connection made by Parse under the client's own
+    /// name (the unnamed one as ""), with the hash of their text so a redefinition is
+    /// noticed.
     pub prepared: crate::name_map::NameMap<u64>,
+    /// Statements on this connection under the client's own name made by SQL PREPARE
+    /// (both modes), or in transaction mode a statement of the client's parsed under its
+    /// name for an EXECUTE of it; by name, with the hash of their text. Transaction mode
+    /// drops them at check-in ([`ServerConn::sql_prepared_cleanup`]).
+    pub sql_prepared: crate::name_map::NameMap<u64>,
     /// Transaction mode: protocol-level statements on this connection, by content,
     /// under pgfresh's own names.
     pub statements: crate::statements::StatementCache,
@@ -192,6 +197,7 @@ impl ServerConn {
             cancel_target: None,
             params: HashMap::new(),
             prepared: Default::default(),
+            sql_prepared: Default::default(),
             statements: Default::default(),
             settings: Some(crate::session::state::no_settings()),
             generation,
@@ -482,7 +488,7 @@ impl ServerConn {
     /// After a reset query ran: no statements; default settings when it was DISCARD ALL
     /// (`reset`), otherwise unknown.
     pub fn forget_session_state(&mut self, reset: bool) {
-        self.prepared.clear();
+        self.forget_prepared();
         self.statements.clear();
         self.settings = if reset {
             Some(crate::session::state::no_settings())
@@ -509,7 +515,14 @@ impl ServerConn {
 
     /// The client's SQL-level prepared statements were deallocated.
     pub fn forget_sql_prepared(&mut self) {
-        self.prepared.retain(|k, _| !k.starts_with("sql:"));
+        self.sql_prepared.clear();
+    }
+
+    /// Every statement under a client's name is gone (DISCARD ALL, DEALLOCATE ALL, a
+    /// reset).
+    pub fn forget_prepared(&mut self) {
+        self.prepared.clear();
+        self.sql_prepared.clear();
     }
 
     /// A protocol Close for each SQL-level prepared statement a client left on this
@@ -517,7 +530,7 @@ impl ServerConn {
     /// the server lacks completes all the same, where a `DEALLOCATE` would fail.)
     pub fn sql_prepared_cleanup(&self) -> Option<Vec<u8>> {
         let mut frames = Vec::new();
-        for name in self.prepared.keys().filter_map(|k| k.strip_prefix("sql:")) {
+        for name in self.sql_prepared.keys() {
             frames.extend_from_slice(&build::close(b'S', name));
         }
         (!frames.is_empty()).then(|| {

@@ -85,8 +85,9 @@ fn server_statement(
 /// under the client's own name on the server: it is parsed so right after the client's
 /// Parse (the client's message again, its reply swallowed), not ahead of the batch
 /// (`Session::bring_up_to_date`), where a message in front of the Parse would find it.
-/// Recorded as `sql:` and the name, deallocated at check-in like a PREPAREd statement;
-/// skipped with the rest of the batch if the client's Parse is refused.
+/// Recorded with the connection's SQL-level statements (`ServerConn::sql_prepared`),
+/// dropped at check-in like a PREPAREd one; skipped with the rest of the batch if the
+/// client's Parse is refused.
 fn copy_for_execute(
     unit: &ClientUnit,
     raw: &Bytes,
@@ -97,8 +98,7 @@ fn copy_for_execute(
     let Some(hash) = unit.sql_executes.iter().find_map(|e| e.made_by(raw)) else {
         return;
     };
-    let key = format!("sql:{name}");
-    let previous = held.get(&key).copied();
+    let previous = held.get(name).copied();
     if previous == Some(hash) {
         return;
     }
@@ -108,12 +108,25 @@ fn copy_for_execute(
     }
     out.frames.extend_from_slice(raw);
     out.expect.push_back(Expect::Hidden {
-        record: Some(ConnRecord::Named {
-            name: key.clone(),
+        record: Some(ConnRecord::Sql {
+            name: name.to_string(),
             previous,
         }),
     });
-    held.insert(key, hash);
+    held.insert(name.to_string(), hash);
+}
+
+/// A record of the connection's statements under client names back to `previous` for
+/// `name` (`None`: it had none), after the message that changed it was skipped.
+fn restore(record: &mut crate::name_map::NameMap<u64>, name: String, previous: Option<u64>) {
+    match previous {
+        Some(hash) => {
+            record.insert(name, hash);
+        }
+        None => {
+            record.remove(&name);
+        }
+    }
 }
 
 /// Whether a client's message may name a prepared statement: a Parse, a Bind, or a
@@ -202,7 +215,7 @@ impl Session {
             super::send::append(&mut out.frames, &unit.frames);
             return out;
         };
-        let (cache, held) = (&mut leased.conn.statements, &mut leased.conn.prepared);
+        let (cache, held) = (&mut leased.conn.statements, &mut leased.conn.sql_prepared);
         let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
         let failed = matches!(self.tx, super::TxPhase::Failed);
@@ -281,7 +294,7 @@ impl Session {
                         .find(|u| u.name == name)
                         .is_some_and(|u| u.sql.is_some());
                     if (self.state.sql_prepared.contains_key(name) || closed_later)
-                        && held.contains_key(&format!("sql:{name}"))
+                        && held.contains_key(name)
                     {
                         // A name the client PREPAREd, on the connection (`sql_executes`):
                         // the server refuses the Parse as PostgreSQL does (42P05), and
@@ -494,7 +507,7 @@ impl Session {
                 // The client's Close of a statement it PREPAREd completed: the
                 // connection holds it no more.
                 if let Some(l) = self.backends[node].as_mut() {
-                    l.conn.prepared.remove(&format!("sql:{}", undo.name));
+                    l.conn.sql_prepared.remove(&undo.name);
                 }
                 false
             }
@@ -602,14 +615,12 @@ impl Session {
                 Some(ConnRecord::Evicted { id, content }) if !never_prepared.contains(&content) => {
                     l.conn.statements.restore(id, content);
                 }
-                Some(ConnRecord::Named { name, previous }) => match previous {
-                    Some(hash) => {
-                        l.conn.prepared.insert(name, hash);
-                    }
-                    None => {
-                        l.conn.prepared.remove(&name);
-                    }
-                },
+                Some(ConnRecord::Named { name, previous }) => {
+                    restore(&mut l.conn.prepared, name, previous)
+                }
+                Some(ConnRecord::Sql { name, previous }) => {
+                    restore(&mut l.conn.sql_prepared, name, previous)
+                }
                 // Its Parse was skipped as well: it was never on the connection.
                 Some(ConnRecord::Evicted { .. }) | None => {}
             }

@@ -294,11 +294,10 @@ impl Session {
     /// (an EXECUTE ran it there, see `send::put_protocol_statement`): a DEALLOCATE of it
     /// goes to that connection, so that it is gone there too.
     fn holds_under_client_name(&self, name: &str) -> bool {
-        let key = format!("sql:{name}");
         self.backends
             .iter()
             .flatten()
-            .any(|l| l.conn.prepared.contains_key(&key))
+            .any(|l| l.conn.sql_prepared.contains_key(name))
     }
 
     /// Transaction mode: a SQL-level PREPARE, EXECUTE or DEALLOCATE in `unit` of a name

@@ -163,6 +163,20 @@ fn first_use(frames: &[Bytes]) -> Option<(usize, &[u8])> {
     None
 }
 
+/// Where a connection records a statement of the client's that an EXECUTE had parsed
+/// there under the client's name (`Session::put_protocol_statement`): with its
+/// SQL-level statements in transaction mode (dropped at check-in like one), with its
+/// statements made by Parse in session mode.
+fn executed_copies(
+    conn: &mut crate::server::ServerConn,
+    mode: PoolMode,
+) -> &mut crate::name_map::NameMap<u64> {
+    match mode {
+        PoolMode::Transaction => &mut conn.sql_prepared,
+        PoolMode::Session => &mut conn.prepared,
+    }
+}
+
 /// `frames` with `insert` put in front of the message at `at` (counted as
 /// [`super::unit::messages`] counts): a frame that holds several messages is cut there.
 fn insert_before(frames: &[Bytes], at: usize, insert: &Bytes) -> Vec<Bytes> {
@@ -548,10 +562,10 @@ impl Session {
         }
         let (at, name) = first_use(&unit.frames)?;
         let name = std::str::from_utf8(name).ok()?;
-        let held = &self.backends[node].as_ref()?.conn.prepared;
+        let conn = &self.backends[node].as_ref()?.conn;
         let prepared =
             self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
-        let lacks_prepared = prepared && !held.contains_key(&format!("sql:{name}"));
+        let lacks_prepared = prepared && !conn.sql_prepared.contains_key(name);
         // Session mode: as the unit began (before its first Parse or Close of the name).
         let parsed = self.mode == PoolMode::Session
             && !prepared
@@ -562,7 +576,8 @@ impl Session {
         // (A name whose state there is unknown counts as lacking: the server refuses the
         // message behind the refused Parse as it would refuse the message.)
         let lacks_parsed = parsed
-            && held
+            && conn
+                .prepared
                 .get(name)
                 .is_none_or(|h| *h == super::state::UNKNOWN_STATEMENT);
         (lacks_prepared || lacks_parsed).then_some(at)
@@ -598,7 +613,6 @@ impl Session {
             return Ok(());
         }
         for (i, NamedStatement { name, parsed }) in unit.sql_executes.iter().enumerate() {
-            let key = format!("sql:{name}");
             // (One the unit closes is the client's until then.)
             let Some((text, _)) = self
                 .state
@@ -610,21 +624,21 @@ impl Session {
                 let in_place = self.mode == PoolMode::Transaction
                     && super::unit::parsed_in(unit, &unit.sql_executes[i]);
                 if let Some((parse, hash)) = parsed.as_ref().filter(|_| !in_place) {
-                    self.put_protocol_statement(node, name, key, parse, *hash)?;
+                    self.put_protocol_statement(node, name, parse, *hash)?;
                 }
                 continue;
             };
             let hash = text_hash(text.as_bytes());
             let has = self.backends[node]
                 .as_ref()
-                .and_then(|l| l.conn.prepared.get(&key).copied());
+                .and_then(|l| l.conn.sql_prepared.get(name).copied());
             if has != Some(hash) {
                 if has.is_some() {
                     self.inject_close(node, name)?;
                 }
                 self.inject_query(node, &text)?;
                 if let Some(l) = self.backends[node].as_mut() {
-                    l.conn.prepared.insert(key, hash);
+                    l.conn.sql_prepared.insert(name.clone(), hash);
                 }
             }
         }
@@ -636,25 +650,22 @@ impl Session {
     /// lives there under pgfresh's name, in session mode its Parse may have run on
     /// another node. It is parsed there under the client's own name first (the client's
     /// Parse, its replies swallowed), so that the EXECUTE runs it and the PREPARE is
-    /// refused (42P05), as on the client's own connection. Transaction mode records it as
-    /// `key` (deallocated at check-in like a SQL-level statement), session mode under its
-    /// name, as a Bind's re-prepared statement. `parse` is the client's Parse of it as of
-    /// the message that named it (`NamedStatement::parsed`).
+    /// refused (42P05), as on the client's own connection. Transaction mode records it
+    /// with the connection's SQL-level statements (dropped at check-in like one), session
+    /// mode with its statements made by Parse, as a Bind's re-prepared statement. `parse`
+    /// is the client's Parse of it as of the message that named it
+    /// (`NamedStatement::parsed`).
     fn put_protocol_statement(
         &mut self,
         node: usize,
         name: &str,
-        key: String,
         parse: &Bytes,
         hash: u64,
     ) -> Result<(), ProxyError> {
-        let key = match self.mode {
-            PoolMode::Transaction => key,
-            PoolMode::Session => name.to_string(),
-        };
+        let mode = self.mode;
         let has = self.backends[node]
-            .as_ref()
-            .and_then(|l| l.conn.prepared.get(&key).copied());
+            .as_mut()
+            .and_then(|l| executed_copies(&mut l.conn, mode).get(name).copied());
         if has == Some(hash) {
             return Ok(());
         }
@@ -665,14 +676,14 @@ impl Session {
             && !self.state.sql_prepared.contains_key(name)
             && self.backends[node]
                 .as_mut()
-                .is_some_and(|l| l.conn.prepared.remove(&format!("sql:{name}")).is_some());
+                .is_some_and(|l| l.conn.sql_prepared.remove(name).is_some());
         if has.is_some() || stale {
             self.inject_close(node, name)?;
         }
         self.stage_frames(node, &[parse.clone(), build::sync()])?;
         self.inflight.push_back(InFlight::injected(Injected::Plain));
         if let Some(l) = self.backends[node].as_mut() {
-            l.conn.prepared.insert(key, hash);
+            executed_copies(&mut l.conn, mode).insert(name.to_string(), hash);
         }
         Ok(())
     }
@@ -683,22 +694,19 @@ impl Session {
     /// name is deallocated before the unit runs it, and the server answers 26000 as
     /// PostgreSQL does.
     fn drop_copy(&mut self, node: usize, name: &str) -> Result<(), ProxyError> {
-        // Session mode: made by Parse, or PREPAREd (a copy the client's EXECUTE put here).
-        let sql = format!("sql:{name}");
-        let keys = match self.mode {
-            PoolMode::Session => [Some(name), Some(sql.as_str())],
-            PoolMode::Transaction => [None, Some(sql.as_str())],
-        };
+        // PREPAREd, or a copy the client's EXECUTE put here; session mode: or made by
+        // Parse.
+        let session = self.mode == PoolMode::Session;
         let held = self.backends[node].as_ref().is_some_and(|l| {
-            keys.iter()
-                .flatten()
-                .any(|k| l.conn.prepared.contains_key(k))
+            l.conn.sql_prepared.contains_key(name)
+                || (session && l.conn.prepared.contains_key(name))
         });
         if held {
             self.inject_close(node, name)?;
             if let Some(l) = self.backends[node].as_mut() {
-                for k in keys.iter().flatten() {
-                    l.conn.prepared.remove(k);
+                l.conn.sql_prepared.remove(name);
+                if session {
+                    l.conn.prepared.remove(name);
                 }
             }
         }
@@ -718,7 +726,7 @@ impl Session {
             // Every prepared statement on the connection goes, other clients'
             // (transaction mode) included.
             l.conn.statements.clear();
-            l.conn.prepared.clear();
+            l.conn.forget_prepared();
         }
     }
 
@@ -733,8 +741,8 @@ impl Session {
                 analysis,
             } => {
                 if let Some(c) = conn {
-                    c.prepared
-                        .insert(format!("sql:{name}"), text_hash(text.as_bytes()));
+                    c.sql_prepared
+                        .insert(name.clone(), text_hash(text.as_bytes()));
                 }
                 self.state.sql_prepared.insert(name, (text, analysis));
                 self.state.sql_prepared_ever = true;
@@ -743,7 +751,7 @@ impl Session {
                 if let Some(c) = conn {
                     // A protocol-level statement of that name goes too (one namespace).
                     c.prepared.remove(name.as_str());
-                    c.prepared.remove(&format!("sql:{name}"));
+                    c.sql_prepared.remove(name.as_str());
                 }
                 self.state.sql_prepared.remove(&name);
                 self.state.prepared.remove(&name);
@@ -753,7 +761,7 @@ impl Session {
                     // Every prepared statement on the connection goes, other clients'
                     // (transaction mode) included.
                     c.statements.clear();
-                    c.prepared.clear();
+                    c.forget_prepared();
                 }
                 // Protocol-level statements go too.
                 self.state.sql_prepared.clear();
@@ -801,20 +809,18 @@ impl Session {
             if touched.clone().take(i).any(|n| n == name) {
                 continue;
             }
-            // Only a client that has PREPAREd can have a `sql:` record here.
-            let sql_key = self.state.sql_prepared_ever.then(|| format!("sql:{name}"));
+            // Only a client that has PREPAREd can have a SQL-level statement here.
+            let sql_held = self.state.sql_prepared_ever && l.conn.sql_prepared.contains_key(name);
             let prepared =
                 self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
-            if let Some(key) = sql_key.as_deref().filter(|_| !prepared) {
-                if l.conn.prepared.remove(key).is_some() {
-                    // A statement the client PREPAREd and has since deallocated (on
-                    // another connection) is still here under the name: closed first, a
-                    // stale copy.
-                    pre.push(build::close(b'S', name));
-                    expect.push_back(Expect::Hidden { record: None });
-                }
+            if sql_held && !prepared {
+                // A statement the client PREPAREd and has since deallocated (on another
+                // connection) is still here under the name: closed first, a stale copy.
+                l.conn.sql_prepared.remove(name);
+                pre.push(build::close(b'S', name));
+                expect.push_back(Expect::Hidden { record: None });
             }
-            if prepared && sql_key.is_some_and(|k| l.conn.prepared.contains_key(&k)) {
+            if prepared && sql_held {
                 // What the connection holds under the name is the statement the client
                 // PREPAREd: a record of one made by Parse there is stale (a Parse an
                 // error skipped), and a Close of it would close the PREPAREd one (one

@@ -477,11 +477,13 @@ pub enum ConnRecord {
     /// Transaction mode: a least recently used statement closed, by its id and content
     /// (still on the connection if the Close is skipped).
     Evicted { id: u64, content: Bytes },
-    /// A statement prepared under the client's name, by its key in the connection's
-    /// record (session mode: the name; transaction mode: `sql:` and the name, a copy an
-    /// EXECUTE of the same batch runs), with the version the connection held before
-    /// (`None`: it had none), which it still holds if the Parse is skipped.
+    /// Session mode: a statement prepared under the client's name
+    /// (`ServerConn::prepared`), with the version the connection held before (`None`: it
+    /// had none), which it still holds if the Parse is skipped.
     Named { name: String, previous: Option<u64> },
+    /// Transaction mode: a statement the batch parses and EXECUTEs, parsed under the
+    /// client's name too (`ServerConn::sql_prepared`), with the version held before.
+    Sql { name: String, previous: Option<u64> },
 }
 
 /// What a client's Parse or Close changed in its statements, taken back if the server
@@ -521,6 +523,7 @@ impl Expect {
                         ConnRecord::Prepared(_)
                             | ConnRecord::Evicted { .. }
                             | ConnRecord::Named { .. }
+                            | ConnRecord::Sql { .. }
                     )
                 }
         )
