@@ -3,7 +3,6 @@
 //! each way through the non-blocking stream, certificate files changing on disk, and a
 //! client certificate presented to a node that asks for one.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -94,17 +93,18 @@ async fn node(answer: Answer, cert: (String, String)) -> u16 {
     port
 }
 
-fn write(dir: &Path, name: &str, pem: &str) -> String {
-    let p = dir.join(name);
+fn write(dir: &tempfile::TempDir, name: &str, pem: &str) -> String {
+    let p = dir.path().join(name);
     std::fs::write(&p, pem).unwrap();
     p.to_string_lossy().into_owned()
 }
 
-fn tempdir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("pgfresh-nodetls-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A directory of its own for a test's files, removed when the test is done with it.
+fn tempdir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("pgfresh-nodetls-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
 async fn try_connect(port: u16, host: &str, settings: &Settings) -> Result<ServerStream, String> {
