@@ -2,7 +2,8 @@
 //! pgfresh as on the client's own PostgreSQL connection. Each script is drawn from a fixed
 //! seed (the same scripts every run), runs on a direct session to the primary (the
 //! reference) and through pgfresh, in session mode and in transaction mode (there also two
-//! clients' scripts interleaved on the same server connections), and the outcomes must be
+//! clients' scripts interleaved on the same server connections; and scripts whose steps
+//! are now and then two exchanges sent at once, in both modes), and the outcomes must be
 //! the same step by step. A mismatch names the seed, the mode, the step and the script so
 //! far, so it can be replayed and reduced to a test of its own (see tx_statements.rs).
 
@@ -18,6 +19,11 @@ const SCRIPTS: u64 = 150;
 
 /// Pairs of interleaved scripts in transaction mode.
 const PAIRS: u64 = 50;
+
+/// Scripts per mode whose steps are now and then two exchanges sent at once; seeds
+/// `PIPELINED_FROM..PIPELINED_FROM + PIPELINED`.
+const PIPELINED: u64 = 100;
+const PIPELINED_FROM: u64 = 1001;
 
 /// Seeds whose scripts still find pgfresh answering otherwise than PostgreSQL, left out
 /// until it answers them alike (each names the first differing step when it is run).
@@ -56,10 +62,12 @@ impl Rng {
     }
 }
 
-/// One exchange ending in one ReadyForQuery: what is sent, and how it reads.
+/// What is sent at once, and how it reads: one exchange ending in one ReadyForQuery, or
+/// several sent before the first is answered (`readies` ReadyForQuery in all).
 struct Step {
     frames: Vec<u8>,
     text: String,
+    readies: usize,
 }
 
 /// The names a script uses: each label (as the script reads) and the statement name sent
@@ -124,6 +132,37 @@ impl Script {
         s
     }
 
+    /// The script of `seed` whose steps are, one time in four, two exchanges sent at once
+    /// (an extended batch, then another or a simple Query): the second is read and
+    /// routed while the first is still being answered.
+    fn generate_pipelined(seed: u64) -> Script {
+        let mut s = Script::new(seed);
+        let len = 8 + s.rng.below(8);
+        for _ in 0..len {
+            let step = match s.rng.below(8) {
+                0 | 1 => s.pipelined(),
+                2..=4 => s.extended(),
+                _ => s.simple(),
+            };
+            s.steps.push(step);
+        }
+        s
+    }
+
+    fn pipelined(&mut self) -> Step {
+        let first = self.extended();
+        let second = if self.rng.chance(50) {
+            self.extended()
+        } else {
+            self.simple()
+        };
+        Step {
+            frames: [first.frames, second.frames].concat(),
+            text: format!("{} || {}", first.text, second.text),
+            readies: first.readies + second.readies,
+        }
+    }
+
     /// A named statement: (label, name sent).
     fn named(&mut self) -> (String, String) {
         let i = self.rng.below(3);
@@ -164,6 +203,7 @@ impl Script {
         Step {
             frames: b.frames,
             text: b.parts.join("+"),
+            readies: 1,
         }
     }
 
@@ -246,6 +286,7 @@ impl Script {
         Step {
             frames: query(&sent),
             text: format!("Query({text:?})"),
+            readies: 1,
         }
     }
 
@@ -280,10 +321,6 @@ impl Script {
         }
     }
 
-    fn frames(&self) -> Vec<Vec<u8>> {
-        self.steps.iter().map(|s| s.frames.clone()).collect()
-    }
-
     /// The names the script's labels stand for, a line each.
     fn names(&self) -> String {
         let mut out = String::new();
@@ -307,13 +344,28 @@ fn same(sql: &str) -> (String, String) {
     (sql.to_string(), sql.to_string())
 }
 
-/// One step's outcome through `s`; None when none came in time.
+/// One step's outcome through `s` (each exchange's, in order); None when none came in
+/// time.
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, step: &Step) -> Option<String> {
     let answer = async {
         s.write_all(&step.frames).await.unwrap();
-        outcome(&raw::read_until(s, b'Z').await)
+        let mut outcomes = Vec::new();
+        for _ in 0..step.readies {
+            outcomes.push(outcome(&raw::read_until(s, b'Z').await));
+        }
+        outcomes.join(" || ")
     };
     tokio::time::timeout(STEP_LIMIT, answer).await.ok()
+}
+
+/// Each step's outcome on the client's own PostgreSQL session: the reference.
+async fn reference(script: &Script) -> Vec<String> {
+    let mut s = direct_session().await;
+    let mut outcomes = Vec::new();
+    for step in &script.steps {
+        outcomes.push(exchange(&mut s, step).await.expect("PostgreSQL answered"));
+    }
+    outcomes
 }
 
 /// A mismatch (or a step without an answer), as a failure reads.
@@ -328,8 +380,12 @@ fn differs(context: String, got: Option<&str>, want: &str) -> String {
 /// step's outcome through pgfresh must be the primary's. The first that is not, as a
 /// failure reads.
 async fn compare_alone(p: &ProxyHandle, mode: &str, seed: u64) -> Result<(), String> {
-    let script = Script::generate(seed);
-    let reference = run(&mut direct_session().await, &script.frames()).await;
+    let script = if seed >= PIPELINED_FROM {
+        Script::generate_pipelined(seed)
+    } else {
+        Script::generate(seed)
+    };
+    let reference = reference(&script).await;
     let mut c = raw::connect(p.addr).await;
     for (i, step) in script.steps.iter().enumerate() {
         let got = exchange(&mut c, step).await;
@@ -348,10 +404,11 @@ async fn compare_alone(p: &ProxyHandle, mode: &str, seed: u64) -> Result<(), Str
 /// script alone on the primary. The first that is not, as a failure reads.
 async fn compare_pair(p: &ProxyHandle, seeds: [u64; 2]) -> Result<(), String> {
     let scripts = seeds.map(Script::generate);
-    let mut reference = Vec::new();
+    let mut reference_of = Vec::new();
     for s in &scripts {
-        reference.push(run(&mut direct_session().await, &s.frames()).await);
+        reference_of.push(reference(s).await);
     }
+    let reference = reference_of;
     let mut clients = [
         Some(raw::connect(p.addr).await),
         Some(raw::connect(p.addr).await),
@@ -427,6 +484,26 @@ async fn transaction_mode_scripts_answer_as_postgresql() {
     let p = start_proxy(&one_reading_standby(tx_config("")));
     let mut results = Vec::new();
     for seed in (1..=SCRIPTS).filter(|s| !TRANSACTION_DIFFERENCES.contains(s)) {
+        results.push(compare_alone(&p, "transaction", seed).await);
+    }
+    all_same(results);
+}
+
+#[tokio::test]
+async fn session_mode_pipelined_scripts_answer_as_postgresql() {
+    let p = start_proxy(&one_reading_standby(config_text("")));
+    let mut results = Vec::new();
+    for seed in PIPELINED_FROM..PIPELINED_FROM + PIPELINED {
+        results.push(compare_alone(&p, "session", seed).await);
+    }
+    all_same(results);
+}
+
+#[tokio::test]
+async fn transaction_mode_pipelined_scripts_answer_as_postgresql() {
+    let p = start_proxy(&one_reading_standby(tx_config("")));
+    let mut results = Vec::new();
+    for seed in PIPELINED_FROM..PIPELINED_FROM + PIPELINED {
         results.push(compare_alone(&p, "transaction", seed).await);
     }
     all_same(results);

@@ -905,6 +905,97 @@ async fn a_skipped_parse_does_not_pass_for_the_statement_parsed_again_elsewhere(
     }
 }
 
+/// Runs `steps` on the primary and through `p`, each step's messages sent at once and
+/// read up to its `readies` ReadyForQuery; the outcomes through pgfresh must be the
+/// primary's. Returns them.
+async fn same_as_postgresql_pipelined(p: &ProxyHandle, steps: &[(Vec<u8>, usize)]) -> Vec<String> {
+    async fn run_all<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        s: &mut S,
+        steps: &[(Vec<u8>, usize)],
+    ) -> Vec<String> {
+        use tokio::io::AsyncWriteExt;
+        let mut outcomes = Vec::new();
+        for (frames, readies) in steps {
+            s.write_all(frames).await.unwrap();
+            for _ in 0..*readies {
+                outcomes.push(outcome(&raw::read_until(s, b'Z').await));
+            }
+        }
+        outcomes
+    }
+    let reference = run_all(&mut direct_session().await, steps).await;
+    let through = run_all(&mut raw::connect(p.addr).await, steps).await;
+    for (i, (want, got)) in reference.iter().zip(&through).enumerate() {
+        assert_eq!(got, want, "reply {i}: pgfresh differs from PostgreSQL");
+    }
+    reference
+}
+
+/// A batch pipelined behind one whose Parse an error may still skip sees the client's
+/// statements as PostgreSQL leaves them: the first batch's refused Parse of `z` makes no
+/// statement, and the second batch's Parse of `z`, skipped after its own error, does not
+/// bring the refused one back (in session mode the second batch was read before the first
+/// was answered, and took back its Parse to the refused text).
+#[tokio::test]
+async fn a_batch_pipelined_behind_a_refused_parse_sees_no_statement() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let [x, z] = ["x", "z"].map(|n| unique(&format!("pipelined_refused_{prefix}_{n}")));
+        let steps = [
+            (
+                [
+                    parse(&x, "SELECT 'one'::text"),
+                    parse(&z, "SELEC 1"),
+                    sync(),
+                    bind_execute("nope"),
+                    parse(&z, "SELECT 'two'::text"),
+                    sync(),
+                ]
+                .concat(),
+                2,
+            ),
+            ([bind_execute(&z), sync()].concat(), 1),
+            ([bind_execute(&x), sync()].concat(), 1),
+        ];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[0].contains("error=42601"), "{prefix}: {r:?}");
+        assert!(r[1].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[2].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[3].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
+/// A Parse of a name the client PREPAREd is refused (42P05) also when the batch parses
+/// the name again and then closes it: until that Close the name is the PREPAREd
+/// statement (transaction mode looked only at the batch's next message of the name).
+#[tokio::test]
+async fn a_parse_of_a_prepared_name_is_refused_before_a_later_close_of_it() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let y = unique(&format!("prepared_closed_later_{prefix}"));
+        let steps = [
+            query(&format!(
+                "/* pgfresh:primary */ PREPARE {y} AS SELECT 'one'::text"
+            )),
+            [
+                parse(&y, "/* pgfresh:primary */ SELECT 'two'::text"),
+                close_statement(""),
+                parse(&y, "SELECT 'three'::text"),
+                close_statement(&y),
+                sync(),
+            ]
+            .concat(),
+            [bind_execute(&y), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(
+            r[1].starts_with("EZ") && r[1].contains("error=42P05"),
+            "{prefix}: {r:?}"
+        );
+        assert!(r[2].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
 /// A protocol Close drops a statement the client made with SQL PREPARE, as on PostgreSQL
 /// (one namespace for both): a Parse of the name after it makes the client's statement
 /// (not refused with 42P05), and an EXECUTE runs that one. A Close an error skips (after

@@ -592,13 +592,13 @@ impl Session {
             && self.wire == super::WirePhase::Units
             && self.inflight.iter().any(|u| {
                 u.events.iter().any(StmtEvent::changes_statements)
+                    || u.expect.iter().any(Expect::may_undo)
+                    || u.refused.is_some()
                     || (self.mode == PoolMode::Transaction
-                        && (u.expect.iter().any(Expect::may_undo)
-                            || u.refused.is_some()
-                            || (u.unnamed_first
-                                && u.acks == 0
-                                && !u.error
-                                && !self.parses_unnamed_next())))
+                        && u.unnamed_first
+                        && u.acks == 0
+                        && !u.error
+                        && !self.parses_unnamed_next())
             })
     }
 

@@ -287,12 +287,12 @@ impl Session {
                         .and_then(|u| u.previous.as_ref())
                         .map(|p| p.content.clone());
                     // One the client PREPAREd and closes later in the batch is the
-                    // client's still.
+                    // client's still (a Parse of the name between them changes nothing:
+                    // the server refuses it).
                     let done = unit.statement_undo.len() - undos.len();
                     let closed_later = unit.statement_undo[done..]
                         .iter()
-                        .find(|u| u.name == name)
-                        .is_some_and(|u| u.sql.is_some());
+                        .any(|u| u.name == name && u.sql.is_some());
                     if (self.state.sql_prepared.contains_key(name) || closed_later)
                         && held.contains_key(name)
                     {
