@@ -996,6 +996,57 @@ async fn a_parse_of_a_prepared_name_is_refused_before_a_later_close_of_it() {
     }
 }
 
+/// Session mode, as transaction mode: a batch pipelined behind one whose leading Parse of
+/// the unnamed statement the server refuses finds no unnamed statement (26000), not the
+/// refused text parsed again.
+#[tokio::test]
+async fn a_batch_pipelined_behind_a_refused_unnamed_parse_finds_none() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let steps = [(
+            [
+                parse("", "/* pgfresh:primary */ SELEC 1"),
+                bind_execute("nope"),
+                sync(),
+                bind_execute(""),
+                sync(),
+            ]
+            .concat(),
+            2,
+        )];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[0].contains("error=42601"), "{prefix}: {r:?}");
+        assert!(r[1].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
+/// Session mode: a statement closed on one node leaves no copy that a DEALLOCATE on
+/// another finds (26000, as on PostgreSQL), and a statement deallocated on one node
+/// leaves none that a PREPARE of its name on another would meet (the EXECUTE runs the new
+/// one).
+#[tokio::test]
+async fn session_mode_statements_gone_on_one_node_are_gone_on_every_node() {
+    let p = start_proxy(&config_text(""));
+    let [y, z] = ["y", "z"].map(|n| unique(&format!("gone_everywhere_{n}")));
+    let primary = "/* pgfresh:primary */ ";
+    let steps = [
+        [parse(&z, &format!("{primary}SELECT 'one'::text")), sync()].concat(),
+        // A read makes a standby the active node; a Close alone runs there.
+        query("SELECT 'q'::text"),
+        [close_statement(&z), sync()].concat(),
+        query(&format!("{primary}SELECT 'q'::text")),
+        query(&format!("DEALLOCATE {z}")),
+        [parse(&y, &format!("{primary}SELECT 'old'::text")), sync()].concat(),
+        query("SELECT 'q'::text"),
+        query("DEALLOCATE ALL"),
+        query(&format!("PREPARE {y} AS SELECT 'new'::text")),
+        query(&format!("{primary}EXECUTE {y}")),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[4].contains("error=26000"), "{r:?}");
+    assert!(r[9].contains("row=new"), "{r:?}");
+}
+
 /// A protocol Close drops a statement the client made with SQL PREPARE, as on PostgreSQL
 /// (one namespace for both): a Parse of the name after it makes the client's statement
 /// (not refused with 42P05), and an EXECUTE runs that one. A Close an error skips (after

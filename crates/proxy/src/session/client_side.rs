@@ -179,6 +179,10 @@ impl Session {
                             } else if self.state.prepared.contains_key(name) {
                                 unit.sql_executes
                                     .push(NamedStatement::of(&self.state, name));
+                            } else {
+                                // None of the client's: a copy left on the connection
+                                // goes first, so the server answers 26000.
+                                unit.unknown_statements.push(name.clone());
                             }
                         }
                     }
@@ -594,11 +598,7 @@ impl Session {
                 u.events.iter().any(StmtEvent::changes_statements)
                     || u.expect.iter().any(Expect::may_undo)
                     || u.refused.is_some()
-                    || (self.mode == PoolMode::Transaction
-                        && u.unnamed_first
-                        && u.acks == 0
-                        && !u.error
-                        && !self.parses_unnamed_next())
+                    || (u.unnamed_first && u.acks == 0 && !u.error && !self.parses_unnamed_next())
             })
     }
 

@@ -633,7 +633,13 @@ impl Session {
                 .as_ref()
                 .and_then(|l| l.conn.sql_prepared.get(name).copied());
             if has != Some(hash) {
-                if has.is_some() {
+                // Session mode: a statement made by Parse under the name may be there
+                // too (one the client has since deallocated on another node): the
+                // PREPARE would be refused, and the unit run that one.
+                let parsed = self.backends[node]
+                    .as_mut()
+                    .is_some_and(|l| l.conn.prepared.remove(name).is_some());
+                if has.is_some() || parsed {
                     self.inject_close(node, name)?;
                 }
                 self.inject_query(node, &text)?;
