@@ -450,8 +450,7 @@ impl ServerConn {
     /// Run a simple query and discard its results; Err carries the server's error
     /// message. Leaves the connection idle (ReadyForQuery seen).
     pub async fn run_quiet(&mut self, sql: &str) -> Result<Result<(), String>, ProxyError> {
-        self.send(&build::query(sql)).await?;
-        self.drain_until_ready().await
+        self.run_frames_quiet(&build::query(sql)).await
     }
 
     /// Consume replies until ReadyForQuery. Returns the first error's message, if any.
@@ -539,7 +538,8 @@ impl ServerConn {
         })
     }
 
-    /// Send `frames` (ending in a Sync) and discard the replies, as [`Self::run_quiet`].
+    /// Send `frames` (ending in a Sync or a Query) and discard the replies up to the
+    /// ReadyForQuery; Err carries the server's first error message.
     pub async fn run_frames_quiet(
         &mut self,
         frames: &[u8],

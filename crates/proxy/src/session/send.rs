@@ -236,9 +236,24 @@ pub(super) fn append(wbuf: &mut bytes::BytesMut, frames: &[Bytes]) {
 static POSITION_PROBE: LazyLock<Bytes> =
     LazyLock::new(|| build::query("SELECT pg_catalog.pg_current_wal_insert_lsn()"));
 
+/// The client's statement `name` made by Parse as `unit` began: before the unit's first
+/// Parse or Close of the name, if any (the client's statements follow each message as it
+/// is read).
+fn at_start<'a>(
+    unit: &'a ClientUnit,
+    state: &'a super::state::SessionState,
+    name: &str,
+) -> Option<&'a super::state::Prepared> {
+    match unit.statement_undo.iter().find(|u| u.name == name) {
+        Some(u) => u.previous.as_ref(),
+        None => state.prepared.get(name),
+    }
+}
+
 /// A Parse that the server refuses in a failed transaction (25P02) as it refuses any
 /// there, and outside one too (no such relation): it makes no statement either way. Put
-/// ahead of a batch whose first message PostgreSQL would refuse there (see
+/// just in front of the first message of a batch that PostgreSQL would refuse there
+/// where the connection lacks the statement that message uses (see
 /// `Session::refuses_first_use`).
 pub(super) static REFUSED_PARSE: LazyLock<Bytes> = LazyLock::new(|| {
     build::parse(
@@ -569,10 +584,7 @@ impl Session {
         // Session mode: as the unit began (before its first Parse or Close of the name).
         let parsed = self.mode == PoolMode::Session
             && !prepared
-            && match unit.statement_undo.iter().find(|u| u.name == name) {
-                Some(u) => u.previous.is_some(),
-                None => self.state.prepared.contains_key(name),
-            };
+            && at_start(unit, &self.state, name).is_some();
         // (A name whose state there is unknown counts as lacking: the server refuses the
         // message behind the refused Parse as it would refuse the message.)
         let lacks_parsed = parsed
@@ -834,11 +846,7 @@ impl Session {
                 l.conn.prepared.remove(name);
                 continue;
             }
-            // As the unit began: before its first Parse or Close of the name, if any.
-            let start = match unit.statement_undo.iter().find(|u| u.name == name) {
-                Some(u) => u.previous.as_ref(),
-                None => self.state.prepared.get(name),
-            };
+            let start = at_start(unit, &self.state, name);
             let has = l.conn.prepared.get(name).copied();
             if has == start.map(|p| p.hash) {
                 continue;
