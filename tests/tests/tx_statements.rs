@@ -1105,3 +1105,52 @@ async fn session_mode_a_skipped_parse_leaves_a_later_prepared_statement() {
     assert!(r[3].contains("row=two"), "{r:?}");
     assert!(r[4].starts_with("CZ"), "{r:?}");
 }
+
+/// A statement whose text is `EXECUTE x` is described as `x` (its parameters and rows),
+/// in a batch of its own too, where `x` is not yet on the connection under the client's
+/// name; in both modes.
+#[tokio::test]
+async fn a_describe_of_an_execute_describes_the_statement_it_runs() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let z = unique(&format!("describe_execute_{prefix}"));
+        let w = unique(&format!("describe_execute_named_{prefix}"));
+        let steps = [
+            [parse(&z, "SELECT 'one'::text"), sync()].concat(),
+            [parse("", &format!("EXECUTE {z}")), sync()].concat(),
+            [describe(b'S', ""), sync()].concat(),
+            [parse(&w, &format!("EXECUTE {z}")), sync()].concat(),
+            [describe(b'S', &w), sync()].concat(),
+            [describe(b'S', &w), bind_execute(&w), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[2].starts_with("tTZ"), "{prefix}: {r:?}");
+        assert!(r[4].starts_with("tTZ"), "{prefix}: {r:?}");
+        assert!(r[5].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
+/// Session mode: a PREPARE of a name the client closed on another node makes the new
+/// statement where it runs (PostgreSQL has no statement of that name any more, though a
+/// copy of the old one may be left on that node), and an EXECUTE there runs it.
+#[tokio::test]
+async fn session_mode_a_prepare_of_a_name_closed_elsewhere_makes_the_statement() {
+    // Reads on the first standby only: the Parse runs there.
+    let config = config_text("").replacen("name = \"pg2\"\n", "name = \"pg2\"\nweight = 0\n", 1);
+    let p = start_proxy(&config);
+    let z = unique("prepare_closed");
+    let primary = "/* pgfresh:primary */ ";
+    let steps = [
+        [parse(&z, "SELECT 'one'::text"), bind_execute(&z), sync()].concat(),
+        // The primary becomes the active node; a Close alone runs there.
+        query(&format!("{primary}SELECT 'q'::text")),
+        [close_statement(&z), sync()].concat(),
+        // Back on the standby, which still holds the Parse's copy: the PREPARE runs there.
+        query("SELECT 'q'::text"),
+        query(&format!("PREPARE {z} AS SELECT 'new'::text")),
+        query(&format!("EXECUTE {z}")),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[4].starts_with("CZ"), "{r:?}");
+    assert!(r[5].contains("row=new"), "{r:?}");
+}

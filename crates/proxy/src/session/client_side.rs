@@ -96,21 +96,22 @@ fn add_bound_sql_statement(
 /// pgfresh's name; a SQL-level one, and in session mode a Parse, may have run on another
 /// connection): the client's statement is put on the connection under its name first
 /// (`send::put_protocol_statement`, or PREPAREd as an `EXECUTE`'s is), so that the server
-/// refuses the PREPARE as PostgreSQL does (42P05).
+/// refuses the PREPARE as PostgreSQL does (42P05). A PREPARE of a name the client does
+/// not have drops a copy the connection may still hold under it (one the client closed
+/// or deallocated on another connection), which would refuse it.
 fn add_name_collisions(
     state: &super::state::SessionState,
     analysis: &Analysis,
     unit: &mut ClientUnit,
 ) {
-    if state.prepared.is_empty() && state.sql_prepared.is_empty() {
-        return;
-    }
     for s in &analysis.statements {
         if let Some(pgfresh_sql::SessionEffect::Prepare { name, .. }) = &s.session {
             if state.sql_prepared.contains_key(name) {
                 unit.sql_executes.push(NamedStatement::sql(name));
             } else if state.prepared.contains_key(name) {
                 unit.sql_executes.push(NamedStatement::of(state, name));
+            } else {
+                unit.unknown_statements.push(name.clone());
             }
         }
     }
@@ -261,6 +262,11 @@ impl Session {
                         // One the client PREPAREd (one namespace for both), as a Bind of
                         // it: the statement goes where the Describe runs.
                         add_bound_sql_statement(&self.state.sql_prepared, name, &mut self.batch);
+                    }
+                    if let Some(p) = self.state.prepared.get(name).filter(|_| kind == b'S') {
+                        // A statement whose text is `EXECUTE x` is described as `x`: that
+                        // must be on the connection under its name, as for a Bind of it.
+                        add_sql_executes(&self.state, &p.analysis, &mut self.batch);
                     }
                     if kind == b'S' && self.refers_to_statement(name) {
                         let p = self.state.prepared.get(name);
