@@ -24,6 +24,8 @@
 #                    current_thread runtime, no parsing), built with cargo unless -B, in
 #                    front of the primary like PgBouncer
 # PGFRESH_WORKERS sets [proxy] worker_threads (default 0: pgfresh's own default, one thread).
+# CALLGRIND_OPTS adds options to pgfresh's callgrind run (`--dump-instr=yes` for counts an
+# instruction, which bench/hot-lines.py reads).
 #
 # 1. Instructions: pgfresh runs under `valgrind --tool=callgrind` with instrumentation off;
 #    it is switched on (callgrind_control) only while pgbench runs its statements, and the
@@ -37,6 +39,7 @@
 #    while pgbench runs 8 clients x 5000 statements, next to the same for PgBouncer in
 #    session mode when it is installed.
 set -euo pipefail
+CALLGRIND_OPTS=${CALLGRIND_OPTS:-}
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MODE=session PROTO=extended WORKLOAD=select N=2000 CLIENTS=2 CLUSTER_DIR="" OUTDIR="" BUILD=1 RELAY=0 CACHE_SIM=no
@@ -116,7 +119,7 @@ as_owner() {
 # 1. Instructions per statement.
 port=$(free_port); admin=$(free_port)
 conf "$OUTDIR/callgrind.toml" "$port" "$admin"
-valgrind --tool=callgrind --instr-atstart=no --cache-sim="$CACHE_SIM" --callgrind-out-file="$OUTDIR/callgrind.out" \
+valgrind --tool=callgrind --instr-atstart=no --cache-sim="$CACHE_SIM" $CALLGRIND_OPTS --callgrind-out-file="$OUTDIR/callgrind.out" \
     "$PGFRESH_BIN" run -c "$OUTDIR/callgrind.toml" >"$OUTDIR/callgrind.log" 2>&1 &
 PROXY_PID=$!
 deadline=$((SECONDS + 120))

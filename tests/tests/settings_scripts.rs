@@ -345,18 +345,20 @@ fn plain_step(seed: u64, client: usize, resettable: &[&str], rng: &mut Rng) -> S
 /// failed, its savepoints) only weighs the draws: each step's outcome is compared whatever
 /// it is. A step of several lines is a pipeline: its queries are sent at once.
 ///
-/// A client that logged in with `startup` parameters resets none of them (no `RESET` or
-/// `SET … TO DEFAULT` of one, no `RESET ALL` or `DISCARD ALL`): PostgreSQL returns such
-/// a setting to the value of the startup packet, and pgfresh, whose server connections
-/// did not log in with the client's parameters, to the server's default. That difference
-/// is not resolved (see `reset_returns_a_setting_to_its_startup_value`), and left out
-/// here so that the rest is compared.
+/// A client that logged in with `startup` parameters resets them (`RESET` or `SET … TO
+/// DEFAULT` of one, `RESET ALL`, `DISCARD ALL`) only outside a transaction and not in a
+/// pipeline: PostgreSQL returns such a setting to the value of the startup packet, and
+/// pgfresh, whose server connections did not log in with the client's parameters, brings
+/// that value back before the client's next unit (see
+/// `reset_returns_a_setting_to_its_startup_value`); within the unit that reset it (the
+/// rest of its transaction, a query pipelined behind it) the server's default shows.
 fn script(seed: u64, client: usize, startup: &[(String, String)], rng: &mut Rng) -> Vec<String> {
     let given = |g: &str| {
         startup.iter().any(|(k, v)| {
             k.eq_ignore_ascii_case(g) || (k == "options" && v.contains(&format!("-c {g}=")))
         })
     };
+    // In a transaction or a pipeline; outside them, every one.
     let resettable: Vec<&str> = GUCS.into_iter().filter(|g| !given(g)).collect();
     let len = 8 + rng.below(13);
     let (mut in_tx, mut failed) = (false, false);
@@ -382,12 +384,16 @@ fn script(seed: u64, client: usize, startup: &[(String, String)], rng: &mut Rng)
                 let g = guc(rng);
                 format!("SET LOCAL {g} = '{}'", value(g, seed, client, rng))
             }
-            Kind::SetDefault | Kind::Reset if resettable.is_empty() => observe(""),
-            Kind::SetDefault => {
-                format!("SET {} TO DEFAULT", resettable[rng.below(resettable.len())])
+            Kind::SetDefault | Kind::Reset if in_tx && resettable.is_empty() => observe(""),
+            kind @ (Kind::SetDefault | Kind::Reset) => {
+                let from = if in_tx { &resettable[..] } else { &GUCS[..] };
+                let g = from[rng.below(from.len())];
+                match kind {
+                    Kind::SetDefault => format!("SET {g} TO DEFAULT"),
+                    _ => format!("RESET {g}"),
+                }
             }
-            Kind::Reset => format!("RESET {}", resettable[rng.below(resettable.len())]),
-            Kind::ResetAll if !startup.is_empty() => observe(""),
+            Kind::ResetAll if in_tx && !startup.is_empty() => observe(""),
             Kind::ResetAll => {
                 if in_tx || rng.below(3) > 0 {
                     "RESET ALL".into()
@@ -778,14 +784,12 @@ async fn every_set_config_of_a_statement_is_kept() {
 
 /// RESET, `SET … TO DEFAULT`, RESET ALL and DISCARD ALL return a setting the client's
 /// startup packet gave (a parameter of its own, or a `-c` option) to that value, in
-/// PostgreSQL: the startup packet makes the session's reset values. They are not
-/// reported changed, since they did not change. Through pgfresh they return it to the
-/// server's default (the server connection logged in without the client's parameters,
-/// which pgfresh replays with SET), on the node that ran them and, from the recorded
-/// state, on every other. Not resolved yet: a server connection shared by clients with
-/// other startup parameters has no way to take these as its reset values.
+/// PostgreSQL: the startup packet makes the session's reset values; a reported parameter
+/// is reported at that value, and not reported where it did not change. The server
+/// connection logged in without the client's parameters (pgfresh replays them with SET),
+/// so its reset returns them to the server's default: pgfresh reports the startup value
+/// and replays the session's settings there before the client's next unit.
 #[tokio::test]
-#[ignore = "pgfresh resets a startup parameter to the server's default, not to its startup value"]
 async fn reset_returns_a_setting_to_its_startup_value() {
     let show = shown(&["application_name", "work_mem"]);
     for config in [config_text(""), tx_config(1)] {

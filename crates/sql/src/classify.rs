@@ -387,6 +387,9 @@ fn variable_set(w: &mut Walker, tx: &mut Option<TxEffect>, v: &protobuf::Variabl
         (K::VarReset, "role") => SessionEffect::SetRole(None),
         (K::VarReset, "session_authorization") => SessionEffect::SetSessionAuthorization(None),
         (K::VarReset, name) => SessionEffect::Reset(name.to_owned()),
+        // `SET name TO DEFAULT` is `RESET name` (a startup value comes back); SET LOCAL's
+        // lasts until the transaction ends.
+        (K::VarSetDefault, name) if !v.is_local => SessionEffect::Reset(name.to_owned()),
         (_, "role") => SessionEffect::SetRole(value().filter(|v| v != "none")),
         (_, "session_authorization") => SessionEffect::SetSessionAuthorization(value()),
         (kind, name) => {

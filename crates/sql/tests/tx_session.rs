@@ -135,10 +135,16 @@ fn session_effects() {
             Kind::Session,
             set("timezone", Some("UTC"), false),
         ),
+        // The same as RESET (a startup value comes back); SET LOCAL's is not.
         (
             "SET client_encoding TO DEFAULT",
             Kind::Session,
-            set("client_encoding", None, false),
+            S::Reset("client_encoding".into()),
+        ),
+        (
+            "SET LOCAL work_mem TO DEFAULT",
+            Kind::Session,
+            set("work_mem", None, true),
         ),
         (
             "SET extra_float_digits = 3",
@@ -337,7 +343,7 @@ fn session_effects() {
             assert!(a.writes.contains(name), "{sql}");
         }
     }
-    assert_eq!(count, 43);
+    assert_eq!(count, 44);
     let a =
         analyze_uncached("DECLARE c NO SCROLL CURSOR WITHOUT HOLD FOR SELECT * FROM t FOR UPDATE");
     assert_eq!(a.must_primary, vec![MustPrimary::LockingClause]);

@@ -186,6 +186,9 @@ pub struct Session {
     login: Login,
     /// A startup option pgfresh refuses (reported when the session starts).
     startup_error: Option<ProxyError>,
+    /// The parameter values the client was last told (ParameterStatus), and those held
+    /// for the unit in flight.
+    reports: relay::Reports,
 }
 
 impl Session {
@@ -261,6 +264,7 @@ impl Session {
             pending_settings: settings::Pending::default(),
             tokens,
             startup_error,
+            reports: Default::default(),
             portal_events: Default::default(),
             tx: TxPhase::Idle,
             tx_writes: TxWrites::default(),
@@ -458,10 +462,11 @@ impl Session {
     async fn send_login_reply(
         &mut self,
         key: CancelKey,
-        params: &[(String, String)],
+        params: &Arc<Vec<(String, String)>>,
     ) -> Result<(), ProxyError> {
+        self.reports = relay::Reports::at_login(params.clone());
         let mut out = BytesMut::new();
-        for (k, v) in params {
+        for (k, v) in params.iter() {
             out.extend_from_slice(&build::parameter_status(k, v));
         }
         out.extend_from_slice(&build::backend_key_data(key));

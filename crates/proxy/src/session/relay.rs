@@ -144,7 +144,8 @@ impl Session {
             return Action::Swallow;
         }
         match tag {
-            b'Z' => self.on_ready_for_query(node, start),
+            b'Z' if injected => self.on_ready_for_query(node, start),
+            b'Z' => self.on_client_ready(node, start),
             b'C' => self.on_command_complete(node, start, end, injected),
             b'D' if injected => {
                 self.injected_row(node, start, end);
@@ -156,17 +157,23 @@ impl Session {
             b'S' => {
                 let body = self.body(node, start, end).to_vec();
                 let mut parts = body.split(|b| *b == 0);
-                if let (Some(k), Some(v)) = (parts.next(), parts.next()) {
-                    if let (Ok(k), Ok(v)) = (std::str::from_utf8(k), std::str::from_utf8(v)) {
-                        if let Some(l) = self.backends[node].as_mut() {
-                            l.conn.params.insert(k.to_string(), v.to_string());
-                        }
-                    }
+                let (Some(Ok(k)), Some(Ok(v))) = (
+                    parts.next().map(std::str::from_utf8),
+                    parts.next().map(std::str::from_utf8),
+                ) else {
+                    return if injected {
+                        Action::Swallow
+                    } else {
+                        Action::Forward
+                    };
+                };
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.params.insert(k.to_string(), v.to_string());
                 }
                 if injected {
                     Action::Swallow
                 } else {
-                    Action::Forward
+                    self.parameter_status(k, v)
                 }
             }
             b'G' => {
@@ -599,18 +606,101 @@ impl Session {
         }
     }
 
+    /// A ParameterStatus of the client's unit: held until the unit's ReadyForQuery, where
+    /// the server sends them anyway (PostgreSQL 14 and later), so that the client hears
+    /// what its own connection would report there (`reports_due`). One no unit waits
+    /// for goes as it is.
+    fn parameter_status(&mut self, name: &str, value: &str) -> Action {
+        if self.inflight.is_empty() {
+            return Action::Forward;
+        }
+        self.reports
+            .held
+            .push((name.to_string(), value.to_string()));
+        Action::Swallow
+    }
+
+    /// The ReadyForQuery of a client's unit, after the parameter values its own
+    /// connection would report there (`reports_due`).
+    fn on_client_ready(&mut self, node: usize, start: usize) -> Action {
+        let status = self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.rbuf.get(start).copied());
+        let at = self.due.len();
+        let action = self.on_ready_for_query(node, start);
+        if !self.reports.waiting() {
+            return action;
+        }
+        let reports = self.reports_due();
+        if reports.is_empty() {
+            return action;
+        }
+        self.due.splice(at..at, reports);
+        if let (Action::Forward, Some(s)) = (action, status.and_then(TxStatus::from_byte)) {
+            self.due.push(pgfresh_wire::build::ready_for_query(s));
+        }
+        Action::Swallow
+    }
+
+    /// The ParameterStatus messages a unit's ReadyForQuery follows: what the server
+    /// reported, except that a parameter a reset brought back to its startup value
+    /// reports that value (the server connection's reset value is the server's default;
+    /// the session keeps the startup value, see `apply_settings`), reported too where
+    /// the server reported nothing (its value did not change there); and none of a
+    /// value the client was last told (PostgreSQL reports only changes, and the client
+    /// may have been told on another connection).
+    fn reports_due(&mut self) -> Vec<bytes::Bytes> {
+        let mut list = std::mem::take(&mut self.reports.held);
+        let restored = std::mem::take(&mut self.reports.restored);
+        for name in &restored {
+            let Some(startup) = self.state.startup_value(name) else {
+                continue;
+            };
+            match list.iter_mut().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+                Some((_, v)) => *v = startup.to_string(),
+                None => {
+                    // Only a parameter the server reports (the client was told it).
+                    if let Some(k) = self.reports.told_name(name) {
+                        list.push((k.to_string(), startup.to_string()));
+                    }
+                }
+            }
+        }
+        if !restored.is_empty() {
+            // In the server's order of reports (by name, PostgreSQL 15).
+            list.sort_by_key(|(k, _)| k.to_ascii_lowercase());
+        }
+        let mut out = Vec::with_capacity(list.len());
+        for (k, v) in list {
+            if self.reports.get(&k) != Some(v.as_str()) {
+                out.push(pgfresh_wire::build::parameter_status(&k, &v));
+                self.reports.set(&k, &v);
+            }
+        }
+        out
+    }
+
     /// Settings the server confirmed become the session's. The connection that ran
     /// them stays up to date if it was; every other connection replays them before
-    /// its next unit.
-    fn apply_settings(&mut self, node: usize, changes: Vec<SettingChange>) {
+    /// its next unit. A reset of a parameter given at startup leaves the session at its
+    /// startup value and the connection at the server's default: that connection too
+    /// replays them before its next unit.
+    fn apply_settings(&mut self, node: usize, mut changes: Vec<SettingChange>) {
         if changes.is_empty() {
             return;
         }
+        let restored = self.state.with_startup_values(&mut changes);
         let before = self.state.settings().clone();
         self.tokens.follow(&changes);
         settings::apply(&mut self.state, changes, Some(node));
+        let restored = !restored.is_empty() && {
+            self.reports.restored.extend(restored);
+            true
+        };
         if let Some(l) = self.backends[node].as_mut() {
-            if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
+            if restored {
+                l.conn.settings = None;
+            } else if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
                 l.conn.settings = Some(self.state.settings().clone());
             }
         }
@@ -802,4 +892,55 @@ pub(super) fn has_fatal(buf: &[u8]) -> bool {
 fn is_fatal(body: &[u8]) -> bool {
     body.split(|b| *b == 0)
         .any(|f| matches!(f, b"SFATAL" | b"VFATAL" | b"SPANIC" | b"VPANIC"))
+}
+
+/// The parameter values a client was last told (ParameterStatus): those its login
+/// reported (one list shared by the sessions whose logins reported alike) and the
+/// changes since, which are few; and for the unit in flight, what the server reported and
+/// the parameters a reset brought back to their startup values (see
+/// `Session::reports_due`).
+#[derive(Default)]
+pub(super) struct Reports {
+    login: std::sync::Arc<Vec<(String, String)>>,
+    changed: Vec<(String, String)>,
+    held: Vec<(String, String)>,
+    restored: Vec<String>,
+}
+
+impl Reports {
+    pub(super) fn at_login(login: std::sync::Arc<Vec<(String, String)>>) -> Self {
+        Reports {
+            login,
+            ..Default::default()
+        }
+    }
+
+    /// Something is held for the unit's ReadyForQuery.
+    fn waiting(&self) -> bool {
+        !self.held.is_empty() || !self.restored.is_empty()
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.changed
+            .iter()
+            .chain(self.login.iter())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The name of a parameter the client was told, spelt as the server spells it.
+    fn told_name(&self, name: &str) -> Option<&str> {
+        self.changed
+            .iter()
+            .chain(self.login.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(k, _)| k.as_str())
+    }
+
+    fn set(&mut self, name: &str, value: &str) {
+        match self.changed.iter_mut().find(|(k, _)| k == name) {
+            Some((_, v)) => *v = value.to_string(),
+            None => self.changed.push((name.to_string(), value.to_string())),
+        }
+    }
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use pgfresh_sql::Analysis;
 
+use super::settings::SettingChange;
+
 /// Why a session is pinned to the primary until the reason is cleared.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PinReason {
@@ -128,6 +130,10 @@ pub fn needs_replay(conn: Option<&SettingsList>, session: &SettingsList) -> bool
 pub struct SessionState {
     /// `SET` statements to replay on a connection, in order, one per parameter.
     settings: SettingsList,
+    /// The startup parameters, as recorded (lower-cased name, value, statement): what a
+    /// RESET brings back, as on the client's own connection, where they are the reset
+    /// values.
+    startup: Vec<(String, String, String)>,
     /// Protocol-level named statements by name ("" is the unnamed one).
     pub prepared: crate::name_map::NameMap<Prepared>,
     /// SQL-level PREPARE statements by name: the PREPARE text and its inner analysis.
@@ -153,6 +159,7 @@ impl Default for SessionState {
     fn default() -> Self {
         Self {
             settings: no_settings(),
+            startup: Vec::new(),
             prepared: Default::default(),
             sql_prepared: Default::default(),
             sql_prepared_ever: false,
@@ -190,12 +197,66 @@ pub fn literal(v: &str) -> String {
 impl SessionState {
     /// Record a startup parameter: replayed as `SET name = 'value'`.
     pub fn set_param(&mut self, name: &str, value: &str) {
-        let stmt = format!(
-            "SET {} = {}",
-            quote_ident(&name.to_ascii_lowercase()),
-            literal(value)
-        );
-        self.set(name, Some(value), Some(stmt));
+        let lower = name.to_ascii_lowercase();
+        let stmt = format!("SET {} = {}", quote_ident(&lower), literal(value));
+        self.set(name, Some(value), Some(stmt.clone()));
+        self.startup.retain(|(n, _, _)| *n != lower);
+        self.startup.push((lower, value.to_string(), stmt));
+    }
+
+    /// `changes` as they leave the session's settings where a parameter given at
+    /// startup is reset (RESET, `SET ... TO DEFAULT`, RESET ALL, DISCARD ALL): at its
+    /// startup value, the reset value of the client's own connection. A server
+    /// connection's reset value is the server's default, so one that ran such a reset
+    /// no longer holds the session's settings. Returns the parameters (lower-cased) so
+    /// brought back to their startup values and not set again after (none: the changes
+    /// are as they were).
+    pub fn with_startup_values(&self, changes: &mut Vec<SettingChange>) -> Vec<String> {
+        let mut restored: Vec<String> = Vec::new();
+        if self.startup.is_empty() {
+            return restored;
+        }
+        let startup_set = |(n, v, s): &(String, String, String)| SettingChange::Set {
+            name: n.clone(),
+            value: Some(v.clone()),
+            stmt: Some(s.clone()),
+        };
+        let mut out = Vec::with_capacity(changes.len());
+        for c in changes.drain(..) {
+            match c {
+                SettingChange::Set { name, stmt, .. }
+                    if stmt.is_none() && self.startup_entry(&name).is_some() =>
+                {
+                    let entry = self.startup_entry(&name).expect("a startup value");
+                    out.push(startup_set(entry));
+                    restored.retain(|n| *n != entry.0);
+                    restored.push(entry.0.clone());
+                }
+                SettingChange::ResetAll => {
+                    out.push(SettingChange::ResetAll);
+                    out.extend(self.startup.iter().map(startup_set));
+                    restored = self.startup.iter().map(|(n, _, _)| n.clone()).collect();
+                }
+                SettingChange::Set { name, value, stmt } => {
+                    restored.retain(|n| !n.eq_ignore_ascii_case(&name));
+                    out.push(SettingChange::Set { name, value, stmt });
+                }
+                other => out.push(other),
+            }
+        }
+        *changes = out;
+        restored
+    }
+
+    fn startup_entry(&self, name: &str) -> Option<&(String, String, String)> {
+        self.startup
+            .iter()
+            .find(|(n, _, _)| n.eq_ignore_ascii_case(name))
+    }
+
+    /// The value the startup packet gave parameter `name`, if it gave one.
+    pub fn startup_value(&self, name: &str) -> Option<&str> {
+        self.startup_entry(name).map(|(_, v, _)| v.as_str())
     }
 
     /// Record a parameter change. `value` is the new value as text (for the settings
@@ -437,5 +498,47 @@ mod tests {
         s.reset_all();
         assert_eq!(replay(&s), RESET_SETTINGS);
         assert!(!needs_replay(Some(&Default::default()), s.settings()));
+    }
+
+    #[test]
+    fn a_reset_brings_a_startup_value_back() {
+        let mut s = SessionState::default();
+        s.set_param("TimeZone", "UTC");
+        s.set_param("application_name", "app");
+        let reset = |name: &str| SettingChange::Set {
+            name: name.into(),
+            value: None,
+            stmt: None,
+        };
+        let set = |name: &str| SettingChange::Set {
+            name: name.into(),
+            value: Some("x".into()),
+            stmt: Some(format!("SET {name} = 'x'")),
+        };
+        // A parameter no startup packet gave resets to the default, as before.
+        let mut changes = vec![reset("work_mem")];
+        assert!(s.with_startup_values(&mut changes).is_empty());
+        assert_eq!(changes, vec![reset("work_mem")]);
+        let mut changes = vec![reset("timezone")];
+        assert_eq!(s.with_startup_values(&mut changes), ["timezone"]);
+        assert_eq!(
+            changes,
+            vec![SettingChange::Set {
+                name: "timezone".into(),
+                value: Some("UTC".into()),
+                stmt: Some("SET timezone = 'UTC'".into()),
+            }]
+        );
+        // RESET ALL brings back every one; a SET after it keeps its own value.
+        let mut changes = vec![SettingChange::ResetAll, set("TimeZone")];
+        assert_eq!(s.with_startup_values(&mut changes), ["application_name"]);
+        assert_eq!(changes.len(), 4);
+        super::super::settings::apply(&mut s, changes, None);
+        let replay = s.replay_statements().collect::<Vec<_>>().join(";");
+        assert_eq!(
+            replay,
+            format!("{RESET_SETTINGS};SET application_name = 'app';SET TimeZone = 'x'")
+        );
+        assert_eq!(s.startup_value("TIMEZONE"), Some("UTC"));
     }
 }
