@@ -12,7 +12,9 @@ Sync) and a transaction of two statements. Odd clients have a statement cache of
 asyncpg keeps closing the statements it evicts (Close) and preparing them again. At the
 end each client looks at the server connection it runs on from inside a transaction:
 its statements are there under pgfresh's names (__pgfresh_N), asyncpg's own
-(__asyncpg_stmt_N__) are not.
+(__asyncpg_stmt_N__) are not. Then a pool whose connections log in with settings of
+their own releases and acquires a connection: the reset a release runs (RESET ALL) brings
+the login values back.
 
 With PGFRESH_TEST_TLS=1 in the environment it connects with ssl="require".
 
@@ -118,6 +120,37 @@ async def client(cid, conn):
     return checks
 
 
+async def pooled():
+    """An asyncpg pool whose connections log in with settings of their own: a release
+    resets the connection (asyncpg's reset query ends in RESET ALL), which must bring the
+    login values back, as on PostgreSQL, not the server's defaults."""
+    checks = 0
+    path = "pgfresh_pool_path, public"
+    pool = await asyncpg.create_pool(
+        host=host,
+        port=int(port),
+        user=user,
+        password=password,
+        database=dbname,
+        min_size=1,
+        max_size=1,
+        timeout=10,
+        command_timeout=TIMEOUT,
+        server_settings={"search_path": path, "application_name": "pooled"},
+        **({"ssl": "require"} if os.environ.get("PGFRESH_TEST_TLS") == "1" else {}),
+    )
+    for round in range(3):
+        async with pool.acquire() as conn:
+            got = await conn.fetchval("SELECT current_setting('search_path')")
+            check(got == path, f"pool round {round}: search_path {got!r}, not {path!r}")
+            name = conn.get_settings().application_name
+            check(name == "pooled", f"pool round {round}: application_name {name!r}")
+            await conn.execute("SET search_path = public; SET application_name = 'changed'")
+        checks += 2
+    await pool.close()
+    return checks
+
+
 async def main():
     setup = await connect()
     await setup.execute(
@@ -143,7 +176,7 @@ async def main():
     await asyncio.gather(*(c.close(timeout=10) for c in conns), return_exceptions=True)
     if failed:
         sys.exit(1)
-    print(f"OK {sum(results)}")
+    print(f"OK {sum(results) + await pooled()}")
 
 
 asyncio.run(main())

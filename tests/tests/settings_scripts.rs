@@ -816,3 +816,24 @@ async fn reset_returns_a_setting_to_its_startup_value() {
         .await;
     }
 }
+
+/// A list-valued login parameter (asyncpg's `server_settings`, say) is the list the
+/// client gave, not one quoted name: the server connection takes it as the startup packet
+/// gives it, also when a reset brings it back.
+#[tokio::test]
+async fn a_list_valued_login_parameter_keeps_its_list() {
+    let show = shown(&["search_path", "DateStyle"]);
+    for config in [config_text(""), tx_config(1)] {
+        let p = start_proxy(&config);
+        let r = same_as_postgresql_with(
+            &p,
+            &[
+                ("search_path", "login_path, public"),
+                ("options", "-c DateStyle=SQL,\\ DMY"),
+            ],
+            &[&show, "SET search_path = public", "RESET ALL", &show],
+        )
+        .await;
+        assert!(r[0].contains("row=[login_path, public|SQL, DMY"), "{r:?}");
+    }
+}

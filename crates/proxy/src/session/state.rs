@@ -195,10 +195,16 @@ pub fn literal(v: &str) -> String {
 }
 
 impl SessionState {
-    /// Record a startup parameter: replayed as `SET name = 'value'`.
+    /// Record a startup parameter: replayed with `set_config`, which takes the value as
+    /// the startup packet gives it (`SET search_path = 'a, b'` would make one quoted
+    /// name of a list).
     pub fn set_param(&mut self, name: &str, value: &str) {
         let lower = name.to_ascii_lowercase();
-        let stmt = format!("SET {} = {}", quote_ident(&lower), literal(value));
+        let stmt = format!(
+            "SELECT pg_catalog.set_config({}, {}, false)",
+            literal(&lower),
+            literal(value)
+        );
         self.set(name, Some(value), Some(stmt.clone()));
         self.startup.retain(|(n, _, _)| *n != lower);
         self.startup.push((lower, value.to_string(), stmt));
@@ -485,11 +491,17 @@ mod tests {
         let replay = |s: &SessionState| s.replay_statements().collect::<Vec<_>>().join(";");
         assert_eq!(
             replay(&s),
-            format!("{RESET_SETTINGS};SET timezone = 'UTC';set search_path to b")
+            format!(
+                "{RESET_SETTINGS};SELECT pg_catalog.set_config('timezone', 'UTC', false);\
+                 set search_path to b"
+            )
         );
         let before = s.settings().clone();
         s.set("search_path", None, None);
-        assert_eq!(replay(&s), format!("{RESET_SETTINGS};SET timezone = 'UTC'"));
+        assert_eq!(
+            replay(&s),
+            format!("{RESET_SETTINGS};SELECT pg_catalog.set_config('timezone', 'UTC', false)")
+        );
         assert!(needs_replay(Some(&before), s.settings()));
         // Equal content, different allocation: up to date.
         let copy: SettingsList = Arc::new((**s.settings()).clone());
@@ -526,7 +538,7 @@ mod tests {
             vec![SettingChange::Set {
                 name: "timezone".into(),
                 value: Some("UTC".into()),
-                stmt: Some("SET timezone = 'UTC'".into()),
+                stmt: Some("SELECT pg_catalog.set_config('timezone', 'UTC', false)".into()),
             }]
         );
         // RESET ALL brings back every one; a SET after it keeps its own value.
@@ -537,7 +549,10 @@ mod tests {
         let replay = s.replay_statements().collect::<Vec<_>>().join(";");
         assert_eq!(
             replay,
-            format!("{RESET_SETTINGS};SET application_name = 'app';SET TimeZone = 'x'")
+            format!(
+                "{RESET_SETTINGS};SELECT pg_catalog.set_config('application_name', 'app', false);\
+                 SET TimeZone = 'x'"
+            )
         );
         assert_eq!(s.startup_value("TIMEZONE"), Some("UTC"));
     }
