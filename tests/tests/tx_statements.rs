@@ -1154,3 +1154,61 @@ async fn session_mode_a_prepare_of_a_name_closed_elsewhere_makes_the_statement()
     assert!(r[4].starts_with("CZ"), "{r:?}");
     assert!(r[5].contains("row=new"), "{r:?}");
 }
+
+/// A refused Parse of the unnamed statement leaves none, also when a later Parse of it in
+/// the same batch was skipped (taking that one back must not bring the refused text
+/// back); in both modes.
+#[tokio::test]
+async fn a_refused_unnamed_parse_stays_refused_behind_a_skipped_one() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let z = unique(&format!("refused_unnamed_{prefix}"));
+        let primary = "/* pgfresh:primary */ ";
+        let steps = [
+            [
+                parse("", &format!("{primary}SELEC 1")),
+                parse("", &format!("{primary}SELECT 'a'::text")),
+                bind_execute(""),
+                sync(),
+            ]
+            .concat(),
+            [
+                close_statement(""),
+                parse(&z, &format!("{primary}SELECT 'z'::text")),
+                sync(),
+            ]
+            .concat(),
+            [bind_execute(""), sync()].concat(),
+            [parse("", "SELEC 1"), parse("", "SELECT 'b'::text"), sync()].concat(),
+            [bind_execute(""), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].starts_with("31Z"), "{prefix}: {r:?}");
+        assert!(r[2].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[4].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
+/// Transaction mode: in a failed transaction a Parse of a name the client has is answered
+/// as PostgreSQL answers it, by its text first: a syntax error (42601), or else the
+/// failed transaction's 25P02; also where the connection lacks the client's statement
+/// of that name (parsed on a standby), which is not put there first.
+#[tokio::test]
+async fn a_parse_of_a_name_in_use_in_a_failed_transaction_reports_its_syntax_error() {
+    let p = start_proxy(&tx_config(""));
+    let y = unique("failed_tx_name_in_use");
+    let primary = "/* pgfresh:primary */ ";
+    let steps = [
+        [parse(&y, "SELECT 'a'::text"), sync()].concat(),
+        query("BEGIN"),
+        query(&format!("{primary}SELEC 1")),
+        [parse(&y, &format!("{primary}SELEC 1")), sync()].concat(),
+        [parse(&y, &format!("{primary}SELECT 'b'::text")), sync()].concat(),
+        query("ROLLBACK"),
+        [bind_execute(&y), sync()].concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(r[3].contains("error=42601"), "{r:?}");
+    assert!(r[4].contains("error=25P02"), "{r:?}");
+    assert!(r[6].contains("row=a"), "{r:?}");
+}

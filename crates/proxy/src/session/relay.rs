@@ -476,8 +476,13 @@ impl Session {
                 return Action::Swallow;
             }
         }
-        self.refused_unnamed_parse();
+        // (After the undo: a later Parse of the unnamed statement that the error skipped
+        // would bring back the refused one.)
+        let refused_unnamed = self.refused_unnamed_parse();
         self.undo_client(undo);
+        if refused_unnamed {
+            self.state.prepared.remove("");
+        }
         if !injected {
             // Errors by SQLSTATE class, for the metrics.
             let body = self.body(node, start, end);
@@ -512,14 +517,10 @@ impl Session {
     /// An error before any acknowledgement of a unit that begins with a Parse of the
     /// unnamed statement is that Parse's: PostgreSQL dropped the client's unnamed
     /// statement before parsing, so the client has none now.
-    fn refused_unnamed_parse(&mut self) {
-        if self
-            .inflight
+    fn refused_unnamed_parse(&self) -> bool {
+        self.inflight
             .front()
             .is_some_and(|u| u.unnamed_first && u.acks == 0 && !u.error && !u.is_injected())
-        {
-            self.state.prepared.remove("");
-        }
     }
 
     /// A standby's refusal of the front unit that another node would not give (see

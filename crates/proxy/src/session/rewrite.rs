@@ -305,6 +305,22 @@ impl Session {
                             sync: false,
                             undo,
                         });
+                    } else if existing.is_some() && failed {
+                        // In a failed transaction PostgreSQL parses the text (a syntax
+                        // error, 42601), then refuses the Parse (25P02) before it looks at
+                        // the name: the text goes under pgfresh's prefix, without putting
+                        // the existing statement there first (that Parse would be refused
+                        // ahead of it). The client's statement stays as it was (undo).
+                        statements::put_parse(
+                            &mut out.frames,
+                            ServerName::prefix().as_bytes(),
+                            &content,
+                        );
+                        out.expect.push_back(Expect::Client {
+                            parse: None,
+                            sync: false,
+                            undo,
+                        });
                     } else if let Some(existing) = existing {
                         // The client already has a statement by that name: PostgreSQL
                         // answers 42P05 and skips the rest of the batch. Parse under the
