@@ -1212,3 +1212,62 @@ async fn a_parse_of_a_name_in_use_in_a_failed_transaction_reports_its_syntax_err
     assert!(r[4].contains("error=25P02"), "{r:?}");
     assert!(r[6].contains("row=a"), "{r:?}");
 }
+
+/// A statement a batch parses and then EXECUTEs is not put on the connection ahead of the
+/// batch (session mode: the batch's own Parse makes it there): where its text does not
+/// parse, the client hears the syntax error (42601) of its own Parse, not the 25P02 of a
+/// transaction pgfresh's early copy failed; in both modes.
+#[tokio::test]
+async fn a_statement_parsed_and_executed_in_one_batch_is_not_parsed_ahead_of_it() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let y = unique(&format!("parsed_then_executed_{prefix}"));
+        let primary = "/* pgfresh:primary */ ";
+        let steps = [
+            [parse(&y, "SELECT 'a'::text"), sync()].concat(),
+            query("BEGIN"),
+            [
+                close_statement(&y),
+                parse(&y, &format!("{primary}SELEC 1")),
+                parse("", &format!("{primary}EXECUTE {y}")),
+                bind_execute(""),
+                sync(),
+            ]
+            .concat(),
+            query("ROLLBACK"),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[2].contains("error=42601"), "{prefix}: {r:?}");
+    }
+}
+
+/// A Query that ends a failed transaction and then EXECUTEs or PREPAREs a name of a
+/// statement the client made by Parse (on a standby: the transaction's connection lacks
+/// it under the client's name) runs that statement, and is refused the PREPARE (42P05),
+/// as on PostgreSQL; in both modes.
+#[tokio::test]
+async fn a_query_that_ends_a_failed_transaction_finds_the_clients_statements_after() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("after_failed_tx_{prefix}"));
+        let primary = "/* pgfresh:primary */ ";
+        let steps = [
+            [parse(&x, "SELECT 'x'::text"), sync()].concat(),
+            query("BEGIN"),
+            query(&format!("{primary}SELEC 1")),
+            query(&format!("ROLLBACK; {primary}EXECUTE {x}")),
+            query("BEGIN"),
+            query(&format!("{primary}SELEC 1")),
+            query(&format!("COMMIT; PREPARE {x} AS SELECT 'y'::text")),
+            query(&format!("EXECUTE {x}")),
+            // A transaction pgfresh has not begun on any server (its BEGIN deferred).
+            query("BEGIN"),
+            query(&format!("COMMIT; {primary}EXECUTE {x}")),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[3].contains("row=x"), "{prefix}: {r:?}");
+        assert!(r[6].contains("error=42P05"), "{prefix}: {r:?}");
+        assert!(r[7].contains("row=x"), "{prefix}: {r:?}");
+        assert!(r[9].contains("row=x"), "{prefix}: {r:?}");
+    }
+}

@@ -53,6 +53,18 @@ pub fn analyze_uncached(sql: &str) -> Analysis {
     analysis
 }
 
+/// Where the first statement of `sql` ends, its semicolon included, when another follows:
+/// the byte at which the rest of the text begins. `None` for one statement, and for text
+/// the parser rejects.
+pub fn after_first_statement(sql: &str) -> Option<usize> {
+    let parsed = pg_query::parse(sql).ok()?;
+    let second = parsed.protobuf.stmts.get(1)?;
+    // The second statement's location is just after the first one's semicolon (its
+    // leading blanks and comments belong to it).
+    let at = usize::try_from(second.stmt_location).ok()?;
+    (at > 0 && at < sql.len() && sql.is_char_boundary(at)).then_some(at)
+}
+
 /// Analyses raw bytes, as they arrive in a protocol message: text that is not valid UTF-8 is
 /// unclassified.
 pub fn analyze_bytes(sql: &[u8]) -> Analysis {

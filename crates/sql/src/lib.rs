@@ -36,7 +36,9 @@ mod names;
 pub mod shape;
 mod visit;
 
-pub use analyze::{analyze_bytes, analyze_uncached, unknown_prepared_statement};
+pub use analyze::{
+    after_first_statement, analyze_bytes, analyze_uncached, unknown_prepared_statement,
+};
 pub use cache::{entry_weight, Analyzer, AnalyzerOptions, CacheStats, Keyed};
 pub use functions::{
     calls_user_functions, is_known_builtin, reasons_for, FunctionPolicy, Volatility,

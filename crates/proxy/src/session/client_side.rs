@@ -163,46 +163,7 @@ impl Session {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
                     self.query_drops_unnamed();
-                    let mut unit = self.fresh_unit();
-                    let analysis = self.analyze(sql);
-                    add_sql_executes(&self.state, &analysis, &mut unit);
-                    add_name_collisions(&self.state, &analysis, &mut unit);
-                    // DEALLOCATE needs the statement where it runs, as EXECUTE does: one
-                    // the client PREPAREd, or made with a protocol Parse (in transaction
-                    // mode it lives under pgfresh's name, in session mode the Parse may
-                    // have run on another node; a lone DEALLOCATE of one is answered
-                    // here in transaction mode, see `answer_locally`).
-                    for s in &analysis.statements {
-                        if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session
-                        {
-                            if self.state.sql_prepared.contains_key(name) {
-                                unit.sql_executes.push(NamedStatement::sql(name));
-                            } else if self.state.prepared.contains_key(name) {
-                                unit.sql_executes
-                                    .push(NamedStatement::of(&self.state, name));
-                            } else {
-                                // None of the client's: a copy left on the connection
-                                // goes first, so the server answers 26000.
-                                unit.unknown_statements.push(name.clone());
-                            }
-                        }
-                    }
-                    if analysis
-                        .statements
-                        .iter()
-                        .any(|s| s.session.is_some() || s.tx.is_some())
-                    {
-                        unit.events = analysis
-                            .statements
-                            .iter()
-                            .map(|s| event_of(s, sql.get(s.text_range.0..s.text_range.1)))
-                            .collect();
-                    }
-                    unit.parts.insert(0, analysis);
-                    unit.simple = true;
-                    unit.synced = true;
-                    unit.frames.push(frame.raw);
-                    self.ready.push_back(unit);
+                    self.take_query(sql, frame.raw.clone(), false);
                 }
                 FrontendMessage::Parse { name, sql, .. } => {
                     let analysis = self.analyze(sql);
@@ -340,6 +301,86 @@ impl Session {
             }
         }
         Ok(consumed)
+    }
+
+    /// A simple Query becomes a unit. One whose first statement ends a transaction and
+    /// whose others need the client's statements on the connection (an `EXECUTE` of one
+    /// made by Parse, say), while a transaction is open or may be (see `split_query`),
+    /// goes as two Queries: in a failed transaction no statement can be put there ahead
+    /// of them, and once the first has ended the transaction one can be.
+    fn take_query(&mut self, sql: &str, raw: Bytes, ready_hidden: bool) {
+        let mut unit = self.fresh_unit();
+        let analysis = self.analyze(sql);
+        add_sql_executes(&self.state, &analysis, &mut unit);
+        add_name_collisions(&self.state, &analysis, &mut unit);
+        // DEALLOCATE needs the statement where it runs, as EXECUTE does: one
+        // the client PREPAREd, or made with a protocol Parse (in transaction
+        // mode it lives under pgfresh's name, in session mode the Parse may
+        // have run on another node; a lone DEALLOCATE of one is answered
+        // here in transaction mode, see `answer_locally`).
+        for s in &analysis.statements {
+            if let Some(pgfresh_sql::SessionEffect::Deallocate(Some(name))) = &s.session {
+                if self.state.sql_prepared.contains_key(name) {
+                    unit.sql_executes.push(NamedStatement::sql(name));
+                } else if self.state.prepared.contains_key(name) {
+                    unit.sql_executes
+                        .push(NamedStatement::of(&self.state, name));
+                } else {
+                    // None of the client's: a copy left on the connection
+                    // goes first, so the server answers 26000.
+                    unit.unknown_statements.push(name.clone());
+                }
+            }
+        }
+        if analysis
+            .statements
+            .iter()
+            .any(|s| s.session.is_some() || s.tx.is_some())
+        {
+            unit.events = analysis
+                .statements
+                .iter()
+                .map(|s| event_of(s, sql.get(s.text_range.0..s.text_range.1)))
+                .collect();
+        }
+        unit.parts.insert(0, analysis);
+        unit.simple = true;
+        unit.synced = true;
+        unit.frames.push(raw);
+        if !ready_hidden {
+            if let Some(at) = self.split_query(sql, &unit) {
+                self.recycle_unit(unit);
+                let (first, rest) = sql.split_at(at);
+                self.take_query(first, pgfresh_wire::build::query(first), true);
+                self.take_query(rest, pgfresh_wire::build::query(rest), false);
+                return;
+            }
+        }
+        unit.ready_hidden = ready_hidden;
+        self.ready.push_back(unit);
+    }
+
+    /// Where a Query is cut in two (`take_query`): after its first statement and its
+    /// semicolon, when that statement ends a transaction (COMMIT, ROLLBACK), another
+    /// follows that needs a statement of the client's put on the connection or dropped
+    /// there, and a transaction is open, failed, or not yet known to be neither.
+    fn split_query(&self, sql: &str, unit: &ClientUnit) -> Option<usize> {
+        if unit.sql_executes.is_empty() && unit.unknown_statements.is_empty() {
+            return None;
+        }
+        if self.tx.is_idle() && self.inflight.is_empty() {
+            return None;
+        }
+        let statements = &unit.parts.first()?.statements;
+        let ends = matches!(
+            statements.first()?.tx,
+            Some(pgfresh_sql::TxEffect::Commit { .. } | pgfresh_sql::TxEffect::Rollback { .. })
+        );
+        if !ends || statements.len() < 2 {
+            return None;
+        }
+        // Parsed again (rare): the analysis pgfresh keeps may stand for texts alike.
+        pgfresh_sql::after_first_statement(sql)
     }
 
     /// A Parse joins the batch: the client's statement `name` is its text now.

@@ -273,6 +273,7 @@ impl Session {
                 Action::Swallow
             }
             Some(mut u) => {
+                let hidden = u.ready_hidden;
                 self.recycle_finished(&mut u);
                 let settled = self.pending_settings.on_ready(status, u.error);
                 self.apply_settings(node, settled);
@@ -315,6 +316,11 @@ impl Session {
                     // any session) and a tracking session has its token, by the
                     // time the client sees its COMMIT return.
                     self.tokens.held_ready = Some(status);
+                    return Action::Swallow;
+                }
+                if hidden {
+                    // The first part of a Query sent as two: the client's
+                    // ReadyForQuery is the second part's.
                     return Action::Swallow;
                 }
                 Action::Forward

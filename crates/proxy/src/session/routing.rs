@@ -117,12 +117,20 @@ impl Session {
             }
         }
         match self.transaction_answer(stmt) {
-            Some(answer) => self.answer_transaction(
-                answer,
-                analysis,
-                || unit.simple_sql().unwrap_or_default(),
-                &[],
-            ),
+            Some(answer) => {
+                let local = self.answer_transaction(
+                    answer,
+                    analysis,
+                    || unit.simple_sql().unwrap_or_default(),
+                    &[],
+                );
+                if unit.ready_hidden && matches!(local, Local::Answered) {
+                    // The first part of a Query sent as two (`Session::take_query`):
+                    // the client's ReadyForQuery is the second part's.
+                    self.out.pop();
+                }
+                local
+            }
             None => Local::No,
         }
     }

@@ -633,8 +633,11 @@ impl Session {
                 .or_else(|| closed_prepared(unit, name))
                 .cloned()
             else {
-                let in_place = self.mode == PoolMode::Transaction
-                    && super::unit::parsed_in(unit, &unit.sql_executes[i]);
+                // Parsed by the unit itself: transaction mode's rewrite puts it under the
+                // client's name right after that Parse, and in session mode that Parse
+                // makes it so (ahead of the batch it would be early, and its text may
+                // not even parse).
+                let in_place = super::unit::parsed_in(unit, &unit.sql_executes[i]);
                 if let Some((parse, hash)) = parsed.as_ref().filter(|_| !in_place) {
                     self.put_protocol_statement(node, name, parse, *hash)?;
                 }
@@ -970,6 +973,7 @@ impl Session {
             let skip_acks = unit.skip_acks;
             // An earlier attempt answered the Parse (the client has its ParseComplete).
             let unnamed_first = unit.unnamed_first && skip_acks == 0;
+            let ready_hidden = unit.ready_hidden;
             // Kept (moved, not copied) so it can be sent again elsewhere.
             let (retry, leftover) = if retryable {
                 (Some(unit), None)
@@ -996,6 +1000,7 @@ impl Session {
                 retry,
                 refused: None,
                 unnamed_first,
+                ready_hidden,
                 acks: 0,
                 skip_acks,
                 events: events.into(),

@@ -113,6 +113,9 @@ pub struct ClientUnit {
     /// is never skipped, so it has no entry in `statement_undo`; refused, it leaves no
     /// unnamed statement (see `InFlight::unnamed_first`).
     pub unnamed_first: bool,
+    /// The first part of a Query pgfresh sent as two (`Session::take_query`): its
+    /// ReadyForQuery is not the client's, the second part's is.
+    pub ready_hidden: bool,
 }
 
 impl Default for ClientUnit {
@@ -145,6 +148,7 @@ impl ClientUnit {
             statement_refs: Vec::new(),
             statement_undo: Vec::new(),
             unnamed_first: false,
+            ready_hidden: false,
         }
     }
 
@@ -192,6 +196,7 @@ impl ClientUnit {
             statement_refs,
             statement_undo,
             unnamed_first,
+            ready_hidden,
         } = self;
         frames.clear();
         parts.clear();
@@ -212,6 +217,7 @@ impl ClientUnit {
         statement_refs.clear();
         statement_undo.clear();
         *unnamed_first = false;
+        *ready_hidden = false;
     }
 
     /// The most items any of the unit's vectors has room for.
@@ -376,6 +382,8 @@ pub struct InFlight {
     /// and no earlier attempt answered it: an error before any acknowledgement is that
     /// Parse's, and PostgreSQL then has no unnamed statement.
     pub unnamed_first: bool,
+    /// Its ReadyForQuery is swallowed (`ClientUnit::ready_hidden`).
+    pub ready_hidden: bool,
     /// Acknowledgements forwarded to the client for this unit, and how many of the
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
@@ -592,6 +600,7 @@ impl InFlight {
             retry: None,
             refused: None,
             unnamed_first: false,
+            ready_hidden: false,
             acks: 0,
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
