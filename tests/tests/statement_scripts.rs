@@ -15,14 +15,14 @@ use pgfresh_tests::*;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// Scripts per mode; seeds `1..=SCRIPTS`.
-const SCRIPTS: u64 = 150;
+const SCRIPTS: u64 = 300;
 
 /// Pairs of interleaved scripts in transaction mode.
 const PAIRS: u64 = 50;
 
 /// Scripts per mode whose steps are now and then two exchanges sent at once; seeds
 /// `PIPELINED_FROM..PIPELINED_FROM + PIPELINED`.
-const PIPELINED: u64 = 400;
+const PIPELINED: u64 = 1200;
 const PIPELINED_FROM: u64 = 1001;
 
 /// Seeds whose scripts still find pgfresh answering otherwise than PostgreSQL, left out

@@ -1271,3 +1271,28 @@ async fn a_query_that_ends_a_failed_transaction_finds_the_clients_statements_aft
         assert!(r[9].contains("row=x"), "{prefix}: {r:?}");
     }
 }
+
+/// Transaction mode: in a transaction, a Parse pipelined behind a batch that fails it is
+/// refused (25P02) as on PostgreSQL, also one of a text the connection already holds
+/// (which pgfresh otherwise answers itself): it waits for the batch ahead.
+#[tokio::test]
+async fn a_parse_pipelined_behind_a_failing_batch_is_refused() {
+    let p = start_proxy(&tx_config(""));
+    let [w, z] = ["w", "z"].map(|n| unique(&format!("pipelined_failing_{n}")));
+    let primary = "/* pgfresh:primary */ ";
+    let text = format!("{primary}SELECT 'one'::text");
+    let steps = [
+        ([parse(&w, &text), sync()].concat(), 1),
+        (query("BEGIN"), 1),
+        (query(&format!("{primary}SELECT 1")), 1),
+        (
+            [bind_execute("nope"), sync(), parse(&z, &text), sync()].concat(),
+            2,
+        ),
+        (query("ROLLBACK"), 1),
+        ([bind_execute(&z), sync()].concat(), 1),
+    ];
+    let r = same_as_postgresql_pipelined(&p, &steps).await;
+    assert!(r[4].contains("error=25P02"), "{r:?}");
+    assert!(r[6].contains("error=26000"), "{r:?}");
+}

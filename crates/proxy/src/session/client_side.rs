@@ -644,6 +644,9 @@ impl Session {
             && self.inflight.iter().any(|u| {
                 u.events.iter().any(StmtEvent::changes_statements)
                     || u.expect.iter().any(Expect::may_undo)
+                    // Failed, its ReadyForQuery not yet in: the transaction's state (a
+                    // failed one refuses what pgfresh would put ahead) is not known.
+                    || (u.error && !u.is_injected())
                     || u.refused.is_some()
                     || (u.unnamed_first && u.acks == 0 && !u.error && !self.parses_unnamed_next())
             })
@@ -659,14 +662,19 @@ impl Session {
     /// it is sent. A Parse or Close of pgfresh's still unanswered in a unit ahead may be
     /// skipped (an error before it in that batch), and the statement would then not be
     /// there after all, or still be there: a unit that names statements waits until
-    /// they are answered.
+    /// they are answered. In a transaction a unit that parses a named statement waits
+    /// for the client's units ahead too: one may fail the transaction, where the server
+    /// refuses any Parse (25P02), one of a statement the connection already has (which
+    /// pgfresh otherwise answers itself) included.
     fn waits_for_statements(&self, unit: &ClientUnit) -> bool {
         self.mode == PoolMode::Transaction
             && !super::rewrite::plain_unit(unit)
-            && self
-                .inflight
-                .iter()
-                .any(|u| u.expect.iter().any(Expect::changes_server_statements))
+            && self.inflight.iter().any(|u| {
+                u.expect.iter().any(Expect::changes_server_statements)
+                    || (!u.is_injected()
+                        && !self.tx.is_idle()
+                        && unit.parses.iter().any(|n| !n.is_empty()))
+            })
     }
 
     fn push_batch(&mut self, raw: Bytes) {
