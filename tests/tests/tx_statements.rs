@@ -1296,3 +1296,54 @@ async fn a_parse_pipelined_behind_a_failing_batch_is_refused() {
     assert!(r[4].contains("error=25P02"), "{r:?}");
     assert!(r[6].contains("error=26000"), "{r:?}");
 }
+
+/// A refused Parse of the unnamed statement drops the client's unnamed statement, not
+/// the one a batch pipelined behind it parses; in both modes.
+#[tokio::test]
+async fn a_refused_unnamed_parse_leaves_the_one_pipelined_behind_it() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let primary = "/* pgfresh:primary */ ";
+        let steps = [
+            (
+                [
+                    parse("", &format!("{primary}SELEC 1")),
+                    sync(),
+                    parse("", &format!("{primary}SELECT 'behind'::text")),
+                    sync(),
+                ]
+                .concat(),
+                2,
+            ),
+            ([bind_execute(""), sync()].concat(), 1),
+        ];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[2].contains("row=behind"), "{prefix}: {r:?}");
+    }
+}
+
+/// Transaction mode: a Close of a statement an EXECUTE ran earlier in the batch (the
+/// EXECUTE put a copy on the connection under the client's name) leaves nothing a Bind
+/// of the name can run (26000), as on PostgreSQL.
+#[tokio::test]
+async fn a_close_drops_the_copy_an_execute_made() {
+    let p = start_proxy(&tx_config(""));
+    let x = unique("close_execute_copy");
+    let primary = "/* pgfresh:primary */ ";
+    let steps = [
+        [parse(&x, "SELECT 'x'::text"), sync()].concat(),
+        [
+            parse("", &format!("{primary}EXECUTE {x}")),
+            bind_execute(""),
+            close_statement(&x),
+            bind_execute(&x),
+            sync(),
+        ]
+        .concat(),
+    ];
+    let r = same_as_postgresql(&p, &steps).await;
+    assert!(
+        r[1].contains("row=x") && r[1].contains("error=26000"),
+        "{r:?}"
+    );
+}

@@ -522,11 +522,21 @@ impl Session {
 
     /// An error before any acknowledgement of a unit that begins with a Parse of the
     /// unnamed statement is that Parse's: PostgreSQL dropped the client's unnamed
-    /// statement before parsing, so the client has none now.
+    /// statement before parsing, so the client has none now, unless a batch read after
+    /// it parses the unnamed statement again (one pipelined behind it that begins so,
+    /// see `statements_unsettled`): the client's is then that one's.
     fn refused_unnamed_parse(&self) -> bool {
-        self.inflight
+        let refused = self
+            .inflight
             .front()
-            .is_some_and(|u| u.unnamed_first && u.acks == 0 && !u.error && !u.is_injected())
+            .is_some_and(|u| u.unnamed_first && u.acks == 0 && !u.error && !u.is_injected());
+        refused
+            && !self.inflight.iter().skip(1).any(|u| u.unnamed_first)
+            && !self
+                .ready
+                .iter()
+                .chain(std::iter::once(&self.batch))
+                .any(|u| u.parses.iter().any(String::is_empty))
     }
 
     /// A standby's refusal of the front unit that another node would not give (see

@@ -411,6 +411,17 @@ impl Session {
                             undo,
                         });
                     } else {
+                        if let Some(previous) = held.remove(name) {
+                            // A copy an EXECUTE put here under the client's name goes
+                            // too, or a Bind of the name after the Close would run it.
+                            out.frames.extend_from_slice(&build::close(b'S', name));
+                            out.expect.push_back(Expect::Hidden {
+                                record: Some(ConnRecord::Sql {
+                                    name: name.to_string(),
+                                    previous: Some(previous),
+                                }),
+                            });
+                        }
                         out.expect.push_back(Expect::Synth {
                             reply: build::close_complete(),
                             undo,
