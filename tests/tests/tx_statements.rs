@@ -1347,3 +1347,36 @@ async fn a_close_drops_the_copy_an_execute_made() {
         "{r:?}"
     );
 }
+
+/// A statement pgfresh puts on the connection for a unit (a DEALLOCATE's, here) that the
+/// server refuses, because a batch pipelined ahead failed the transaction, is not counted
+/// as there: a Describe of it after is refused as PostgreSQL refuses it (25P02), not
+/// answered 26000; in both modes.
+#[tokio::test]
+async fn a_statement_put_in_a_transaction_failed_ahead_is_not_counted() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let y = unique(&format!("put_failed_ahead_{prefix}"));
+        let primary = "/* pgfresh:primary */ ";
+        let steps = [
+            ([parse(&y, "SELECT 'a'::text"), sync()].concat(), 1),
+            (query("BEGIN"), 1),
+            (query(&format!("{primary}SELECT 1")), 1),
+            (
+                [
+                    bind_execute("nope"),
+                    sync(),
+                    query(&format!("{primary}DEALLOCATE {y}")),
+                ]
+                .concat(),
+                2,
+            ),
+            ([describe(b'S', &y), sync()].concat(), 1),
+            (query("ROLLBACK"), 1),
+            ([bind_execute(&y), sync()].concat(), 1),
+        ];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[5].contains("error=25P02"), "{prefix}: {r:?}");
+        assert!(r[7].contains("row=a"), "{prefix}: {r:?}");
+    }
+}

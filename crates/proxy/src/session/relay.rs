@@ -874,6 +874,13 @@ impl Session {
                     l.conn.settings = None;
                 }
             }
+            Injected::Statement(name) if error => {
+                // Refused (a Close of any older one went ahead): nothing under the name.
+                if let Some(l) = self.backends[node].as_mut() {
+                    l.conn.sql_prepared.remove(&name);
+                    l.conn.prepared.remove(&name);
+                }
+            }
             Injected::Position(probe) => {
                 let (lsn, report) = (probe.lsn, probe.report);
                 if let Some(lsn) = lsn {

@@ -657,7 +657,9 @@ impl Session {
                 if has.is_some() || parsed {
                     self.inject_close(node, name)?;
                 }
-                self.inject_query(node, &text)?;
+                self.stage_query(node, &text)?;
+                self.inflight
+                    .push_back(InFlight::injected(Injected::Statement(name.clone())));
                 if let Some(l) = self.backends[node].as_mut() {
                     l.conn.sql_prepared.insert(name.clone(), hash);
                 }
@@ -702,7 +704,8 @@ impl Session {
             self.inject_close(node, name)?;
         }
         self.stage_frames(node, &[parse.clone(), build::sync()])?;
-        self.inflight.push_back(InFlight::injected(Injected::Plain));
+        self.inflight
+            .push_back(InFlight::injected(Injected::Statement(name.to_string())));
         if let Some(l) = self.backends[node].as_mut() {
             executed_copies(&mut l.conn, mode).insert(name.to_string(), hash);
         }

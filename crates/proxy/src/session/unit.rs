@@ -564,6 +564,10 @@ pub enum Injected {
     /// A replay of one of the session's settings: if it fails, the connection is not up
     /// to date.
     Setting,
+    /// A statement of the client's put on the connection under its name (its PREPARE
+    /// again, or its Parse for an EXECUTE): if the server refuses it (a transaction a
+    /// unit ahead failed), the connection holds nothing under that name.
+    Statement(String),
     /// `SELECT txid_current_if_assigned()` ahead of a COMMIT (`resolve_lost_commits`, see
     /// `lost_commit`).
     XidProbe,
