@@ -163,7 +163,14 @@ impl Session {
                 FrontendMessage::Query { sql } => {
                     self.close_batch_early();
                     self.query_drops_unnamed();
-                    self.take_query(sql, frame.raw.clone(), false);
+                    let mut unit = self.query_unit(sql);
+                    match self.split_query(sql, &unit) {
+                        None => {
+                            unit.frames.push(frame.raw);
+                            self.ready.push_back(unit);
+                        }
+                        Some(at) => self.take_split_query(unit, sql, at),
+                    }
                 }
                 FrontendMessage::Parse { name, sql, .. } => {
                     let analysis = self.analyze(sql);
@@ -303,12 +310,9 @@ impl Session {
         Ok(consumed)
     }
 
-    /// A simple Query becomes a unit. One whose first statement ends a transaction and
-    /// whose others need the client's statements on the connection (an `EXECUTE` of one
-    /// made by Parse, say), while a transaction is open or may be (see `split_query`),
-    /// goes as two Queries: in a failed transaction no statement can be put there ahead
-    /// of them, and once the first has ended the transaction one can be.
-    fn take_query(&mut self, sql: &str, raw: Bytes, ready_hidden: bool) {
+    /// The unit of a simple Query (its frame not yet in it).
+    #[inline(always)]
+    fn query_unit(&mut self, sql: &str) -> Box<ClientUnit> {
         let mut unit = self.fresh_unit();
         let analysis = self.analyze(sql);
         add_sql_executes(&self.state, &analysis, &mut unit);
@@ -346,21 +350,29 @@ impl Session {
         unit.parts.insert(0, analysis);
         unit.simple = true;
         unit.synced = true;
-        unit.frames.push(raw);
-        if !ready_hidden {
-            if let Some(at) = self.split_query(sql, &unit) {
-                self.recycle_unit(unit);
-                let (first, rest) = sql.split_at(at);
-                self.take_query(first, pgfresh_wire::build::query(first), true);
-                self.take_query(rest, pgfresh_wire::build::query(rest), false);
-                return;
-            }
-        }
-        unit.ready_hidden = ready_hidden;
-        self.ready.push_back(unit);
+        unit
     }
 
-    /// Where a Query is cut in two (`take_query`): after its first statement and its
+    /// A Query whose first statement ends a transaction and whose others need the
+    /// client's statements on the connection (an `EXECUTE` of one made by Parse, say),
+    /// while a transaction is open or may be (`split_query`), goes as two Queries cut at
+    /// `at`: in a failed transaction no statement can be put there ahead of them, and
+    /// once the first has ended the transaction one can be. The first part's
+    /// ReadyForQuery is not the client's (`ClientUnit::ready_hidden`).
+    #[cold]
+    #[inline(never)]
+    fn take_split_query(&mut self, whole: Box<ClientUnit>, sql: &str, at: usize) {
+        self.recycle_unit(whole);
+        let (first, rest) = sql.split_at(at);
+        for (part, hidden) in [(first, true), (rest, false)] {
+            let mut unit = self.query_unit(part);
+            unit.frames.push(pgfresh_wire::build::query(part));
+            unit.ready_hidden = hidden;
+            self.ready.push_back(unit);
+        }
+    }
+
+    /// Where a Query is cut in two (`take_split_query`): after its first statement and its
     /// semicolon, when that statement ends a transaction (COMMIT, ROLLBACK), another
     /// follows that needs a statement of the client's put on the connection or dropped
     /// there, and a transaction is open, failed, or not yet known to be neither.

@@ -144,8 +144,15 @@ impl Session {
             return Action::Swallow;
         }
         match tag {
-            b'Z' if injected => self.on_ready_for_query(node, start),
-            b'Z' => self.on_client_ready(node, start),
+            b'Z' => {
+                let at = self.due.len();
+                let action = self.on_ready_for_query(node, start);
+                if injected || !self.reports.waiting() {
+                    action
+                } else {
+                    self.reports_before_ready(node, start, at, action)
+                }
+            }
             b'C' => self.on_command_complete(node, start, end, injected),
             b'D' if injected => {
                 self.injected_row(node, start, end);
@@ -637,23 +644,28 @@ impl Session {
         Action::Swallow
     }
 
-    /// The ReadyForQuery of a client's unit, after the parameter values its own
-    /// connection would report there (`reports_due`).
-    fn on_client_ready(&mut self, node: usize, start: usize) -> Action {
-        let status = self.backends[node]
-            .as_ref()
-            .and_then(|l| l.conn.rbuf.get(start).copied());
-        let at = self.due.len();
-        let action = self.on_ready_for_query(node, start);
-        if !self.reports.waiting() {
-            return action;
-        }
+    /// The ReadyForQuery of a client's unit (`action`, what `on_ready_for_query` made of
+    /// it; its replies due from `at`), after the parameter values its own connection
+    /// would report there (`reports_due`).
+    #[cold]
+    #[inline(never)]
+    fn reports_before_ready(
+        &mut self,
+        node: usize,
+        start: usize,
+        at: usize,
+        action: Action,
+    ) -> Action {
         let reports = self.reports_due();
         if reports.is_empty() {
             return action;
         }
         self.due.splice(at..at, reports);
-        if let (Action::Forward, Some(s)) = (action, status.and_then(TxStatus::from_byte)) {
+        let status = self.backends[node]
+            .as_ref()
+            .and_then(|l| l.conn.rbuf.get(start).copied())
+            .and_then(TxStatus::from_byte);
+        if let (Action::Forward, Some(s)) = (action, status) {
             self.due.push(pgfresh_wire::build::ready_for_query(s));
         }
         Action::Swallow

@@ -113,7 +113,7 @@ pub struct ClientUnit {
     /// is never skipped, so it has no entry in `statement_undo`; refused, it leaves no
     /// unnamed statement (see `InFlight::unnamed_first`).
     pub unnamed_first: bool,
-    /// The first part of a Query pgfresh sent as two (`Session::take_query`): its
+    /// The first part of a Query pgfresh sent as two (`Session::take_split_query`): its
     /// ReadyForQuery is not the client's, the second part's is.
     pub ready_hidden: bool,
 }
