@@ -49,8 +49,9 @@ def check(cond, what):
         raise Failed(what)
 
 
-async def connect(cache_size=100):
-    return await asyncpg.connect(
+def target():
+    """Where and how every connection of this script connects."""
+    return dict(
         host=host,
         port=int(port),
         user=user,
@@ -58,9 +59,12 @@ async def connect(cache_size=100):
         database=dbname,
         timeout=10,
         command_timeout=TIMEOUT,
-        statement_cache_size=cache_size,
         **({"ssl": "require"} if os.environ.get("PGFRESH_TEST_TLS") == "1" else {}),
     )
+
+
+async def connect(cache_size=100):
+    return await asyncpg.connect(statement_cache_size=cache_size, **target())
 
 
 async def client(cid, conn):
@@ -127,17 +131,10 @@ async def pooled():
     checks = 0
     path = "pgfresh_pool_path, public"
     pool = await asyncpg.create_pool(
-        host=host,
-        port=int(port),
-        user=user,
-        password=password,
-        database=dbname,
         min_size=1,
         max_size=1,
-        timeout=10,
-        command_timeout=TIMEOUT,
         server_settings={"search_path": path, "application_name": "pooled"},
-        **({"ssl": "require"} if os.environ.get("PGFRESH_TEST_TLS") == "1" else {}),
+        **target(),
     )
     for round in range(3):
         async with pool.acquire() as conn:

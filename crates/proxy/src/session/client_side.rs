@@ -219,29 +219,11 @@ impl Session {
                     }
                     self.push_batch(frame.raw);
                 }
-                FrontendMessage::Describe { kind, name } => {
-                    if kind == b'S' && !self.batch.parses.iter().any(|n| n == name) {
-                        self.batch.uses_statements.push(name.to_string());
-                    }
-                    if kind == b'S'
-                        && !self.state.prepared.contains_key(name)
-                        && self.state.sql_prepared.contains_key(name)
-                    {
-                        // One the client PREPAREd (one namespace for both), as a Bind of
-                        // it: the statement goes where the Describe runs.
-                        add_bound_sql_statement(&self.state.sql_prepared, name, &mut self.batch);
-                    }
-                    if let Some(p) = self.state.prepared.get(name).filter(|_| kind == b'S') {
-                        // A statement whose text is `EXECUTE x` is described as `x`: that
-                        // must be on the connection under its name, as for a Bind of it.
-                        add_sql_executes(&self.state, &p.analysis, &mut self.batch);
-                    }
-                    if kind == b'S' && self.refers_to_statement(name) {
-                        let p = self.state.prepared.get(name);
-                        self.batch.statement_refs.push(p.map(|p| p.content.clone()));
-                    }
+                FrontendMessage::Describe { kind: b'S', name } => {
+                    self.describe_statement(name);
                     self.push_batch(frame.raw);
                 }
+                FrontendMessage::Describe { .. } => self.push_batch(frame.raw),
                 FrontendMessage::Close { kind, name } => {
                     if kind == b'S' {
                         let previous = self.state.prepared.remove(name);
@@ -308,6 +290,35 @@ impl Session {
             }
         }
         Ok(consumed)
+    }
+
+    /// A Describe of statement `name` joins the batch: the statement as it is now, one
+    /// lookup.
+    fn describe_statement(&mut self, name: &str) {
+        if !self.batch.parses.iter().any(|n| n == name) {
+            self.batch.uses_statements.push(name.to_string());
+        }
+        let refers = self.refers_to_statement(name);
+        match self.state.prepared.get(name) {
+            Some(p) => {
+                // A statement whose text is `EXECUTE x` is described as `x`: that must be
+                // on the connection under its name, as for a Bind of it.
+                add_sql_executes(&self.state, &p.analysis, &mut self.batch);
+                if refers {
+                    self.batch.statement_refs.push(Some(p.content.clone()));
+                }
+            }
+            None => {
+                if self.state.sql_prepared.contains_key(name) {
+                    // One the client PREPAREd (one namespace for both), as a Bind of it:
+                    // the statement goes where the Describe runs.
+                    add_bound_sql_statement(&self.state.sql_prepared, name, &mut self.batch);
+                }
+                if refers {
+                    self.batch.statement_refs.push(None);
+                }
+            }
+        }
     }
 
     /// The unit of a simple Query (its frame not yet in it).

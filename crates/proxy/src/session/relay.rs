@@ -722,12 +722,10 @@ impl Session {
         let before = self.state.settings().clone();
         self.tokens.follow(&changes);
         settings::apply(&mut self.state, changes, Some(node));
-        let restored = !restored.is_empty() && {
-            self.reports.restored.extend(restored);
-            true
-        };
+        let reset_to_login = !restored.is_empty();
+        self.reports.restored.extend(restored);
         if let Some(l) = self.backends[node].as_mut() {
-            if restored {
+            if reset_to_login {
                 l.conn.settings = None;
             } else if !super::state::needs_replay(l.conn.settings.as_ref(), &before) {
                 l.conn.settings = Some(self.state.settings().clone());
