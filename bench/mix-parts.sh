@@ -17,6 +17,10 @@
 #     -R ROUNDS      rounds (default 2)
 #     -p             also count system calls, futex calls, epoll_wait calls and context
 #                    switches a statement (perf stat attached: slower runs)
+#     -r             also record where the proxy's time goes (perf record -e cpu-clock
+#                    attached: slower runs) into NAME.ROUND.perf.data, with the run's
+#                    statements in NAME.ROUND.statements; compare two runs with
+#                    bench/perf-diff.py
 #     -d DIR         use a running cluster made by bench/cluster.sh (default: make one)
 #     -o DIR         where results and logs go (default: a new temp dir)
 #     -B             skip `cargo build --release -p pgfresh`
@@ -29,18 +33,19 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 CONFIGS="default nopoll nolsn pgbouncer" SECS=10 CLIENTS=8 ROUNDS=2 PERF=0
-CLUSTER_DIR="" OUTDIR="" BUILD=1
-while getopts "C:T:c:R:pd:o:B" opt; do
+CLUSTER_DIR="" OUTDIR="" BUILD=1 RECORD=0
+while getopts "C:T:c:R:prd:o:B" opt; do
     case $opt in
         C) CONFIGS=$OPTARG ;;
         T) SECS=$OPTARG ;;
         c) CLIENTS=$OPTARG ;;
         R) ROUNDS=$OPTARG ;;
         p) PERF=1 ;;
+        r) RECORD=1 ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
         B) BUILD=0 ;;
-        *) sed -n 2,28p "$0"; exit 2 ;;
+        *) sed -n 2,32p "$0"; exit 2 ;;
     esac
 done
 # shellcheck source=bench/lib.sh
@@ -59,7 +64,7 @@ metric_sum() { metrics_delta "$1" "$2" "$3" | awk '{ s += $NF } END { print s + 
 
 # measure NAME PID PORT ROUND [ADMIN]: one measured run; a line of results.
 measure() {
-    local name=$1 pid=$2 port=$3 round=$4 admin=${5:-} u0 c0 u1 c1 tx perfpid="" extra=""
+    local name=$1 pid=$2 port=$3 round=$4 admin=${5:-} u0 c0 u1 c1 tx perfpid="" recpid="" extra=""
     [ -n "$admin" ] && metrics_snapshot "$admin" "$OUTDIR/m0" || true
     read -r u0 c0 < <(ticks "$pid")
     if [ "$PERF" = 1 ]; then
@@ -67,11 +72,17 @@ measure() {
             -p "$pid" -o "$OUTDIR/$name.$round.perf" &
         perfpid=$!
     fi
+    if [ "$RECORD" = 1 ]; then
+        perf record -F 2000 -e cpu-clock -p "$pid" -o "$OUTDIR/$name.$round.perf.data" >/dev/null 2>&1 &
+        recpid=$!
+    fi
     PGPASSWORD=app "$PG_BINDIR/pgbench" -n -h 127.0.0.1 -p "$port" -U app -c "$CLIENTS" -j 2 -T "$SECS" \
         -M extended -f "$OUTDIR/mix.sql" -s "$SCALE" app >"$OUTDIR/$name.$round.pgbench.log" 2>&1
     if [ -n "$perfpid" ]; then kill -INT "$perfpid"; wait "$perfpid" || true; fi
+    if [ -n "$recpid" ]; then kill -INT "$recpid"; wait "$recpid" || true; fi
     read -r u1 c1 < <(ticks "$pid")
     tx=$(awk '/number of transactions actually processed/ { split($NF, a, "/"); print a[1] }' "$OUTDIR/$name.$round.pgbench.log")
+    echo $((tx * 10)) >"$OUTDIR/$name.$round.statements"
     if [ -n "$admin" ]; then
         metrics_snapshot "$admin" "$OUTDIR/m1"
         extra="; replica/reads $(metrics_delta "$OUTDIR/m0" "$OUTDIR/m1" pgfresh_routed_total | routed_read_counts | tr ' ' /)"
