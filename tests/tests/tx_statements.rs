@@ -1380,3 +1380,120 @@ async fn a_statement_put_in_a_transaction_failed_ahead_is_not_counted() {
         assert!(r[7].contains("row=a"), "{prefix}: {r:?}");
     }
 }
+
+/// In a transaction, a batch that closes a statement and then binds it, pipelined behind
+/// a batch that fails the transaction, answers CloseComplete and 26000 as PostgreSQL does
+/// (a Close is not refused in a failed transaction, and a Bind of a statement that does
+/// not exist fails before the failed transaction is looked at). Session mode counted the
+/// Bind as one of a statement pgfresh never saw, dropped the connection's copy ahead of
+/// the batch, and then put the client's statement back in front of it, where the server
+/// refused it (25P02) once the batch ahead had failed.
+#[tokio::test]
+async fn a_bind_behind_its_close_pipelined_behind_a_failing_batch_finds_no_statement() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let x = unique(&format!("closed_then_bound_{prefix}"));
+        let steps = [
+            (query("BEGIN"), 1),
+            ([parse(&x, "SELECT 'one'::text"), sync()].concat(), 1),
+            (
+                [
+                    bind_execute("nope"),
+                    sync(),
+                    close_statement(&x),
+                    bind_execute(&x),
+                    sync(),
+                ]
+                .concat(),
+                2,
+            ),
+            (query("ROLLBACK"), 1),
+        ];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[2].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[3].starts_with("3E"), "{prefix}: {r:?}");
+        assert!(r[3].contains("error=26000"), "{prefix}: {r:?}");
+    }
+}
+
+/// In a transaction, a Parse pipelined behind a batch that fails the transaction reports
+/// its own syntax error (42601) as on PostgreSQL, which checks the syntax first, also
+/// where it names a statement the client has and the transaction's connection lacks.
+/// Session mode put the client's statement on that connection ahead of the batch (so
+/// that the server would refuse the Parse of a name in use, 42P05), and the server
+/// refused that (25P02) once the batch ahead had failed; a batch that needs statements
+/// put ahead of it now waits for the client's batches ahead in a transaction.
+#[tokio::test]
+async fn a_parse_pipelined_behind_a_failing_batch_reports_its_syntax_error() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let y = unique(&format!("behind_failing_{prefix}"));
+        let steps = [
+            (
+                [
+                    parse(&y, "/* pgfresh:primary */ SELECT 'one'::text"),
+                    sync(),
+                ]
+                .concat(),
+                1,
+            ),
+            // Read on a standby: the transaction runs there.
+            (query("BEGIN READ ONLY"), 1),
+            (query("SELECT 'q'::text"), 1),
+            (
+                [bind_execute("nope"), sync(), parse(&y, "SELEC 1"), sync()].concat(),
+                2,
+            ),
+            (query("ROLLBACK"), 1),
+            ([bind_execute(&y), sync()].concat(), 1),
+        ];
+        let r = same_as_postgresql_pipelined(&p, &steps).await;
+        assert!(r[3].contains("error=26000"), "{prefix}: {r:?}");
+        assert!(r[4].contains("error=42601"), "{prefix}: {r:?}");
+        assert!(r[6].contains("row=one"), "{prefix}: {r:?}");
+    }
+}
+
+/// In a failed transaction PostgreSQL describes, binds and runs a prepared ROLLBACK or
+/// COMMIT (it parses those there too): a driver that prepared its ROLLBACK (JDBC does,
+/// past `prepareThreshold`) ends the failed transaction with it, also where the
+/// transaction runs on a connection that lacks the statement. Session mode refused the
+/// statement there (25P02) as it refuses any other, and the client was left in the
+/// failed transaction (transaction mode's rewrite already parsed it there).
+#[tokio::test]
+async fn a_prepared_rollback_ends_a_failed_transaction() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let [rb, cm] = ["rb", "cm"].map(|n| unique(&format!("exit_{prefix}_{n}")));
+        let fail = [
+            // Read on a standby: the transaction runs there.
+            query("BEGIN READ ONLY"),
+            query("SELECT 'q'::text"),
+            query("SELEC 1"),
+        ];
+        let steps: Vec<Vec<u8>> = [
+            vec![[
+                parse(&rb, "/* pgfresh:primary */ ROLLBACK"),
+                parse(&cm, "/* pgfresh:primary */ COMMIT"),
+                sync(),
+            ]
+            .concat()],
+            fail.to_vec(),
+            vec![
+                [describe(b'S', &rb), sync()].concat(),
+                [bind_execute(&rb), sync()].concat(),
+            ],
+            fail.to_vec(),
+            vec![
+                [bind_execute(&cm), sync()].concat(),
+                query("SELECT 'after'::text"),
+            ],
+        ]
+        .concat();
+        let r = same_as_postgresql(&p, &steps).await;
+        assert_eq!(r[4], "tnZ status=E", "{prefix}: {r:?}");
+        assert_eq!(r[5], "2CZ status=I", "{prefix}: {r:?}");
+        assert_eq!(r[9], "2CZ status=I", "{prefix}: {r:?}");
+        assert!(r[10].contains("row=after"), "{prefix}: {r:?}");
+    }
+}

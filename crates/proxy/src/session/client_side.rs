@@ -194,6 +194,18 @@ impl Session {
                         }
                         event = portal_event(p);
                         add_sql_executes(&self.state, &p.analysis, &mut self.batch);
+                    } else if self
+                        .batch
+                        .statement_undo
+                        .iter()
+                        .any(|u| u.name == statement)
+                    {
+                        // Closed earlier in this batch: the server refuses the Bind (26000)
+                        // whatever the connection held under the name, which that Close
+                        // closed, so no copy is dropped ahead of the batch (in a transaction
+                        // a batch ahead may fail, and what pgfresh puts there would be
+                        // refused in the client's name).
+                        self.batch.parts.push(UNKNOWN_PREPARED.clone());
                     } else {
                         // The server has one namespace for protocol-level and SQL-level
                         // prepared statements: a Bind may run one made by SQL PREPARE. It is
@@ -689,15 +701,29 @@ impl Session {
     /// for the client's units ahead too: one may fail the transaction, where the server
     /// refuses any Parse (25P02), one of a statement the connection already has (which
     /// pgfresh otherwise answers itself) included.
+    ///
+    /// Session mode: in a transaction, a unit for which the client's statements are put on
+    /// the connection first (`prepare_statements`) waits for the client's units ahead: one
+    /// may fail the transaction, where the server refuses what is put there (25P02) ahead
+    /// of the client's own messages, whose answers PostgreSQL gives (a Parse's syntax
+    /// error, a Bind's 26000).
     fn waits_for_statements(&self, unit: &ClientUnit) -> bool {
-        self.mode == PoolMode::Transaction
-            && !super::rewrite::plain_unit(unit)
-            && self.inflight.iter().any(|u| {
-                u.expect.iter().any(Expect::changes_server_statements)
-                    || (!u.is_injected()
-                        && !self.tx.is_idle()
-                        && unit.parses.iter().any(|n| !n.is_empty()))
-            })
+        match self.mode {
+            PoolMode::Transaction => {
+                !super::rewrite::plain_unit(unit)
+                    && self.inflight.iter().any(|u| {
+                        u.expect.iter().any(Expect::changes_server_statements)
+                            || (!u.is_injected()
+                                && !self.tx.is_idle()
+                                && unit.parses.iter().any(|n| !n.is_empty()))
+                    })
+            }
+            PoolMode::Session => {
+                matches!(self.tx, super::phase::TxPhase::Open)
+                    && self.inflight.iter().any(|u| !u.is_injected())
+                    && self.active.is_some_and(|n| self.puts_statements(n, unit))
+            }
+        }
     }
 
     fn push_batch(&mut self, raw: Bytes) {

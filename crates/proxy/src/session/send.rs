@@ -13,7 +13,7 @@ use pgfresh_wire::build;
 
 use super::phase::TxPhase;
 use super::settings::{StatementChange, StmtEvent};
-use super::state::{text_hash, PinReason};
+use super::state::{text_hash, PinReason, Prepared};
 use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected, NamedStatement};
 use super::Session;
 use crate::error::ProxyError;
@@ -577,6 +577,12 @@ impl Session {
         }
         let (at, name) = first_use(&unit.frames)?;
         let name = std::str::from_utf8(name).ok()?;
+        if at_start(unit, &self.state, name).is_some_and(Prepared::exits_transaction) {
+            // A ROLLBACK or COMMIT the client prepared runs (`prepare_statements` and
+            // transaction mode's rewrite put it where the connection lacks it: the server
+            // parses one in a failed transaction).
+            return None;
+        }
         let conn = &self.backends[node].as_ref()?.conn;
         let prepared =
             self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
@@ -794,6 +800,31 @@ impl Session {
         }
     }
 
+    /// Session mode: `prepare_statements` would put one of the client's statements on
+    /// `node`'s connection ahead of `unit` (a Parse that the server refuses, in the
+    /// client's name, where a batch ahead fails the transaction).
+    pub(super) fn puts_statements(&self, node: usize, unit: &ClientUnit) -> bool {
+        let Some(l) = self.backends[node].as_ref() else {
+            return false;
+        };
+        let undone = unit.statement_undo.iter().map(|u| u.name.as_str());
+        let mut touched = unit
+            .uses_statements
+            .iter()
+            .map(String::as_str)
+            .chain(undone);
+        touched.any(|name| {
+            let sql_held = self.state.sql_prepared_ever && l.conn.sql_prepared.contains_key(name);
+            let prepared =
+                self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
+            if prepared && sql_held {
+                return false;
+            }
+            at_start(unit, &self.state, name)
+                .is_some_and(|p| l.conn.prepared.get(name) != Some(&p.hash))
+        })
+    }
+
     /// Session mode: before `unit`, `node`'s connection is made to hold, for every
     /// statement name the unit binds, describes, parses or closes, exactly the client's
     /// statement of that name as it was when the unit began (a copy left from an older
@@ -857,9 +888,9 @@ impl Session {
             if has == start.map(|p| p.hash) {
                 continue;
             }
-            if failed && start.is_some() {
+            if failed && start.is_some_and(|p| !p.exits_transaction()) {
                 // (A Close of a statement the client lacks is put here still: a Close is
-                // never refused.)
+                // never refused; and a ROLLBACK or COMMIT, whose Parse is not either.)
                 continue;
             }
             if !name.is_empty() || (start.is_none() && has.is_some()) {
