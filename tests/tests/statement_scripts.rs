@@ -26,9 +26,18 @@ const PIPELINED: u64 = 1200;
 const PIPELINED_FROM: u64 = 1001;
 
 /// Seeds whose scripts still find pgfresh answering otherwise than PostgreSQL, left out
-/// until it answers them alike (each names the first differing step when it is run).
-const SESSION_DIFFERENCES: &[u64] = &[];
-const TRANSACTION_DIFFERENCES: &[u64] = &[];
+/// until it answers them alike (each names the first differing step when it is run):
+/// - a Describe, in a failed transaction, of a statement without result columns that the
+///   connection lacks (PostgreSQL describes it, pgfresh's refused Parse ahead of it makes
+///   it 25P02): 2065 (session), 1699 (transaction);
+/// - the description of a statement whose text is `EXECUTE x`, which PostgreSQL fixes when
+///   it parses it (pgfresh parses it again on another connection, where x may differ):
+///   2133 (both), 2186 (transaction);
+/// - a batch that runs a prepared ROLLBACK in a failed transaction and then parses a name
+///   in use: its messages after the ROLLBACK are mapped as in the failed transaction
+///   (transaction mode): 147.
+const SESSION_DIFFERENCES: &[u64] = &[2065, 2133];
+const TRANSACTION_DIFFERENCES: &[u64] = &[147, 1699, 2133, 2186];
 /// (By the first seed of the pair.)
 const PAIR_DIFFERENCES: &[u64] = &[];
 
@@ -73,8 +82,10 @@ struct Step {
 /// The names a script uses: each label (as the script reads) and the statement name sent
 /// (unique to the script, so scripts never meet on the primary's own session either).
 struct Names {
-    labels: [&'static str; 3],
-    sent: [String; 3],
+    /// x, y and z, and t, which only the extended protocol names (a SQL EXECUTE of a
+    /// prepared transaction statement makes PostgreSQL end the connection).
+    labels: [&'static str; 4],
+    sent: [String; 4],
 }
 
 const PRIMARY: &str = "/* pgfresh:primary */ ";
@@ -105,7 +116,7 @@ impl Batch {
 
 impl Script {
     fn new(seed: u64) -> Script {
-        let labels = ["x", "y", "z"];
+        let labels = ["x", "y", "z", "t"];
         Script {
             rng: Rng::new(seed),
             names: Names {
@@ -169,12 +180,22 @@ impl Script {
         (self.names.labels[i].to_string(), self.names.sent[i].clone())
     }
 
-    /// A named statement or, one time in four, the unnamed one.
+    /// A named statement (x, y or z) or, one time in four, the unnamed one, or now and
+    /// then t.
     fn any_statement(&mut self) -> (String, String) {
+        match self.rng.below(20) {
+            0..=4 => ("\"\"".into(), String::new()),
+            5 | 6 => (self.names.labels[3].to_string(), self.names.sent[3].clone()),
+            _ => self.named(),
+        }
+    }
+
+    /// t or the unnamed statement, for a transaction statement.
+    fn transactional(&mut self) -> (String, String) {
         if self.rng.chance(25) {
             ("\"\"".into(), String::new())
         } else {
-            self.named()
+            (self.names.labels[3].to_string(), self.names.sent[3].clone())
         }
     }
 
@@ -208,7 +229,7 @@ impl Script {
     }
 
     fn extended_message(&mut self, b: &mut Batch) {
-        match self.rng.below(20) {
+        match self.rng.below(22) {
             0..=5 => {
                 let (label, name) = self.any_statement();
                 let sql = self.select();
@@ -255,6 +276,26 @@ impl Script {
                 );
             }
             18 => b.push(bind_execute("nope"), "Bind(nope)+Execute".into()),
+            19 | 20 => {
+                // A transaction statement prepared (drivers prepare their BEGIN, COMMIT
+                // and ROLLBACK too), which PostgreSQL runs in a failed transaction when
+                // it ends one.
+                // (Closed first, as drivers do before they use a name again: a Parse of
+                // a COMMIT or ROLLBACK under a name in use, in a failed transaction, is a
+                // known difference, see the README.)
+                let (label, name) = self.transactional();
+                let sql = [
+                    "BEGIN",
+                    "COMMIT",
+                    "ROLLBACK",
+                    "SAVEPOINT s",
+                    "ROLLBACK TO s",
+                ][self.rng.below(5)];
+                b.push(
+                    [close_statement(&name), parse(&name, sql)].concat(),
+                    format!("Close(S,{label})+Parse({label},{sql:?})"),
+                );
+            }
             _ => {
                 // The batch that replaces a statement: Bind x, Close x, Parse x, Bind x.
                 let (label, name) = self.any_statement();

@@ -1497,3 +1497,57 @@ async fn a_prepared_rollback_ends_a_failed_transaction() {
         assert!(r[10].contains("row=after"), "{prefix}: {r:?}");
     }
 }
+
+/// In a failed transaction the server parses a COMMIT or ROLLBACK: a Parse of one under a
+/// name the batch has just closed completes (and the statement then ends the
+/// transaction), as on PostgreSQL. Transaction mode sent the Parse under the server name
+/// the connection already held that text under, to be refused as any other Parse is
+/// there, and the server answered 42P05 instead.
+#[tokio::test]
+async fn a_rollback_parsed_again_in_a_failed_transaction_completes() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let t = unique(&format!("rollback_again_{prefix}"));
+        let steps = [
+            [parse(&t, "ROLLBACK"), sync()].concat(),
+            query("BEGIN"),
+            query("SELEC 1"),
+            [close_statement(&t), parse(&t, "ROLLBACK"), sync()].concat(),
+            [bind_execute(&t), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert_eq!(r[3], "31Z status=E", "{prefix}: {r:?}");
+        assert_eq!(r[4], "2CZ status=I", "{prefix}: {r:?}");
+    }
+}
+
+/// In a failed transaction a batch that begins by parsing a ROLLBACK TO (which the
+/// server parses there) and then binds a statement the client has is refused at that
+/// Bind (25P02), as on PostgreSQL, also where the transaction's connection lacks the
+/// statement: pgfresh's refused Parse goes in front of the Bind, not only of a batch's
+/// first message. Without it the server answered 26000.
+#[tokio::test]
+async fn a_failed_transaction_refuses_the_first_use_behind_a_parsed_rollback() {
+    for (config, prefix) in [(config_text(""), "session"), (tx_config(""), "tx")] {
+        let p = start_proxy(&config);
+        let z = unique(&format!("behind_rollback_to_{prefix}"));
+        let steps = [
+            [
+                parse(&z, "/* pgfresh:primary */ SELECT 'one'::text"),
+                sync(),
+            ]
+            .concat(),
+            // Read on a standby: the transaction runs there.
+            query("BEGIN READ ONLY"),
+            query("SELECT 'q'::text"),
+            query("SELEC 1"),
+            [parse("", "ROLLBACK TO s"), bind_execute(&z), sync()].concat(),
+            query("ROLLBACK"),
+            [bind_execute(&z), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[4].starts_with("1E"), "{prefix}: {r:?}");
+        assert!(r[4].contains("error=25P02"), "{prefix}: {r:?}");
+        assert!(r[6].contains("row=one"), "{prefix}: {r:?}");
+    }
+}

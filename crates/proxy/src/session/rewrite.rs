@@ -278,7 +278,13 @@ impl Session {
                 _ => Err(e),
             });
             match parsed {
-                Ok(FrontendMessage::Parse { name, .. }) if !name.is_empty() => {
+                Ok(FrontendMessage::Parse { name, sql, .. }) if !name.is_empty() => {
+                    // In a failed transaction the server parses a COMMIT or ROLLBACK (and
+                    // then refuses a name in use, 42P05) where it refuses any other Parse.
+                    let refused = failed
+                        && !super::state::exits_transaction(
+                            &self.texts.analyze(&self.shared.analyzer, sql),
+                        );
                     let content = statements::parse_content(raw, name);
                     let key = statements::cache_key(&content, &scope);
                     let undo = undos.next();
@@ -305,7 +311,7 @@ impl Session {
                             sync: false,
                             undo,
                         });
-                    } else if existing.is_some() && failed {
+                    } else if existing.is_some() && refused {
                         // In a failed transaction PostgreSQL parses the text (a syntax
                         // error, 42601), then refuses the Parse (25P02) before it looks at
                         // the name: the text goes under pgfresh's prefix, without putting
@@ -340,7 +346,7 @@ impl Session {
                             sync: false,
                             undo,
                         });
-                    } else if let Some(id) = cache.lookup(&key).filter(|_| failed) {
+                    } else if let Some(id) = cache.lookup(&key).filter(|_| refused) {
                         // In a failed transaction the server refuses any Parse (25P02)
                         // before it looks at the name: sent under the statement's server
                         // name, and refused just so, not answered here.

@@ -136,20 +136,31 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
 
 /// The first message of a batch that a failed transaction refuses, by its place among
 /// the batch's messages, and the statement it binds or describes if that is what it
-/// does. Leading Closes (never refused) and Flushes are passed over. In a failed
-/// transaction the server refuses that message (25P02) if it has the statement, and
-/// answers 26000 if not; it refuses every Parse there (25P02, unless the text does not
-/// parse: 42601), and so skips everything after it. `None` for a statement one of the
-/// leading Closes closed: PostgreSQL answers 26000 too.
-fn first_use(frames: &[Bytes]) -> Option<(usize, &[u8])> {
-    let mut closed: Vec<&[u8]> = Vec::new();
+/// does. Leading Closes (never refused), Flushes and Parses of a text that ends
+/// transactions (`exits`: the server parses a COMMIT or ROLLBACK there) are passed over.
+/// In a failed transaction the server refuses that message (25P02) if it has the
+/// statement, and answers 26000 if not; it refuses every other Parse there (25P02, unless
+/// the text does not parse: 42601), and so skips everything after it. `None` for a
+/// statement one of the leading Closes closed (PostgreSQL answers 26000 too) or one of
+/// those Parses made (it ends transactions: not refused).
+fn first_use(frames: &[Bytes], mut exits: impl FnMut(&str) -> bool) -> Option<(usize, &[u8])> {
+    let mut gone: Vec<&[u8]> = Vec::new();
     for (i, m) in super::unit::messages(frames).enumerate() {
         let name = match m.first() {
             Some(b'H') => continue,
             Some(b'C') => {
                 if m.get(5) == Some(&b'S') {
-                    closed.extend(m.get(6..).and_then(|n| n.split(|b| *b == 0).next()));
+                    gone.extend(m.get(6..).and_then(|n| n.split(|b| *b == 0).next()));
                 }
+                continue;
+            }
+            Some(b'P') => {
+                let mut parts = m.get(5..)?.splitn(3, |b| *b == 0);
+                let (name, text) = (parts.next()?, parts.next()?);
+                if !exits(std::str::from_utf8(text).ok()?) {
+                    return None;
+                }
+                gone.push(name);
                 continue;
             }
             Some(b'B') => crate::statements::bind_names(m).map(|(_, s)| s),
@@ -158,7 +169,7 @@ fn first_use(frames: &[Bytes]) -> Option<(usize, &[u8])> {
             }
             _ => None,
         }?;
-        return (!closed.contains(&name)).then_some((i, name));
+        return (!gone.contains(&name)).then_some((i, name));
     }
     None
 }
@@ -571,11 +582,14 @@ impl Session {
     /// there too, see `bring_up_to_date`), or in session mode one it made by Parse
     /// (transaction mode's rewrite prepares those in place, and the server refuses that
     /// Parse alike).
-    fn refuses_first_use(&self, node: usize, unit: &ClientUnit) -> Option<usize> {
+    fn refuses_first_use(&mut self, node: usize, unit: &ClientUnit) -> Option<usize> {
         if !matches!(self.tx, TxPhase::Failed) {
             return None;
         }
-        let (at, name) = first_use(&unit.frames)?;
+        let (texts, analyzer) = (&mut self.texts, &self.shared.analyzer);
+        let (at, name) = first_use(&unit.frames, |sql| {
+            super::state::exits_transaction(&texts.analyze(analyzer, sql))
+        })?;
         let name = std::str::from_utf8(name).ok()?;
         if at_start(unit, &self.state, name).is_some_and(Prepared::exits_transaction) {
             // A ROLLBACK or COMMIT the client prepared runs (`prepare_statements` and
@@ -1264,7 +1278,7 @@ mod tests {
         let close = |s: &str| build::close(b'S', s);
         let describe = |s: &str| build::describe(b'S', s);
         type Case = (Vec<Bytes>, Option<(usize, &'static [u8])>);
-        let cases: [Case; 7] = [
+        let cases: [Case; 9] = [
             (vec![bind("a"), build::sync()], Some((0, b"a"))),
             (vec![close(""), bind("a"), build::sync()], Some((1, b"a"))),
             (
@@ -1276,9 +1290,17 @@ mod tests {
             (vec![close(""), bind(""), build::sync()], None),
             (vec![build::parse("a", "SELECT 1", &[]), bind("a")], None),
             (vec![build::sync()], None),
+            // A Parse of a ROLLBACK completes in a failed transaction: what follows is
+            // refused, but for a Bind of the statement it made.
+            (
+                vec![build::parse("", "ROLLBACK TO s", &[]), bind("a")],
+                Some((1, b"a")),
+            ),
+            (vec![build::parse("r", "ROLLBACK", &[]), bind("r")], None),
         ];
         for (i, (frames, want)) in cases.into_iter().enumerate() {
-            assert_eq!(first_use(&frames), want, "case {i}");
+            let exits = |sql: &str| sql.starts_with("ROLLBACK");
+            assert_eq!(first_use(&frames, exits), want, "case {i}");
         }
     }
 

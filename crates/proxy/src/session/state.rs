@@ -69,20 +69,27 @@ impl Prepared {
     /// TRANSACTION), which PostgreSQL parses, binds and describes in a failed transaction
     /// too.
     pub fn exits_transaction(&self) -> bool {
-        use pgfresh_sql::TxEffect;
-        matches!(
-            self.analysis.statements.as_slice(),
-            [s] if matches!(
-                s.tx,
-                Some(
-                    TxEffect::Commit { .. }
-                        | TxEffect::Rollback { .. }
-                        | TxEffect::RollbackTo(_)
-                        | TxEffect::PrepareTransaction(_)
-                )
+        exits_transaction(&self.analysis)
+    }
+}
+
+/// `analysis` is of one statement that ends a transaction (COMMIT, ROLLBACK, ROLLBACK TO,
+/// PREPARE TRANSACTION): what PostgreSQL parses, binds and describes in a failed
+/// transaction too.
+pub fn exits_transaction(analysis: &Analysis) -> bool {
+    use pgfresh_sql::TxEffect;
+    matches!(
+        analysis.statements.as_slice(),
+        [s] if matches!(
+            s.tx,
+            Some(
+                TxEffect::Commit { .. }
+                    | TxEffect::Rollback { .. }
+                    | TxEffect::RollbackTo(_)
+                    | TxEffect::PrepareTransaction(_)
             )
         )
-    }
+    )
 }
 
 /// A session's settings: (parameter name, the SQL statement that sets it), in order.
