@@ -1,6 +1,7 @@
-// pgjdbc through a transaction-mode pgfresh (tests/tests/tx_drivers.rs).
+// pgjdbc through a transaction-mode pgfresh, and through a session-mode one
+// (tests/tests/tx_drivers.rs).
 //
-// Usage: java -cp /usr/share/java/postgresql.jar JdbcTx.java HOST PORT USER PASSWORD DBNAME TABLE
+// Usage: java -cp /usr/share/java/postgresql.jar JdbcTx.java HOST PORT USER PASSWORD DBNAME TABLE [session]
 // (a single-file source program: `java` compiles it, which needs a JDK, not only a JRE)
 //
 // Six connections with prepareThreshold=1 (every PreparedStatement is a named server
@@ -9,11 +10,14 @@
 // just inserted, a statement whose text differs per client, a transaction of two
 // statements (pgjdbc sends BEGIN in the same batch as the first statement), a batch
 // insert (addBatch/executeBatch: one Sync for all) and a read-only transaction
-// (setReadOnly(true), setAutoCommit(false): BEGIN READ ONLY) that must see the batch.
+// (setReadOnly(true), setAutoCommit(false): BEGIN READ ONLY) that must see the batch,
+// and a read-only transaction that fails and is rolled back (pgjdbc's ROLLBACK is a
+// named statement too from its second use, run in the failed transaction, on a standby).
 // Odd clients have no statement cache (preparedStatementCacheQueries=0): closing a
 // PreparedStatement sends Close, and the next one is parsed under a new name. At the end
 // each client looks at the server connection it runs on from inside a transaction: its
-// statements are there under pgfresh's names (__pgfresh_N), pgjdbc's own (S_N) are not.
+// statements are there under pgfresh's names (__pgfresh_N), pgjdbc's own (S_N) are not
+// (transaction mode; with `session` the server holds pgjdbc's own names).
 //
 // With PGFRESH_TEST_TLS=1 in the environment it connects with sslmode=require.
 //
@@ -45,6 +49,7 @@ public class JdbcTx {
     static String user;
     static String password;
     static String table;
+    static boolean session;
 
     static Connection connect(int cid) throws SQLException {
         Properties p = new Properties();
@@ -151,9 +156,18 @@ public class JdbcTx {
                     check("on".equals(mode), "client " + cid + ": transaction_read_only = " + mode);
                 }
                 c.commit();
+                // A read-only transaction that fails: rollback() ends it.
+                check("3".equals(one(range)), "client " + cid + ": read-only transaction before its error");
+                try (PreparedStatement bad = c.prepareStatement("SELECT v FROM " + table + "_missing")) {
+                    bad.executeQuery().close();
+                    check(false, "client " + cid + ": a query of a missing table ran");
+                } catch (SQLException e) {
+                    check("42P01".equals(e.getSQLState()), "client " + cid + ": missing table gave " + e.getSQLState());
+                }
+                c.rollback();
                 c.setAutoCommit(true);
                 c.setReadOnly(false);
-                checks += 6;
+                checks += 7;
             }
             range.setInt(1, cid);
             range.setInt(2, 0);
@@ -182,6 +196,9 @@ public class JdbcTx {
             }
             c.commit();
             c.setAutoCommit(true);
+            if (session) {
+                return checks;
+            }
             check(mapped, "client " + cid + ": the INSERT is not prepared on the server under pgfresh's names: " + names);
             for (String name : names) {
                 check(!name.startsWith("S_"), "client " + cid + ": pgjdbc's own names reached the server: " + names);
@@ -198,6 +215,7 @@ public class JdbcTx {
         password = args[3];
         String db = args[4];
         table = args[5];
+        session = args.length > 6 && "session".equals(args[6]);
         url = "jdbc:postgresql://" + host + ":" + port + "/" + db;
         try (Connection setup = connect(0); Statement st = setup.createStatement()) {
             st.execute("CREATE TABLE IF NOT EXISTS " + table

@@ -1,6 +1,7 @@
 //! Real client drivers through a transaction-mode pgfresh: psycopg 3, asyncpg,
 //! node-postgres and pgjdbc, each with its own way of using protocol-level prepared
-//! statements, six clients sharing two server connections per node.
+//! statements, six clients sharing two server connections per node (pgjdbc through a
+//! session-mode pgfresh too).
 //!
 //! Each driver runs a script of `tests/drivers/` (installed by `scripts/prereqs.sh`:
 //! python3-psycopg, python3-asyncpg, node-postgres, a JDK and the pgjdbc jar). A script
@@ -216,15 +217,30 @@ async fn node_postgres(tls: bool) -> u64 {
 }
 
 /// pgjdbc with prepareThreshold=1: named statements from the first run, batches,
-/// transactions and read-only transactions.
+/// transactions, read-only transactions, and failed ones rolled back.
 #[tokio::test]
 async fn jdbc_prepared_statements_batches_and_read_only_transactions() {
-    assert_eq!(jdbc(false).await, 6 * (30 * 6 + 3));
+    assert_eq!(jdbc(false).await, 6 * (30 * 7 + 3));
+}
+
+/// The same through a session-mode pgfresh: a read-only transaction runs on a standby,
+/// where pgjdbc's prepared ROLLBACK (parsed on the primary) is not; in the failed
+/// transaction pgfresh puts it there and it runs, as PostgreSQL runs it (pgfresh refused
+/// it, 25P02, and left the client in the failed transaction).
+#[tokio::test]
+async fn jdbc_in_session_mode() {
+    static P: OnceLock<ProxyHandle> = OnceLock::new();
+    let p = P.get_or_init(|| start_proxy(&config_text("")));
+    assert_eq!(jdbc_on(p, &[], &["session"]).await, 6 * (30 * 7 + 1));
 }
 
 async fn jdbc(tls: bool) -> u64 {
-    let script = drivers_dir().join("JdbcTx.java");
     let (p, env) = proxy_for(tls);
+    jdbc_on(p, &env, &[]).await
+}
+
+async fn jdbc_on(p: &ProxyHandle, env: &[(&str, String)], extra: &[&str]) -> u64 {
+    let script = drivers_dir().join("JdbcTx.java");
     run_driver(
         p,
         "jdbc",
@@ -237,8 +253,8 @@ async fn jdbc(tls: bool) -> u64 {
             "/usr/share/java/postgresql.jar",
             script.to_str().unwrap(),
         ],
-        &env,
-        &[],
+        env,
+        extra,
     )
     .await
 }
@@ -261,7 +277,7 @@ async fn node_postgres_over_tls() {
 
 #[tokio::test]
 async fn jdbc_over_tls() {
-    assert_eq!(jdbc(true).await, 6 * (30 * 6 + 3));
+    assert_eq!(jdbc(true).await, 6 * (30 * 7 + 3));
 }
 
 /// Extended-protocol frames for [`a_write_stopped_at_its_row_limit_is_marked`].
