@@ -1551,3 +1551,50 @@ async fn a_failed_transaction_refuses_the_first_use_behind_a_parsed_rollback() {
         assert!(r[6].contains("row=one"), "{prefix}: {r:?}");
     }
 }
+
+/// In a failed transaction a batch that runs a prepared ROLLBACK and then a statement
+/// whose copy on the transaction's connection is one the client has since replaced never
+/// runs that copy: session mode puts no statement there in the failed transaction (the
+/// server would refuse it), and left the stale copy in place, which the Bind or EXECUTE
+/// behind the ROLLBACK then ran (the old text's rows). It is closed ahead of the batch
+/// now (a Close is not refused). PostgreSQL runs the client's new statement there; pgfresh
+/// answers 26000 (a known difference: nothing can be put on the connection ahead of the
+/// batch, and the statement is needed only after its ROLLBACK).
+#[tokio::test]
+async fn a_statement_replaced_elsewhere_never_runs_after_a_rollback_in_a_failed_transaction() {
+    let p = start_proxy(&config_text(""));
+    let [n, rb] = ["n", "rb"].map(|l| unique(&format!("stale_after_rollback_{l}")));
+    let primary = "/* pgfresh:primary */ ";
+    let setup = |last: Vec<u8>| {
+        vec![
+            [parse(&n, &format!("{primary}SELECT 'old'::text")), sync()].concat(),
+            [parse(&rb, &format!("{primary}ROLLBACK")), sync()].concat(),
+            // On a standby: the session leaves the primary, where `n` stays the old text.
+            query("SELECT 'q'::text"),
+            [close_statement(&n), parse(&n, "SELECT 'new'::text"), sync()].concat(),
+            query("BEGIN"),
+            query(&format!("{primary}SELECT 'q'::text")),
+            query("SELEC 1"),
+            last,
+            [bind_execute(&n), sync()].concat(),
+        ]
+    };
+    let by_bind = [bind_execute(&rb), bind_execute(&n), sync()].concat();
+    let by_execute = [
+        bind_execute(&rb),
+        parse("", &format!("EXECUTE {n}")),
+        bind_execute(""),
+        sync(),
+    ]
+    .concat();
+    for (what, last) in [("bind", by_bind), ("execute", by_execute)] {
+        let r = run(&mut raw::connect(p.addr).await, &setup(last)).await;
+        assert!(r[6].contains("status=E"), "{what}: {r:?}");
+        assert!(r[7].starts_with("2C"), "{what}: the ROLLBACK ran: {r:?}");
+        assert!(
+            !r[7].contains("row=old"),
+            "{what}: the replaced statement ran: {r:?}"
+        );
+        assert!(r[8].contains("row=new"), "{what}: {r:?}");
+    }
+}

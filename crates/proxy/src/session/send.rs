@@ -598,20 +598,23 @@ impl Session {
             return None;
         }
         let conn = &self.backends[node].as_ref()?.conn;
-        let prepared =
-            self.state.sql_prepared.contains_key(name) || closed_prepared(unit, name).is_some();
-        let lacks_prepared = prepared && !conn.sql_prepared.contains_key(name);
+        let sql = self
+            .state
+            .sql_prepared
+            .get(name)
+            .or_else(|| closed_prepared(unit, name));
+        let prepared = sql.is_some();
+        // (A copy of another text, which `bring_up_to_date` closes, counts as lacking.)
+        let lacks_prepared = sql.is_some_and(|(text, _)| {
+            conn.sql_prepared.get(name).copied() != Some(text_hash(text.as_bytes()))
+        });
         // Session mode: as the unit began (before its first Parse or Close of the name).
-        let parsed = self.mode == PoolMode::Session
-            && !prepared
-            && at_start(unit, &self.state, name).is_some();
-        // (A name whose state there is unknown counts as lacking: the server refuses the
-        // message behind the refused Parse as it would refuse the message.)
-        let lacks_parsed = parsed
-            && conn
-                .prepared
-                .get(name)
-                .is_none_or(|h| *h == super::state::UNKNOWN_STATEMENT);
+        let start = at_start(unit, &self.state, name).filter(|_| !prepared);
+        let parsed = self.mode == PoolMode::Session && start.is_some();
+        // (A name whose state there is unknown, or a copy that is not the client's
+        // statement, which `prepare_statements` closes, counts as lacking: the server
+        // refuses the message behind the refused Parse as it would refuse the message.)
+        let lacks_parsed = parsed && conn.prepared.get(name).copied() != start.map(|p| p.hash);
         (lacks_prepared || lacks_parsed).then_some(at)
     }
 
@@ -641,7 +644,19 @@ impl Session {
         if matches!(self.tx, TxPhase::Failed) {
             // A PREPARE or Parse put here would be refused (25P02), and the connection's
             // record would count it; the client's EXECUTE is refused all the same. The
-            // record catches up with the client's statements after the ROLLBACK.
+            // record catches up with the client's statements after the ROLLBACK. A copy
+            // under the name that is not the client's statement is closed all the same (a
+            // Close is not refused): a ROLLBACK the batch runs first would let the
+            // EXECUTE run it.
+            for s in &unit.sql_executes {
+                if self.stale_copy(node, unit, s) {
+                    self.inject_close(node, &s.name)?;
+                    if let Some(l) = self.backends[node].as_mut() {
+                        l.conn.prepared.remove(&s.name);
+                        l.conn.sql_prepared.remove(&s.name);
+                    }
+                }
+            }
             return Ok(());
         }
         for (i, NamedStatement { name, parsed }) in unit.sql_executes.iter().enumerate() {
@@ -686,6 +701,40 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// `node`'s connection holds a statement under the name `s` runs that is not the
+    /// client's statement of that name (one it has since closed, deallocated or parsed
+    /// again, elsewhere).
+    fn stale_copy(&self, node: usize, unit: &ClientUnit, s: &NamedStatement) -> bool {
+        let Some(conn) = self.backends[node].as_ref().map(|l| &l.conn) else {
+            return false;
+        };
+        let session = self.mode == PoolMode::Session;
+        let name = s.name.as_str();
+        let sql = self
+            .state
+            .sql_prepared
+            .get(name)
+            .or_else(|| closed_prepared(unit, name));
+        match (sql, &s.parsed) {
+            (Some((text, _)), _) => {
+                let hash = text_hash(text.as_bytes());
+                match conn.sql_prepared.get(name) {
+                    Some(h) => *h != hash,
+                    None => session && conn.prepared.contains_key(name),
+                }
+            }
+            (None, Some((_, hash))) if session => {
+                conn.sql_prepared.contains_key(name)
+                    || conn
+                        .prepared
+                        .get(name)
+                        .is_some_and(|h| h != hash && *h != super::state::UNKNOWN_STATEMENT)
+            }
+            (None, Some((_, hash))) => conn.sql_prepared.get(name).is_some_and(|h| h != hash),
+            (None, None) => false,
+        }
     }
 
     /// The unit EXECUTEs or PREPAREs `name`, one of the client's protocol-level
@@ -904,7 +953,16 @@ impl Session {
             }
             if failed && start.is_some_and(|p| !p.exits_transaction()) {
                 // (A Close of a statement the client lacks is put here still: a Close is
-                // never refused; and a ROLLBACK or COMMIT, whose Parse is not either.)
+                // never refused; and a ROLLBACK or COMMIT, whose Parse is not either.) A
+                // copy that is not the client's statement is closed all the same: a
+                // ROLLBACK the batch runs first would let a Bind run it. (One whose state
+                // is unknown is the client's or none: an error skipped the Parse or Close
+                // there as for the client.)
+                if has.is_some_and(|h| h != super::state::UNKNOWN_STATEMENT) {
+                    pre.push(build::close(b'S', name));
+                    expect.push_back(Expect::Hidden { record: None });
+                    l.conn.prepared.remove(name);
+                }
                 continue;
             }
             if !name.is_empty() || (start.is_none() && has.is_some()) {
