@@ -33,9 +33,9 @@ const PIPELINED_FROM: u64 = 1001;
 /// - the description of a statement whose text is `EXECUTE x`, which PostgreSQL fixes when
 ///   it parses it (pgfresh parses it again on another connection, where x may differ):
 ///   2133 (both), 2186 (transaction);
-/// - a batch that runs a prepared ROLLBACK in a failed transaction and then parses a name
-///   in use: its messages after the ROLLBACK are mapped as in the failed transaction
-///   (transaction mode): 147.
+/// - a batch that runs a prepared ROLLBACK in a failed transaction: its messages after
+///   the ROLLBACK are sent as in the failed transaction (transaction mode: a Parse of a
+///   name in use mapped as there): 147.
 const SESSION_DIFFERENCES: &[u64] = &[2065, 2133];
 const TRANSACTION_DIFFERENCES: &[u64] = &[147, 1699, 2133, 2186];
 /// (By the first seed of the pair.)
