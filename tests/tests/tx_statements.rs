@@ -1598,3 +1598,38 @@ async fn a_statement_replaced_elsewhere_never_runs_after_a_rollback_in_a_failed_
         assert!(r[8].contains("row=new"), "{what}: {r:?}");
     }
 }
+
+/// A batch that runs a prepared ROLLBACK in a failed transaction is outside one from
+/// there on: a Parse after it of a name the client has is refused 42P05, and the rest of
+/// the batch skipped, as on PostgreSQL. Transaction mode mapped the whole batch as in the
+/// failed transaction, where the server refuses any Parse before it looks at the name,
+/// and sent that Parse under pgfresh's prefix: it completed.
+#[tokio::test]
+async fn a_batch_after_its_rollback_in_a_failed_transaction_is_outside_one() {
+    for (config, prefix) in [(tx_config(""), "tx"), (config_text(""), "session")] {
+        let p = start_proxy(&config);
+        let [rb, n] = ["rb", "n"].map(|l| unique(&format!("after_rollback_{prefix}_{l}")));
+        let steps = [
+            [
+                parse(&rb, "ROLLBACK"),
+                parse(&n, "SELECT 'one'::text"),
+                sync(),
+            ]
+            .concat(),
+            query("BEGIN"),
+            query("SELEC 1"),
+            [
+                bind_execute(&rb),
+                parse(&n, "SELECT 'two'::text"),
+                bind_execute(&n),
+                sync(),
+            ]
+            .concat(),
+            [bind_execute(&n), sync()].concat(),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[3].starts_with("2CE"), "{prefix}: {r:?}");
+        assert!(r[3].contains("error=42P05"), "{prefix}: {r:?}");
+        assert!(r[4].contains("row=one"), "{prefix}: {r:?}");
+    }
+}

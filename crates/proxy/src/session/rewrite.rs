@@ -184,6 +184,32 @@ impl Unnamed {
     }
 }
 
+/// Transaction mode, a failed transaction: the portal a batch bound to a statement that
+/// ends transactions (COMMIT, ROLLBACK: the server runs those there), and the text of the
+/// unnamed statement the batch parsed.
+#[derive(Default)]
+struct Exits {
+    portal: Option<Vec<u8>>,
+    unnamed_text: Option<Bytes>,
+}
+
+impl Exits {
+    /// A Bind of `portal` to a statement that ends transactions (`ends`), or not.
+    fn bound(&mut self, portal: &[u8], ends: bool) {
+        self.portal = ends.then(|| portal.to_vec());
+    }
+
+    /// `raw` is the Execute of that portal: the transaction ends with it.
+    fn ends_transaction(&self, raw: &[u8]) -> bool {
+        raw.first() == Some(&b'E')
+            && self.portal.as_deref().is_some_and(|p| {
+                raw.get(5..)
+                    .and_then(|b| b.split(|c| *c == 0).next())
+                    .is_some_and(|name| name == p)
+            })
+    }
+}
+
 /// Whether a unit needs no mapping at all: a complete batch (not continued after a Flush)
 /// that names no statement and uses no unnamed statement of an earlier unit. Its replies
 /// are all forwarded as they come.
@@ -218,9 +244,12 @@ impl Session {
         let (cache, held) = (&mut leased.conn.statements, &mut leased.conn.sql_prepared);
         let scope = resolution_scope(self.state.settings());
         let since = cache.begin_use();
-        let failed = matches!(self.tx, super::TxPhase::Failed);
+        // In a failed transaction a prepared COMMIT or ROLLBACK the batch runs ends it:
+        // what follows is mapped as outside one (`Exits`).
+        let mut failed = matches!(self.tx, super::TxPhase::Failed);
+        let mut exits = Exits::default();
         let mut unnamed = Unnamed::Foreign;
-        let mut refs = unit.statement_refs.iter().cloned();
+        let mut refs = unit.statement_refs.iter().cloned().peekable();
         let mut undos = unit.statement_undo.iter().cloned().map(Box::new);
         for (i, raw) in unit.frames.iter().enumerate() {
             if refuse_at == Some(i) {
@@ -231,6 +260,9 @@ impl Session {
             if !names_statement(raw) {
                 // Execute, Sync, Flush, and the Describe or Close of a portal: nothing to
                 // map (and no need to read the message again).
+                if failed && exits.ends_transaction(raw) {
+                    failed = false;
+                }
                 if raw[0] == b'S' {
                     out.expect.push_back(Expect::Client {
                         parse: None,
@@ -248,6 +280,22 @@ impl Session {
                 .then(|| statements::bind_names(raw))
                 .flatten()
             {
+                if failed {
+                    let text = if statement.is_empty() && unnamed == Unnamed::Parsed {
+                        exits.unnamed_text.clone()
+                    } else {
+                        refs.peek().cloned().flatten()
+                    };
+                    let ends = text.is_some_and(|c| {
+                        let sql = c.split(|b| *b == 0).next().unwrap_or_default();
+                        std::str::from_utf8(sql).is_ok_and(|sql| {
+                            super::state::exits_transaction(
+                                &self.texts.analyze(&self.shared.analyzer, sql),
+                            )
+                        })
+                    });
+                    exits.bound(portal, ends);
+                }
                 let name = if statement.is_empty() {
                     unnamed.server_name(&mut refs, &mut out)
                 } else {
@@ -382,6 +430,9 @@ impl Session {
                 }
                 Ok(FrontendMessage::Parse { .. }) => {
                     unnamed = Unnamed::Parsed;
+                    if failed {
+                        exits.unnamed_text = Some(statements::parse_content(raw, ""));
+                    }
                     out.frames.extend_from_slice(raw);
                     // A leading one is never skipped and has no undo (`unnamed_first`).
                     let leading = i == 0 && unit.unnamed_first;
