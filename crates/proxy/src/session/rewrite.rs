@@ -286,14 +286,8 @@ impl Session {
                     } else {
                         refs.peek().cloned().flatten()
                     };
-                    let ends = text.is_some_and(|c| {
-                        let sql = c.split(|b| *b == 0).next().unwrap_or_default();
-                        std::str::from_utf8(sql).is_ok_and(|sql| {
-                            super::state::exits_transaction(
-                                &self.texts.analyze(&self.shared.analyzer, sql),
-                            )
-                        })
-                    });
+                    let ends = text
+                        .is_some_and(|c| self.texts.exits_transaction(&self.shared.analyzer, &c));
                     exits.bound(portal, ends);
                 }
                 let name = if statement.is_empty() {
@@ -330,9 +324,9 @@ impl Session {
                     // In a failed transaction the server parses a COMMIT or ROLLBACK (and
                     // then refuses a name in use, 42P05) where it refuses any other Parse.
                     let refused = failed
-                        && !super::state::exits_transaction(
-                            &self.texts.analyze(&self.shared.analyzer, sql),
-                        );
+                        && !self
+                            .texts
+                            .exits_transaction(&self.shared.analyzer, sql.as_bytes());
                     let content = statements::parse_content(raw, name);
                     let key = statements::cache_key(&content, &scope);
                     let undo = undos.next();

@@ -143,7 +143,7 @@ fn destroys_unnamed(frames: &[Bytes]) -> bool {
 /// the text does not parse: 42601), and so skips everything after it. `None` for a
 /// statement one of the leading Closes closed (PostgreSQL answers 26000 too) or one of
 /// those Parses made (it ends transactions: not refused).
-fn first_use(frames: &[Bytes], mut exits: impl FnMut(&str) -> bool) -> Option<(usize, &[u8])> {
+fn first_use(frames: &[Bytes], mut exits: impl FnMut(&[u8]) -> bool) -> Option<(usize, &[u8])> {
     let mut gone: Vec<&[u8]> = Vec::new();
     for (i, m) in super::unit::messages(frames).enumerate() {
         let name = match m.first() {
@@ -157,7 +157,7 @@ fn first_use(frames: &[Bytes], mut exits: impl FnMut(&str) -> bool) -> Option<(u
             Some(b'P') => {
                 let mut parts = m.get(5..)?.splitn(3, |b| *b == 0);
                 let (name, text) = (parts.next()?, parts.next()?);
-                if !exits(std::str::from_utf8(text).ok()?) {
+                if !exits(text) {
                     return None;
                 }
                 gone.push(name);
@@ -587,9 +587,7 @@ impl Session {
             return None;
         }
         let (texts, analyzer) = (&mut self.texts, &self.shared.analyzer);
-        let (at, name) = first_use(&unit.frames, |sql| {
-            super::state::exits_transaction(&texts.analyze(analyzer, sql))
-        })?;
+        let (at, name) = first_use(&unit.frames, |sql| texts.exits_transaction(analyzer, sql))?;
         let name = std::str::from_utf8(name).ok()?;
         if at_start(unit, &self.state, name).is_some_and(Prepared::exits_transaction) {
             // A ROLLBACK or COMMIT the client prepared runs (`prepare_statements` and
@@ -1357,7 +1355,7 @@ mod tests {
             (vec![build::parse("r", "ROLLBACK", &[]), bind("r")], None),
         ];
         for (i, (frames, want)) in cases.into_iter().enumerate() {
-            let exits = |sql: &str| sql.starts_with("ROLLBACK");
+            let exits = |sql: &[u8]| sql.starts_with(b"ROLLBACK");
             assert_eq!(first_use(&frames, exits), want, "case {i}");
         }
     }

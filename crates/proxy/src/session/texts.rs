@@ -34,6 +34,14 @@ impl Texts {
         Some(self.analyze(analyzer, std::str::from_utf8(sql).ok()?))
     }
 
+    /// The text `sql` (its bytes up to a NUL, so a Parse's content will do) is one
+    /// statement that ends transactions ([`super::state::exits_transaction`]).
+    pub(super) fn exits_transaction(&mut self, analyzer: &Analyzer, sql: &[u8]) -> bool {
+        let text = sql.split(|b| *b == 0).next().unwrap_or_default();
+        self.analyze_bytes(analyzer, text)
+            .is_some_and(|a| super::state::exits_transaction(&a))
+    }
+
     /// The analysis of `sql`, from the session's recent texts or from `analyzer`.
     pub(super) fn analyze(&mut self, analyzer: &Analyzer, sql: &str) -> Arc<Analysis> {
         if let Some((_, a)) = self.recent.iter().find(|(t, _)| **t == *sql) {
