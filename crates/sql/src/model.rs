@@ -112,6 +112,21 @@ pub enum TxEffect {
     RollbackPrepared(String),
 }
 
+impl TxEffect {
+    /// The statement ends the transaction it runs in (COMMIT, ROLLBACK, ROLLBACK TO,
+    /// PREPARE TRANSACTION): PostgreSQL parses, binds and runs it in a failed transaction
+    /// too, where it refuses any other statement (its `IsTransactionExitStmt`).
+    pub fn exits_transaction(&self) -> bool {
+        matches!(
+            self,
+            TxEffect::Commit { .. }
+                | TxEffect::Rollback { .. }
+                | TxEffect::RollbackTo(_)
+                | TxEffect::PrepareTransaction(_)
+        )
+    }
+}
+
 /// DISCARD target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DiscardKind {

@@ -107,6 +107,33 @@ fn transaction_control() {
     );
 }
 
+/// What PostgreSQL runs in a failed transaction (its `IsTransactionExitStmt`).
+#[test]
+fn statements_that_exit_a_failed_transaction() {
+    for (sql, exits) in [
+        ("COMMIT", true),
+        ("END", true),
+        ("ROLLBACK", true),
+        ("ABORT", true),
+        ("ROLLBACK AND CHAIN", true),
+        ("ROLLBACK TO SAVEPOINT sp1", true),
+        ("PREPARE TRANSACTION 'g1'", true),
+        ("BEGIN", false),
+        ("SAVEPOINT sp1", false),
+        ("RELEASE sp1", false),
+        ("COMMIT PREPARED 'g1'", false),
+        ("ROLLBACK PREPARED 'g1'", false),
+        ("SET TRANSACTION READ ONLY", false),
+    ] {
+        let a = analyze_uncached(sql);
+        let tx = a.statements[0]
+            .tx
+            .as_ref()
+            .expect("a transaction statement");
+        assert_eq!(tx.exits_transaction(), exits, "{sql}");
+    }
+}
+
 #[test]
 fn session_effects() {
     let set = |name: &str, value: Option<&str>, local: bool| S::Set {

@@ -589,7 +589,8 @@ impl Session {
         let (texts, analyzer) = (&mut self.texts, &self.shared.analyzer);
         let (at, name) = first_use(&unit.frames, |sql| texts.exits_transaction(analyzer, sql))?;
         let name = std::str::from_utf8(name).ok()?;
-        if at_start(unit, &self.state, name).is_some_and(Prepared::exits_transaction) {
+        let start = at_start(unit, &self.state, name);
+        if start.is_some_and(Prepared::exits_transaction) {
             // A ROLLBACK or COMMIT the client prepared runs (`prepare_statements` and
             // transaction mode's rewrite put it where the connection lacks it: the server
             // parses one in a failed transaction).
@@ -607,7 +608,7 @@ impl Session {
             conn.sql_prepared.get(name).copied() != Some(text_hash(text.as_bytes()))
         });
         // Session mode: as the unit began (before its first Parse or Close of the name).
-        let start = at_start(unit, &self.state, name).filter(|_| !prepared);
+        let start = start.filter(|_| !prepared);
         let parsed = self.mode == PoolMode::Session && start.is_some();
         // (A name whose state there is unknown, or a copy that is not the client's
         // statement, which `prepare_statements` closes, counts as lacking: the server
@@ -648,11 +649,7 @@ impl Session {
             // EXECUTE run it.
             for s in &unit.sql_executes {
                 if self.stale_copy(node, unit, s) {
-                    self.inject_close(node, &s.name)?;
-                    if let Some(l) = self.backends[node].as_mut() {
-                        l.conn.prepared.remove(&s.name);
-                        l.conn.sql_prepared.remove(&s.name);
-                    }
+                    self.drop_copy(node, &s.name)?;
                 }
             }
             return Ok(());

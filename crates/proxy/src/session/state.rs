@@ -73,22 +73,12 @@ impl Prepared {
     }
 }
 
-/// `analysis` is of one statement that ends a transaction (COMMIT, ROLLBACK, ROLLBACK TO,
-/// PREPARE TRANSACTION): what PostgreSQL parses, binds and describes in a failed
-/// transaction too.
+/// `analysis` is of one statement that ends a transaction
+/// ([`pgfresh_sql::TxEffect::exits_transaction`]).
 pub fn exits_transaction(analysis: &Analysis) -> bool {
-    use pgfresh_sql::TxEffect;
     matches!(
         analysis.statements.as_slice(),
-        [s] if matches!(
-            s.tx,
-            Some(
-                TxEffect::Commit { .. }
-                    | TxEffect::Rollback { .. }
-                    | TxEffect::RollbackTo(_)
-                    | TxEffect::PrepareTransaction(_)
-            )
-        )
+        [s] if s.tx.as_ref().is_some_and(pgfresh_sql::TxEffect::exits_transaction)
     )
 }
 
