@@ -14,7 +14,15 @@ use super::unit::{ClientUnit, Expect, InFlight, NamedStatement, Undo};
 use super::Session;
 use crate::error::ProxyError;
 use crate::io::{try_frame, Side};
-use crate::router::{Reason, Target};
+use crate::router::{Decision, Reason, Target, TokenNeed};
+
+/// Whether the ready units behind one just dispatched may go now.
+pub(super) enum Flow {
+    /// Yes (the unit went, was answered, or is back at the front to go again now).
+    Next,
+    /// No: the unit is back at the front, waiting for the replies ahead of it.
+    Stop,
+}
 
 /// An extended batch larger than this is sent before its Sync arrives.
 const MAX_BATCH_BYTES: usize = 1 << 20;
@@ -370,6 +378,7 @@ impl Session {
                 .map(|s| event_of(s, sql.get(s.text_range.0..s.text_range.1)))
                 .collect();
         }
+        unit.plain_read = super::fast::plain_read(&analysis);
         unit.parts.insert(0, analysis);
         unit.simple = true;
         unit.synced = true;
@@ -474,7 +483,7 @@ impl Session {
     /// A simple Query destroys the unnamed statement before it runs, whatever it runs and
     /// whether it fails (PostgreSQL's `exec_simple_query`), pgfresh's own answers included:
     /// a later Bind or Describe of it fails with 26000 until it is parsed again.
-    fn query_drops_unnamed(&mut self) {
+    pub(super) fn query_drops_unnamed(&mut self) {
         if !self.state.prepared.is_empty() {
             self.state.prepared.remove("");
         }
@@ -506,7 +515,7 @@ impl Session {
     /// when the client has sent all of it, and nothing is open that it would continue.
     /// The unit is the one its frames would make one by one; a batch whose statement
     /// changes the session's settings or transaction state goes frame by frame.
-    fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
+    pub(super) fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
         if !self.batch_starts_here() || !self.parse_stands() {
             return None;
         }
@@ -617,7 +626,7 @@ impl Session {
     }
 
     /// An empty unit: the spare one when there is one.
-    fn fresh_unit(&mut self) -> Box<ClientUnit> {
+    pub(super) fn fresh_unit(&mut self) -> Box<ClientUnit> {
         self.spare
             .take()
             .unwrap_or_else(|| Box::new(ClientUnit::new()))
@@ -737,7 +746,7 @@ impl Session {
     /// Route and send ready units in order, stopping at one that must wait for the
     /// active backend to drain.
     pub(super) async fn dispatch_ready(&mut self) -> Result<(), ProxyError> {
-        while let Some(mut unit) = self.ready.pop_front() {
+        while let Some(unit) = self.ready.pop_front() {
             if self.inflight.front().is_some_and(|u| u.refused.is_some())
                 || self.chain_modes_pending()
             {
@@ -755,12 +764,11 @@ impl Session {
                 {
                     self.wire.copy_ended();
                 }
-                self.send_frames(node, &unit.frames).await?;
+                self.send_frames(node, &unit.frames)?;
                 continue;
             }
             if let Some(node) = self.wire.batch_node() {
-                self.send_unit(node, unit, None, Reason::InTransaction)
-                    .await?;
+                self.send_unit(node, unit, None).await?;
                 continue;
             }
             if self.client_busy()
@@ -801,68 +809,98 @@ impl Session {
                     continue;
                 }
             };
-            let decision = if self.waits_for_wal_feed(&decision) {
-                self.after_wal_feed(&unit, token).await
-            } else {
-                decision
-            };
-            if decision.reason == Reason::HotRelation {
-                self.count_forced(&unit);
+            match self.dispatch_decided(unit, decision, token).await? {
+                Flow::Next => {}
+                Flow::Stop => return Ok(()),
             }
-            if let Target::Replica {
-                required: Some(lsn),
-            } = decision.target
-            {
-                self.wait_for_replica(lsn).await;
-            }
-            let node = match self.resolve(decision, unit.avoid, token) {
-                Ok(n) => n,
-                Err(_) if self.client_busy() => {
-                    // The error must follow the replies to the units ahead of it.
-                    self.ready.push_front(unit);
-                    return Ok(());
-                }
-                Err(e) if self.wait_out_failover(&mut unit, &e).await => {
-                    self.ready.push_front(unit);
-                    continue;
-                }
-                Err(e) => {
-                    // Nothing was sent: answer this unit with the error and go on.
-                    self.fail_unit(&unit, &e);
-                    continue;
-                }
-            };
-            if !self.inflight.is_empty() && (Some(node) != self.active || self.backend_stale(node))
-            {
-                // Pipelined units ahead are still running on another node, or on a
-                // connection made before its node changed role, which this unit will
-                // not use: their replies come first.
-                self.ready.push_front(unit);
-                return Ok(());
-            }
-            if let Err(e) = self.attach(node).await {
-                // A replica that refuses a new connection (shutting down, gone) costs an
-                // autocommit read nothing: it goes to another node, within the retry
-                // budget, as a read whose replica failed before answering does.
-                if self.retryable_read(&decision.target, &unit, node)
-                    && unit.retries < self.config.routing.read_retry_budget
-                {
-                    self.retry_read(unit, node, &e.to_string());
-                    continue;
-                }
-                let to_primary =
-                    !matches!(decision.target, Target::Replica { .. } | Target::Node(_))
-                        || Some(node) == self.shared.balancer.primary();
-                if to_primary && self.wait_out_failover(&mut unit, &e).await {
-                    self.ready.push_front(unit);
-                    continue;
-                }
-                self.fail_unit(&unit, &e);
-                continue;
-            }
-            self.send_unit(node, unit, Some(decision), decision.reason)
-                .await?;
         }
         Ok(())
+    }
+
+    /// A routed unit: waits its decision asks for (the WAL feed, a replica catching up),
+    /// then the node, then the send. Says whether the next ready unit may go.
+    pub(super) async fn dispatch_decided(
+        &mut self,
+        unit: Box<ClientUnit>,
+        decision: Decision,
+        token: TokenNeed,
+    ) -> Result<Flow, ProxyError> {
+        let decision = if self.waits_for_wal_feed(&decision) {
+            self.after_wal_feed(&unit, token).await
+        } else {
+            decision
+        };
+        if decision.reason == Reason::HotRelation {
+            self.count_forced(&unit);
+        }
+        if let Target::Replica {
+            required: Some(lsn),
+        } = decision.target
+        {
+            self.wait_for_replica(lsn).await;
+        }
+        match self.resolve(decision, unit.avoid, token) {
+            Ok(node) => self.dispatch_to(node, unit, decision).await,
+            Err(e) => Ok(self.unresolved(unit, e).await),
+        }
+    }
+
+    /// No node takes `unit` (`resolve` failed with `e`): the error, once the replies
+    /// ahead of it are relayed, or the unit again once a failover has named a primary.
+    pub(super) async fn unresolved(&mut self, mut unit: Box<ClientUnit>, e: ProxyError) -> Flow {
+        if self.client_busy() {
+            // The error must follow the replies to the units ahead of it.
+            self.ready.push_front(unit);
+            return Flow::Stop;
+        }
+        if self.wait_out_failover(&mut unit, &e).await {
+            self.ready.push_front(unit);
+            return Flow::Next;
+        }
+        // Nothing was sent: answer this unit with the error and go on.
+        self.fail_unit(&unit, &e);
+        Flow::Next
+    }
+
+    /// Send a unit to the node it was routed to, once nothing ahead of it runs
+    /// elsewhere, attaching a connection there first.
+    pub(super) async fn dispatch_to(
+        &mut self,
+        node: usize,
+        mut unit: Box<ClientUnit>,
+        decision: Decision,
+    ) -> Result<Flow, ProxyError> {
+        if !self.inflight.is_empty() && (Some(node) != self.active || self.backend_stale(node)) {
+            // Pipelined units ahead are still running on another node, or on a
+            // connection made before its node changed role, which this unit will
+            // not use: their replies come first.
+            self.ready.push_front(unit);
+            return Ok(Flow::Stop);
+        }
+        if let Err(e) = self.attach(node).await {
+            // A replica that refuses a new connection (shutting down, gone) costs an
+            // autocommit read nothing: it goes to another node, within the retry
+            // budget, as a read whose replica failed before answering does.
+            if self.retryable_read(&decision.target, &unit, node)
+                && unit.retries < self.config.routing.read_retry_budget
+            {
+                self.retry_read(unit, node, &e.to_string());
+                return Ok(Flow::Next);
+            }
+            let to_primary = !matches!(decision.target, Target::Replica { .. } | Target::Node(_))
+                || Some(node) == self.shared.balancer.primary();
+            if to_primary && self.wait_out_failover(&mut unit, &e).await {
+                self.ready.push_front(unit);
+                return Ok(Flow::Next);
+            }
+            self.fail_unit(&unit, &e);
+            return Ok(Flow::Next);
+        }
+        if self.reads_plainly(node, &unit, &decision) {
+            self.send_read(node, unit, decision)?;
+        } else {
+            self.send_unit(node, unit, Some(decision)).await?;
+        }
+        Ok(Flow::Next)
     }
 }

@@ -6,6 +6,7 @@
 //! only between units, when the active backend owes nothing (see [`unit::InFlight`]).
 
 mod client_side;
+mod fast;
 pub mod lost_commit;
 mod phase;
 mod pooling;
@@ -562,7 +563,8 @@ impl Session {
             // the frames behind it be taken: they are buffered, and no readiness of the
             // client's socket will announce them again.)
             loop {
-                let consumed = !self.cbuf.is_empty() && self.process_client()?;
+                let consumed = !self.cbuf.is_empty()
+                    && (self.take_plain_read().await? || self.process_client()?);
                 let waiting = self.ready.len();
                 if waiting > 0 {
                     self.dispatch_ready().await?;
@@ -886,9 +888,10 @@ impl Session {
         self.client.flush_tls().await.map_err(ProxyError::ClientIo)
     }
 
-    /// Make sure the session holds a connection to `node`, and record it as the
-    /// target of this client's cancel requests.
-    async fn attach(&mut self, node: usize) -> Result<(), ProxyError> {
+    /// Make the session's connection to `node` active, when it has one made since the
+    /// node last changed role and not closed by its server meanwhile (those it drops).
+    /// Says whether it had one; `attach` connects when it had not.
+    fn reuse_connection(&mut self, node: usize) -> Result<bool, ProxyError> {
         if node >= self.backends.len() {
             // A node added to the config since this session started.
             self.backends.resize_with(node + 1, || None);
@@ -907,7 +910,7 @@ impl Session {
                 if self.active != Some(node) {
                     self.set_active(node);
                 }
-                return Ok(());
+                return Ok(true);
             }
             // The node changed role since this connection was made: do not reuse it.
             if let Some(stale) = self.backends[node].take() {
@@ -923,6 +926,15 @@ impl Session {
                 self.tx_writes = TxWrites::default();
                 return Err(ProxyError::RoleChanged);
             }
+        }
+        Ok(false)
+    }
+
+    /// Make sure the session holds a connection to `node`, and record it as the
+    /// target of this client's cancel requests.
+    async fn attach(&mut self, node: usize) -> Result<(), ProxyError> {
+        if self.reuse_connection(node)? {
+            return Ok(());
         }
         // Transaction mode: what the session holds on other nodes goes back first, so
         // sessions never wait for one node while holding another.

@@ -28,9 +28,12 @@ enum Action {
 /// expected replies queued, see `unit::Expect`),
 /// and skips no acknowledgement (a retried read). Every other frame goes through
 /// `on_server_message`, after what was counted is applied.
+/// A plain read's CommandComplete is counted too (`InFlight::plain`: it completes no
+/// event, commits nothing and writes nothing to mark).
 #[derive(Default)]
 struct PlainReplies {
     enabled: bool,
+    plain: bool,
     rows: bool,
     acks: u32,
 }
@@ -41,6 +44,7 @@ impl PlainReplies {
             front.is_some_and(|u| !u.is_injected() && u.expect.is_empty() && u.skip_acks == 0);
         Self {
             enabled,
+            plain: enabled && front.is_some_and(|u| u.plain),
             ..Self::default()
         }
     }
@@ -52,6 +56,7 @@ impl PlainReplies {
         }
         match tag {
             b'D' => self.rows = true,
+            b'C' if self.plain => self.rows = true,
             b'1' | b'2' | b't' | b'T' | b'n' => self.acks += 1,
             _ => return false,
         }
@@ -244,6 +249,9 @@ impl Session {
         if let Some(l) = self.backends[node].as_mut() {
             l.conn.tx = status;
         }
+        if self.plain_read_ready(status) {
+            return Action::Forward;
+        }
         self.mark_elsewhere();
         if self.inflight.front().is_some_and(|u| u.refused.is_some()) {
             return self.on_refused_ready(node, status);
@@ -337,6 +345,36 @@ impl Session {
                 Action::Forward
             }
         }
+    }
+
+    /// The ReadyForQuery that ends a plain read (`InFlight::plain`) that went as planned:
+    /// no error, no refusal, no transaction after it, no parameter report held, nothing
+    /// written elsewhere to mark. The read ends as `on_ready_for_query` ends it, with none
+    /// of the steps that have nothing to do for it (settings, DDL, a transaction's writes,
+    /// a held commit). Says whether it was one.
+    fn plain_read_ready(&mut self, status: TxStatus) -> bool {
+        let plain = status == TxStatus::Idle
+            && !self.writes_elsewhere
+            && !self.reports.waiting()
+            && self
+                .inflight
+                .front()
+                .is_some_and(|u| u.plain && !u.error && u.refused.is_none() && u.owed == 1);
+        if !plain {
+            return false;
+        }
+        let Some(mut u) = self.inflight.pop_front() else {
+            return false;
+        };
+        if self.inflight.is_empty() {
+            self.replica_guard = None;
+            self.fallback_slot = None;
+        } else {
+            self.collect_due();
+        }
+        self.recycle_finished(&mut u);
+        self.tx = super::TxPhase::Idle;
+        true
     }
 
     /// A unit in flight may have written another database of the instance (`dblink`),

@@ -17,7 +17,7 @@ use super::state::{text_hash, PinReason, Prepared};
 use super::unit::{ClientUnit, ConnRecord, Expect, InFlight, Injected, NamedStatement};
 use super::Session;
 use crate::error::ProxyError;
-use crate::router::{Decision, Reason};
+use crate::router::Decision;
 
 /// An Analysis for a single statement (the inner statement of SQL PREPARE).
 pub(super) fn analysis_of(stmt: &Statement) -> Analysis {
@@ -276,17 +276,13 @@ pub(super) static REFUSED_PARSE: LazyLock<Bytes> = LazyLock::new(|| {
 
 /// The replay sample that may follow an autocommit read on a standby (see
 /// `pgfresh_balancer::live`), as a Query frame built once.
-static REPLAY_SAMPLE: LazyLock<Bytes> =
+pub(super) static REPLAY_SAMPLE: LazyLock<Bytes> =
     LazyLock::new(|| build::query("SELECT pg_catalog.pg_last_wal_replay_lsn()"));
 
 impl Session {
     /// Queue frames for `node` without waiting for the server to take them (see
     /// [`crate::server::ServerConn::queue`]), after what was staged for it.
-    pub(super) async fn send_frames(
-        &mut self,
-        node: usize,
-        frames: &[Bytes],
-    ) -> Result<(), ProxyError> {
+    pub(super) fn send_frames(&mut self, node: usize, frames: &[Bytes]) -> Result<(), ProxyError> {
         let conn = self.connection_for(node, frames)?;
         let result = match frames {
             [one] => conn.queue(one),
@@ -370,7 +366,6 @@ impl Session {
         node: usize,
         mut unit: Box<ClientUnit>,
         decision: Option<Decision>,
-        reason: Reason,
     ) -> Result<(), ProxyError> {
         let continuing = decision.is_none();
         // An autocommit read bound for a replica may be sent again elsewhere if the
@@ -382,7 +377,7 @@ impl Session {
         {
             Ok(written) => {
                 let commit_sent = written.commit_sent;
-                self.track_unit(node, unit, written, reason, continuing, retryable);
+                self.track_unit(node, unit, written, continuing, retryable);
                 if commit_sent {
                     // Boxed: a test fault's hook, whose state (several KiB) would otherwise
                     // sit in every session's future.
@@ -390,23 +385,33 @@ impl Session {
                 }
                 Ok(())
             }
-            Err(e)
-                if retryable
-                    && unit.retries < self.config.routing.read_retry_budget
-                    && self.inflight.iter().all(InFlight::is_injected) =>
-            {
-                // The replica's connection failed before the read went out (its server
-                // closed it just after its last reply, say): as for a replica that
-                // fails before answering, the read goes to another node. What pgfresh
-                // had of its own in flight there is gone with the connection.
-                self.inflight.clear();
-                self.wire.set_batch(None);
-                self.replica_guard = None;
-                self.retry_read(unit, node, &e.to_string());
-                Ok(())
-            }
-            Err(e) => Err(e),
+            Err(e) => self.unsent(node, unit, retryable, e),
         }
+    }
+
+    /// Writing `unit` to `node` failed with `e`. The replica's connection failed before
+    /// the read went out (its server closed it just after its last reply, say): as for a
+    /// replica that fails before answering, a `retryable` read goes to another node
+    /// (within the retry budget). What pgfresh had of its own in flight there is gone
+    /// with the connection. Anything else is the session's error.
+    pub(super) fn unsent(
+        &mut self,
+        node: usize,
+        unit: Box<ClientUnit>,
+        retryable: bool,
+        e: ProxyError,
+    ) -> Result<(), ProxyError> {
+        if !(retryable
+            && unit.retries < self.config.routing.read_retry_budget
+            && self.inflight.iter().all(InFlight::is_injected))
+        {
+            return Err(e);
+        }
+        self.inflight.clear();
+        self.wire.set_batch(None);
+        self.replica_guard = None;
+        self.retry_read(unit, node, &e.to_string());
+        Ok(())
     }
 
     /// Write `unit` to `node`, with what must precede it and the probe or sample that
@@ -531,7 +536,7 @@ impl Session {
             (None, None) => &unit.frames[..],
         };
         if pre.is_empty() && !probe && !sample {
-            self.send_frames(node, frames).await?;
+            self.send_frames(node, frames)?;
         } else {
             // One write: what must precede the unit, the unit, the position probe or
             // replay sample that follows it.
@@ -542,7 +547,7 @@ impl Session {
             if sample {
                 pre.push(REPLAY_SAMPLE.clone());
             }
-            self.send_frames(node, &pre).await?;
+            self.send_frames(node, &pre)?;
         }
         // Session mode fills `expect`, transaction mode rewrites the unit: never both, so
         // the rewrite's queue is moved, not copied.
@@ -618,7 +623,7 @@ impl Session {
     }
 
     /// `node`'s connection lacks the session's settings (or there is none yet).
-    fn settings_stale(&self, node: usize) -> bool {
+    pub(super) fn settings_stale(&self, node: usize) -> bool {
         self.backends[node].as_ref().is_none_or(|l| {
             super::state::needs_replay(l.conn.settings.as_ref(), self.state.settings())
         })
@@ -982,8 +987,16 @@ impl Session {
                 }
             }
         }
-        // After the unit, as the client's statements are now (an error that skips its
-        // Parse or Close leaves the record behind; the next unit compares and mends it).
+        self.record_unit_statements(node, unit);
+    }
+
+    /// Session mode: `node`'s record of its statements after `unit`, as the client's
+    /// statements are now (an error that skips its Parse or Close leaves the record
+    /// behind; the next unit compares and mends it).
+    pub(super) fn record_unit_statements(&mut self, node: usize, unit: &ClientUnit) {
+        let Some(l) = self.backends[node].as_mut() else {
+            return;
+        };
         let parsed = unit.parses.iter().map(String::as_str);
         for name in parsed.chain(unit.statement_undo.iter().map(|u| u.name.as_str())) {
             if self.state.sql_prepared.contains_key(name) {
@@ -1013,7 +1026,6 @@ impl Session {
         node: usize,
         mut unit: Box<ClientUnit>,
         written: Written,
-        reason: Reason,
         continuing: bool,
         retryable: bool,
     ) {
@@ -1093,7 +1105,6 @@ impl Session {
                 tx_control,
                 mark_at_ready: false,
                 replied: false,
-                reason: Some(reason),
                 closed: synced,
                 commit_sent,
                 owed,
@@ -1102,6 +1113,7 @@ impl Session {
                 refused: None,
                 unnamed_first,
                 ready_hidden,
+                plain: false,
                 acks: 0,
                 skip_acks,
                 events: events.into(),
@@ -1204,17 +1216,7 @@ impl Session {
             schema_change: None,
         };
         if out.writes.is_empty() && !calls && !ddl && !flags.event_ddl {
-            // A plain read, unless an operator or cast it applies runs a user function
-            // that writes (only then does the graph know a node of its name), or what it
-            // reads runs one (a view's query, a row-security policy).
-            let writes_behind = !replica_read
-                && self.dep_graph().is_some_and(|g| {
-                    (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
-                        || unit.parts.iter().any(|a| {
-                            (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
-                                || g.reads_write(&a.reads)
-                        })
-                });
+            let writes_behind = !replica_read && self.read_writes_behind(unit);
             if !writes_behind {
                 return out;
             }
@@ -1236,6 +1238,19 @@ impl Session {
             out.elsewhere |= whole && g.may_write_elsewhere();
         }
         out
+    }
+
+    /// A read that calls no user function writes nonetheless: an operator or cast it
+    /// applies runs a user function that writes (only then does the graph know a node of
+    /// its name), or what it reads runs one (a view's query, a row-security policy).
+    pub(super) fn read_writes_behind(&mut self, unit: &ClientUnit) -> bool {
+        self.dep_graph().is_some_and(|g| {
+            (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
+                || unit.parts.iter().any(|a| {
+                    (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
+                        || g.reads_write(&a.reads)
+                })
+        })
     }
 
     fn apply_session_effects(&mut self, unit: &ClientUnit) {

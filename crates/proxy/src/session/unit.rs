@@ -11,7 +11,6 @@ use bytes::Bytes;
 use pgfresh_sql::{Analysis, RelName};
 
 use super::settings::StmtEvent;
-use crate::router::Reason;
 
 /// A statement a unit runs by its name (`ClientUnit::sql_executes`).
 #[derive(Clone, Debug)]
@@ -116,6 +115,10 @@ pub struct ClientUnit {
     /// The first part of a Query pgfresh sent as two (`Session::take_split_query`): its
     /// ReadyForQuery is not the client's, the second part's is.
     pub ready_hidden: bool,
+    /// A simple Query of one plain read ([`super::fast::plain_read`]): outside a
+    /// transaction, with nothing else in flight, it goes out without the general send's
+    /// bookkeeping (`Session::send_read`).
+    pub plain_read: bool,
 }
 
 impl Default for ClientUnit {
@@ -149,6 +152,7 @@ impl ClientUnit {
             statement_undo: Vec::new(),
             unnamed_first: false,
             ready_hidden: false,
+            plain_read: false,
         }
     }
 
@@ -197,6 +201,7 @@ impl ClientUnit {
             statement_undo,
             unnamed_first,
             ready_hidden,
+            plain_read,
         } = self;
         frames.clear();
         parts.clear();
@@ -218,6 +223,7 @@ impl ClientUnit {
         statement_undo.clear();
         *unnamed_first = false;
         *ready_hidden = false;
+        *plain_read = false;
     }
 
     /// The most items any of the unit's vectors has room for.
@@ -358,8 +364,6 @@ pub struct InFlight {
     pub mark_at_ready: bool,
     /// Rows or other replies already reached the client (retry is no longer possible).
     pub replied: bool,
-    /// The unit was routed for this reason (for logs).
-    pub reason: Option<Reason>,
     /// The Sync for this unit has been sent (extended batches can stay open over Flush).
     pub closed: bool,
     /// The unit ends a transaction with COMMIT: a lost connection leaves its outcome unknown.
@@ -384,6 +388,10 @@ pub struct InFlight {
     pub unnamed_first: bool,
     /// Its ReadyForQuery is swallowed (`ClientUnit::ready_hidden`).
     pub ready_hidden: bool,
+    /// The client's plain read (`Session::send_read`): its CommandComplete is only
+    /// counted, and its ReadyForQuery, when nothing went otherwise, ends it without the
+    /// general bookkeeping (`Session::plain_read_ready`).
+    pub plain: bool,
     /// Acknowledgements forwarded to the client for this unit, and how many of the
     /// next ones to swallow (already forwarded by an earlier attempt).
     pub acks: u32,
@@ -596,7 +604,6 @@ impl InFlight {
             tx_control: false,
             mark_at_ready: false,
             replied: false,
-            reason: None,
             closed: true,
             commit_sent: false,
             owed: 1,
@@ -605,6 +612,7 @@ impl InFlight {
             refused: None,
             unnamed_first: false,
             ready_hidden: false,
+            plain: false,
             acks: 0,
             skip_acks: 0,
             events: std::collections::VecDeque::new(),
@@ -613,6 +621,19 @@ impl InFlight {
             schema_stamp: None,
             schema_changes: Default::default(),
             expect: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The client's plain read (`Session::send_read`), kept for a `retry` on a standby:
+    /// what `Session::track_unit` records for such a unit (a simple Query; the caller
+    /// sets `simple` and `unnamed_first` for a batch).
+    pub fn plain_read(retry: Option<Box<ClientUnit>>) -> Self {
+        Self {
+            injected: None,
+            autocommit: true,
+            retry,
+            plain: true,
+            ..Self::injected(Injected::Plain)
         }
     }
 

@@ -1,0 +1,293 @@
+//! Plain reads: a simple-protocol Query of one statement that only reads, or an
+//! extended-protocol batch of one such unnamed statement (Parse, Bind, Describe, Execute,
+//! Sync), sent while nothing else of the session runs. Most statements of a read-heavy application are
+//! these. The general path does for them all it does for any unit (split the client's
+//! messages, ask each check whether pgfresh answers, waits or rewrites, work out what the
+//! unit writes, prepares and sets); the code of all that does not fit the instruction
+//! cache, and a statement then costs a miss for most of the code it runs
+//! (docs/benchmarks.md). A plain read is taken from the client's buffer and routed
+//! without the message reader's per-message work, and sent without the bookkeeping units
+//! that write, prepare, set or pipeline need. Routing, the node's choice and the relay of
+//! the replies are the general ones: a plain read is routed, counted, retried on a
+//! failing replica and relayed exactly as any other read.
+
+use pgfresh_config::PoolMode;
+use pgfresh_sql::{Analysis, Kind};
+
+use super::client_side::Flow;
+use super::phase::WirePhase;
+use super::unit::{ClientUnit, InFlight, Injected};
+use super::Session;
+use crate::error::ProxyError;
+use crate::router::{Decision, Reason, Target, TokenNeed};
+
+/// A text pgfresh sends as a plain read: one statement that reads, with no reason to
+/// run on the primary, no effect on the transaction or the session, no routing hint or
+/// position token, and no function but built-ins (which write nothing). What it may
+/// write behind its text (a view's or policy's function) is asked of the dependency
+/// graph when it is sent, as for any read (`Session::reads_plainly`).
+pub(super) fn plain_read(a: &Analysis) -> bool {
+    let [s] = a.statements.as_slice() else {
+        return false;
+    };
+    a.kind == Kind::Read
+        && s.kind == Kind::Read
+        && a.must_primary.is_empty()
+        && a.writes.is_empty()
+        && !a.calls_user_functions
+        && a.hint.is_none()
+        && a.min_lsn_hint.is_none()
+        && !a.min_lsn_malformed
+        && s.tx.is_none()
+        && s.session.is_none()
+        && !s.writes_unnamed
+        && !s.writes_elsewhere
+        && !s.changes_effects
+        && !s.fires_event_triggers
+}
+
+/// The text of the Query that is the whole of `buf`, when `buf` is exactly one complete
+/// Query message no longer than `max` whose text is UTF-8 without a NUL inside. Anything
+/// else (more messages, a part of one, a malformed one) is the general reader's.
+pub(super) fn lone_query(buf: &[u8], max: usize) -> Option<&str> {
+    let (&b'Q', rest) = buf.split_first()? else {
+        return None;
+    };
+    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    if len < 5 || len > max || 1 + len != buf.len() {
+        return None;
+    }
+    let (&0, text) = rest.get(4..)?.split_last()? else {
+        return None;
+    };
+    if text.contains(&0) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()
+}
+
+impl Session {
+    /// The client's buffer begins with a plain read, and the session can take it now:
+    /// routed and sent here (see the module's documentation). Returns whether it took
+    /// bytes; when it did not, the general reader takes them as usual. (A Query must be
+    /// the whole buffer; an unnamed batch is taken whole by `take_unnamed_batch`, what
+    /// follows it is read as usual once it is answered.)
+    pub(super) async fn take_plain_read(&mut self) -> Result<bool, ProxyError> {
+        if !self.plain_lane_open() {
+            return Ok(false);
+        }
+        self.parser_enabled = true;
+        let unit = match self.cbuf.first() {
+            Some(b'Q') => self.plain_query(),
+            Some(b'P') => match self.take_unnamed_batch() {
+                // An unnamed batch that is no plain read, taken whole as the general
+                // reader takes it, waits for the general dispatch.
+                Some(unit) if !plain_read(&unit.parts[0]) => {
+                    self.ready.push_back(unit);
+                    return Ok(true);
+                }
+                Some(mut unit) => {
+                    unit.plain_read = true;
+                    Some(unit)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        let Some(unit) = unit else {
+            return Ok(false);
+        };
+        // No token: the session has none (`plain_lane_open`) and the text names none.
+        // (A unit that must wait, Flow::Stop, is back in `ready`, where the general
+        // dispatch takes it when it can go.)
+        let token = TokenNeed::None;
+        let decision = self.route(&unit, token);
+        if self.waits_for_wal_feed(&decision)
+            || matches!(decision.target, Target::Replica { required: Some(_) })
+        {
+            let _: Flow = self.dispatch_decided(unit, decision, token).await?;
+            return Ok(true);
+        }
+        // As `dispatch_decided` does, without waits to make.
+        if decision.reason == Reason::HotRelation {
+            self.count_forced(&unit);
+        }
+        let node = match self.resolve(decision, None, token) {
+            Ok(node) => node,
+            Err(e) => {
+                let _: Flow = self.unresolved(unit, e).await;
+                return Ok(true);
+            }
+        };
+        // (Outside a transaction the connection's reuse fails with no error: one it
+        // drops, `dispatch_to` replaces.)
+        let reused = matches!(self.reuse_connection(node), Ok(true));
+        if reused && self.reads_plainly(node, &unit, &decision) {
+            self.send_read(node, unit, decision)?;
+        } else {
+            let _: Flow = self.dispatch_to(node, unit, decision).await?;
+        }
+        Ok(true)
+    }
+
+    /// The client's buffer as the unit of a plain read, when it is one Query of one.
+    fn plain_query(&mut self) -> Option<Box<ClientUnit>> {
+        let sql = lone_query(&self.cbuf, self.limits.max_message)?;
+        let analysis = self.texts.analyze(&self.shared.analyzer, sql);
+        if !plain_read(&analysis) {
+            return None;
+        }
+        let frame = self.cbuf.split().freeze();
+        self.query_drops_unnamed();
+        let mut unit = self.fresh_unit();
+        unit.frames.push(frame);
+        unit.parts.push(analysis);
+        unit.simple = true;
+        unit.synced = true;
+        unit.plain_read = true;
+        Some(unit)
+    }
+
+    /// Nothing of the client's runs, waits or is half read, no transaction is open or
+    /// deferred, and no position token applies: a Query read now is the only unit there
+    /// is, as the general reader would find it.
+    fn plain_lane_open(&self) -> bool {
+        self.inflight.is_empty()
+            && self.ready.is_empty()
+            && self.tx.is_idle()
+            && matches!(self.wire, WirePhase::Units)
+            && self.batch.frames.is_empty()
+            && !self.terminating
+            && self.tokens.min.is_none()
+            && self.tokens.held_ready.is_none()
+            && self.config.routing.enable_query_parser
+    }
+
+    /// `unit`, routed by `decision` to `node` (attached), can go by `send_read`: it is a
+    /// plain read, the session runs nothing else and is in no transaction, the
+    /// connection has the session's settings, and nothing the read runs writes behind
+    /// its text (on a standby the router has asked that already).
+    pub(super) fn reads_plainly(
+        &mut self,
+        node: usize,
+        unit: &ClientUnit,
+        decision: &Decision,
+    ) -> bool {
+        if !(unit.plain_read
+            && !unit.ready_hidden
+            && self.inflight.is_empty()
+            && self.tx.is_idle()
+            && matches!(self.wire, WirePhase::Units)
+            && !self.settings_stale(node))
+        {
+            return false;
+        }
+        // (What the analysis sees it write is nothing: `plain_read`.)
+        self.retryable_read(&decision.target, unit, node) || !self.read_writes_behind(unit)
+    }
+
+    /// Send a plain read that `reads_plainly` to `node`: its frame, the replay sample a
+    /// standby may ask for behind it, and its record in flight, as `send_unit` makes them
+    /// for such a read (which changes nothing on the connection or in the session).
+    pub(super) fn send_read(
+        &mut self,
+        node: usize,
+        unit: Box<ClientUnit>,
+        decision: Decision,
+    ) -> Result<(), ProxyError> {
+        let retryable = self.retryable_read(&decision.target, &unit, node);
+        let sample = retryable
+            && self
+                .replica_guard
+                .as_ref()
+                .is_some_and(|s| s.node() == node && s.take_replay_sample());
+        // An unnamed Parse: the connection holds the client's unnamed statement now
+        // (recorded before the send, which forgets it again behind a sample's Query).
+        // (Transaction mode records no client statement on a connection: its own
+        // names, not the client's, are those the rewrite maps.)
+        if !unit.simple && self.mode == PoolMode::Session {
+            self.record_unit_statements(node, &unit);
+        }
+        let sent = if sample {
+            let frames = [unit.frames[0].clone(), super::send::REPLAY_SAMPLE.clone()];
+            self.send_frames(node, &frames)
+        } else {
+            self.send_frames(node, &unit.frames)
+        };
+        if let Err(e) = sent {
+            return self.unsent(node, unit, retryable, e);
+        }
+        // Nothing was in flight: no unit sent since may write elsewhere.
+        self.writes_elsewhere = false;
+        let (simple, unnamed_first) = (unit.simple, unit.unnamed_first);
+        let (retry, leftover) = if retryable {
+            (Some(unit), None)
+        } else {
+            (None, Some(unit))
+        };
+        let mut record = InFlight::plain_read(retry);
+        record.simple = simple;
+        record.unnamed_first = unnamed_first;
+        self.inflight.push_back(record);
+        if sample {
+            self.inflight
+                .push_back(InFlight::injected(Injected::ReplaySample(None)));
+        }
+        if let Some(unit) = leftover {
+            self.recycle_unit(unit);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(sql: &str) -> Vec<u8> {
+        pgfresh_wire::build::query(sql).to_vec()
+    }
+
+    #[test]
+    fn a_lone_query_is_the_whole_buffer() {
+        let q = query("SELECT 1");
+        assert_eq!(lone_query(&q, 1 << 20), Some("SELECT 1"));
+        // Part of one, two of them, one too long, one with a NUL inside its text.
+        assert_eq!(lone_query(&q[..q.len() - 1], 1 << 20), None);
+        let mut two = q.clone();
+        two.extend_from_slice(&q);
+        assert_eq!(lone_query(&two, 1 << 20), None);
+        assert_eq!(lone_query(&q, 8), None);
+        let mut nul = q.clone();
+        nul[6] = 0;
+        assert_eq!(lone_query(&nul, 1 << 20), None);
+        assert_eq!(lone_query(b"Q\0\0\0\x04", 1 << 20), None);
+        assert_eq!(lone_query(&pgfresh_wire::build::sync(), 1 << 20), None);
+    }
+
+    #[test]
+    fn only_a_lone_read_without_effects_is_plain() {
+        let plain = |sql: &str| plain_read(&pgfresh_sql::analyze_uncached(sql));
+        assert!(plain("SELECT abalance FROM pgbench_accounts WHERE aid = 7"));
+        assert!(plain("SELECT count(*) FROM t"));
+        for sql in [
+            "SELECT 1; SELECT 2",
+            "UPDATE t SET a = 1",
+            "SELECT * FROM t FOR UPDATE",
+            "SELECT nextval('s')",
+            "SELECT my_function()",
+            "BEGIN",
+            "SET search_path = x",
+            "SHOW work_mem",
+            "EXECUTE p",
+            "/* pgfresh:primary */ SELECT 1",
+            "/* pgfresh:replica */ SELECT 1",
+            "/* pgfresh:min_lsn=1/0/16B3748 */ SELECT 1",
+            "SELECT * INTO t2 FROM t",
+            "SELECT pg_advisory_lock(1)",
+            "not sql at all",
+        ] {
+            assert!(!plain(sql), "{sql}");
+        }
+    }
+}
