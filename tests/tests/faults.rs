@@ -1,7 +1,8 @@
 //! Faults under way. A server connection killed in the middle of a large result (shared
 //! cluster): the client that was reading gets an error, the connection is not used
 //! again, and other clients on the same pool go on (transaction mode with one connection
-//! per node, so a reused dead connection would fail the next statement). A replica
+//! per node, so a reused dead connection would fail the next statement); a setting made
+//! by a Query whose replica is killed mid-result is not kept. A replica
 //! stopped under select-only load (private cluster): no transaction fails. The config
 //! file replaced by garbage and then by a new TTL under load: no transaction fails. 200
 //! clients vanishing mid-startup, mid-message, mid-transaction and mid-result under load:
@@ -130,6 +131,59 @@ async fn a_connection_killed_mid_result_fails_that_query_only() {
         .simple_query("/* pgfresh:primary */ SELECT 1")
         .await
         .expect("a new client's statement runs");
+}
+
+/// A Query that SETs and then reads, whose replica fails while the rows stream: the
+/// statement fails, and with it its implicit transaction, so the setting it made is not
+/// the session's (PostgreSQL rolls it back): no connection the session uses after it,
+/// replica or primary, gets it replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_made_by_a_query_a_replica_failure_ended_is_not_kept() {
+    use tokio::io::AsyncWriteExt;
+    let p = start_proxy(&config_text(""));
+    let mut s = raw::connect(p.addr).await;
+    let query = async |s: &mut tokio::net::TcpStream, sql: &str| {
+        s.write_all(&raw::msg(b'Q', &raw::cstr(sql))).await.unwrap();
+        raw::read_until(s, b'Z').await
+    };
+    // The name follows the session onto every connection it uses.
+    query(&mut s, "SET application_name = 'staged_kill'").await;
+    let work_mem = "SELECT current_setting('work_mem')";
+    let default = raw::first_value(&query(&mut s, work_mem).await);
+    assert_ne!(default, "77MB");
+    // Cold: a standby runs it. Rows stream, slowly, until the kill.
+    s.write_all(&raw::msg(
+        b'Q',
+        &raw::cstr(
+            "SET work_mem = '77MB'; SELECT g FROM generate_series(1, 200000) g \
+             WHERE g % 1000 <> 0 OR pg_sleep(0.05) IS NOT NULL",
+        ),
+    ))
+    .await
+    .unwrap();
+    raw::read_until(&mut s, b'D').await;
+    poll(
+        "the standby's backend streaming the rows to be killed",
+        Duration::from_secs(30),
+        || async {
+            (kill_backend(1, "staged_kill") || kill_backend(2, "staged_kill")).then_some(())
+        },
+    )
+    .await;
+    let rest = raw::read_until(&mut s, b'Z').await;
+    assert!(raw::tags(&rest).contains(&b'E'), "the statement failed");
+    // A statement pgfresh settles settings at, then reads on every node.
+    query(&mut s, "SHOW work_mem").await;
+    for _ in 0..4 {
+        let on_standby = raw::first_value(&query(&mut s, work_mem).await);
+        assert_eq!(on_standby, default, "a standby's work_mem");
+    }
+    let primary = format!("/* pgfresh:primary */ {work_mem}");
+    assert_eq!(
+        raw::first_value(&query(&mut s, &primary).await),
+        default,
+        "the primary's work_mem"
+    );
 }
 
 /// A private cluster with pgbench's tables (scale 1) replicated and cold, a proxy in

@@ -1357,6 +1357,49 @@ async fn reads_of_unlogged_tables_run_on_the_primary() {
     );
 }
 
+/// An extended read a standby refuses after its acknowledgements reached the client
+/// (ParseComplete, BindComplete and RowDescription come with the error) runs again on the
+/// primary, and the client hears each reply once: those the refused attempt forwarded are
+/// not forwarded again, however the read is sent the second time.
+#[tokio::test]
+async fn a_read_a_standby_refused_after_its_acknowledgements_answers_each_once() {
+    use tokio::io::AsyncWriteExt;
+    let _g = SERIAL.lock().await;
+    let u = unique("unlogged_acks");
+    cluster()
+        .psql(
+            0,
+            "app",
+            &format!(
+                "CREATE UNLOGGED TABLE {u}(id int); INSERT INTO {u} VALUES (1);
+                 GRANT ALL ON {u} TO PUBLIC"
+            ),
+        )
+        .unwrap();
+    // Without the catalog the read goes to a standby, which refuses it (0A000); the
+    // refused read runs again on the primary.
+    let p = start_proxy(&config_text(
+        "enable_recent_access_routing = false\nlearn_dependencies = false",
+    ));
+    wait_replicated(&p.connect().await).await;
+    let refusals = "pgfresh_standby_refusals_total{sqlstate=\"0A000\"}";
+    let before = metric_value(refusals);
+    let sql = format!("SELECT count(*) FROM {u}");
+    for round in 0..3 {
+        // The first round meets the refusal; the later ones go to the primary at once
+        // (a refusal is remembered for the login), and read the same.
+        let mut s = raw::connect(p.addr).await;
+        s.write_all(&raw::exec_params(&sql, &[])).await.unwrap();
+        let answer = raw::read_until(&mut s, b'Z').await;
+        assert_eq!(raw::tags(&answer), b"12TDCZ", "round {round}");
+        assert_eq!(raw::first_value(&answer), "1", "round {round}");
+    }
+    assert!(
+        metric_value(refusals) > before,
+        "a standby refused the read"
+    );
+}
+
 /// A function the catalog marks STABLE whose body writes after all (`nextval` here) runs
 /// on the primary: its analysed body says so. A STABLE function that only reads still goes
 /// to a standby. Against a proxy that does not learn the catalog, the call meets the

@@ -164,16 +164,21 @@ impl Session {
     }
 
     /// `unit`, routed by `decision` to `node` (attached), can go by `send_read`: it is a
-    /// plain read, the session runs nothing else and is in no transaction, the
-    /// connection has the session's settings, and nothing the read runs writes behind
-    /// its text (on a standby the router has asked that already).
+    /// plain read (one frame) whose replies the client has none of yet, the session runs
+    /// nothing else and is in no transaction, the connection has the session's settings,
+    /// and nothing the read runs writes behind its text (on a standby the router has
+    /// asked that already).
     pub(super) fn reads_plainly(
         &mut self,
         node: usize,
         unit: &ClientUnit,
         decision: &Decision,
     ) -> bool {
+        // (A read sent again after a replica failed or refused it skips the replies the
+        // client already has, `skip_acks`: the general relay does that.)
         if !(unit.plain_read
+            && unit.skip_acks == 0
+            && unit.frames.len() == 1
             && !unit.ready_hidden
             && self.inflight.is_empty()
             && self.tx.is_idle()

@@ -752,6 +752,8 @@ impl Session {
         self.inflight.clear();
         self.wire = WirePhase::Units;
         self.replica_guard = None;
+        // Its implicit transaction failed: a setting it made is not the session's.
+        self.pending_settings.abandon();
         self.out.push(err.to_client_as_error());
         for _ in 0..owed {
             self.out.push(build::ready_for_query(TxStatus::Idle));

@@ -321,6 +321,12 @@ impl Pending {
         self.take()
     }
 
+    /// The statement that staged the changes failed with no ReadyForQuery to say so (its
+    /// connection was lost): they go, as at a failed one.
+    pub fn abandon(&mut self) {
+        self.staged.clear();
+    }
+
     fn take(&mut self) -> Vec<SettingChange> {
         self.staged
             .drain(..)
