@@ -428,10 +428,10 @@ impl Pools {
         target: &Target,
         s: &PoolSettings,
     ) -> Result<OwnedSemaphorePermit, ProxyError> {
-        let pool = &pool.0;
-        if let Ok(p) = pool.slots.clone().try_acquire_owned() {
+        if let Some(p) = self.try_permit(pool) {
             return Ok(p);
         }
+        let pool = &pool.0;
         let start = tokio::time::Instant::now();
         let got = pool
             .waiting
@@ -457,6 +457,12 @@ impl Pools {
                 })
             }
         }
+    }
+
+    /// A slot of `pool` free now, without waiting (none while sessions wait in its queue:
+    /// a released slot goes to the first of them).
+    pub fn try_permit(&self, pool: &PoolRef) -> Option<OwnedSemaphorePermit> {
+        pool.0.slots.clone().try_acquire_owned().ok()
     }
 
     /// With a slot held ([`Pools::permit`]): a pooled connection fit to lend, or the

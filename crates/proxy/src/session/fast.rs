@@ -120,8 +120,8 @@ impl Session {
             }
         };
         // (Outside a transaction the connection's reuse fails with no error: one it
-        // drops, `dispatch_to` replaces.)
-        let reused = matches!(self.reuse_connection(node), Ok(true));
+        // drops, `dispatch_to` replaces. Transaction mode takes an idle pooled one.)
+        let reused = matches!(self.reuse_connection(node), Ok(true)) || self.check_out_now(node);
         if reused && self.reads_plainly(node, &unit, &decision) {
             self.send_read(node, unit, decision)?;
         } else {

@@ -941,6 +941,9 @@ impl Session {
         // Transaction mode: what the session holds on other nodes goes back first, so
         // sessions never wait for one node while holding another.
         self.checkin();
+        if self.check_out_now(node) {
+            return Ok(());
+        }
         let (target, pool) = self.target(node).ok_or(ProxyError::NoPrimary(None))?;
         let before = self.listed.info.state();
         self.listed.info.set_state(ClientState::Waiting);

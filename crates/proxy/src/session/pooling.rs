@@ -89,6 +89,36 @@ impl Session {
         }
     }
 
+    /// Transaction mode, holding no connection, PAUSE not in force: a pooled connection
+    /// to `node` taken now when a slot is free and one is idle, as `attach` takes it
+    /// then, without its futures. False when the session must wait for a slot or a
+    /// connection must be opened (`attach` does that).
+    pub(super) fn check_out_now(&mut self, node: usize) -> bool {
+        if self.mode != PoolMode::Transaction
+            || node >= self.backends.len()
+            || self.shared.pause.is_paused()
+            || !self.holds_no_connection()
+        {
+            return false;
+        }
+        let Some((target, pool)) = self.target(node) else {
+            return false;
+        };
+        let Some(permit) = self.shared.pools.try_permit(&pool) else {
+            return false;
+        };
+        // (No idle connection: the slot goes back, and `attach` opens one.)
+        let Ok(leased) = self.shared.pools.take_idle(&pool, &target, permit) else {
+            return false;
+        };
+        self.listed
+            .info
+            .set_state(crate::clients::ClientState::Active);
+        self.backends[node] = Some(leased);
+        self.set_active(node);
+        true
+    }
+
     /// The session holds no server connection (PAUSE holds such a session).
     pub(super) fn holds_no_connection(&self) -> bool {
         self.backends.iter().all(Option::is_none)
