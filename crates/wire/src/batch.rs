@@ -14,6 +14,8 @@
 //! under a name: Bind of it to the unnamed portal, an optional Describe of the portal,
 //! Execute, Sync (pgbench `-M prepared`, JDBC past its prepare threshold, asyncpg,
 //! psycopg 3 with prepared statements).
+//!
+//! [`lone_query`] recognises a simple Query that is the whole buffer.
 
 use std::ops::Range;
 
@@ -122,6 +124,24 @@ pub fn named_batch(buf: &[u8], limits: &Limits) -> Option<NamedBatch> {
 }
 
 /// The body of the complete message with `tag` at `*pos` (moved past it).
+/// The text of the Query that is the whole of `buf` (not yet checked as UTF-8), when
+/// `buf` is exactly one complete Query within the length limit whose text has no NUL
+/// inside: what [`crate::parse_frontend`] accepts as a Query, with nothing after it.
+pub fn lone_query(buf: &[u8], limits: &Limits) -> Option<Range<usize>> {
+    let mut pos = 0;
+    let body = message(buf, &mut pos, b'Q', limits)?;
+    if pos != buf.len() {
+        return None;
+    }
+    let (&0, text) = buf[body.clone()].split_last()? else {
+        return None;
+    };
+    if text.contains(&0) {
+        return None;
+    }
+    Some(body.start..body.end - 1)
+}
+
 fn message(buf: &[u8], pos: &mut usize, tag: u8, limits: &Limits) -> Option<Range<usize>> {
     let (found, end) = frame_at(buf, *pos, limits.max_message).ok()??;
     if found != tag {
@@ -189,6 +209,27 @@ mod tests {
 
     fn batch(parts: &[Bytes]) -> Vec<u8> {
         parts.iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
+    #[test]
+    fn a_lone_query_is_the_whole_buffer() {
+        let limits = |max_message| Limits {
+            max_message,
+            max_startup: 10 * 1024,
+        };
+        let text = |buf: &[u8], max| lone_query(buf, &limits(max)).map(|r| buf[r].to_vec());
+        let q = build::query("SELECT 1").to_vec();
+        assert_eq!(text(&q, 1 << 20), Some(b"SELECT 1".to_vec()));
+        // Part of one, two of them, one too long, one with a NUL inside its text.
+        assert_eq!(text(&q[..q.len() - 1], 1 << 20), None);
+        let two = batch(&[build::query("SELECT 1"), build::query("SELECT 1")]);
+        assert_eq!(text(&two, 1 << 20), None);
+        assert_eq!(text(&q, 8), None);
+        let mut nul = q.clone();
+        nul[6] = 0;
+        assert_eq!(text(&nul, 1 << 20), None);
+        assert_eq!(text(b"Q\0\0\0\x04", 1 << 20), None);
+        assert_eq!(text(&build::sync(), 1 << 20), None);
     }
 
     fn usual(sql: &str) -> Vec<Bytes> {

@@ -896,8 +896,8 @@ impl Session {
             self.fail_unit(&unit, &e);
             return Ok(Flow::Next);
         }
-        if self.reads_plainly(node, &unit, &decision) {
-            self.send_read(node, unit, decision)?;
+        if let Some(retryable) = self.reads_plainly(node, &unit, &decision) {
+            self.send_read(node, unit, retryable)?;
         } else {
             self.send_unit(node, unit, Some(decision)).await?;
         }

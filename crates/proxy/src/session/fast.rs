@@ -46,26 +46,6 @@ pub(super) fn plain_read(a: &Analysis) -> bool {
         && !s.fires_event_triggers
 }
 
-/// The text of the Query that is the whole of `buf`, when `buf` is exactly one complete
-/// Query message no longer than `max` whose text is UTF-8 without a NUL inside. Anything
-/// else (more messages, a part of one, a malformed one) is the general reader's.
-pub(super) fn lone_query(buf: &[u8], max: usize) -> Option<&str> {
-    let (&b'Q', rest) = buf.split_first()? else {
-        return None;
-    };
-    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
-    if len < 5 || len > max || 1 + len != buf.len() {
-        return None;
-    }
-    let (&0, text) = rest.get(4..)?.split_last()? else {
-        return None;
-    };
-    if text.contains(&0) {
-        return None;
-    }
-    std::str::from_utf8(text).ok()
-}
-
 impl Session {
     /// The client's buffer begins with a plain read, and the session can take it now:
     /// routed and sent here (see the module's documentation). Returns whether it took
@@ -122,17 +102,22 @@ impl Session {
         // (Outside a transaction the connection's reuse fails with no error: one it
         // drops, `dispatch_to` replaces. Transaction mode takes an idle pooled one.)
         let reused = matches!(self.reuse_connection(node), Ok(true)) || self.check_out_now(node);
-        if reused && self.reads_plainly(node, &unit, &decision) {
-            self.send_read(node, unit, decision)?;
-        } else {
-            let _: Flow = self.dispatch_to(node, unit, decision).await?;
+        match reused
+            .then(|| self.reads_plainly(node, &unit, &decision))
+            .flatten()
+        {
+            Some(retryable) => self.send_read(node, unit, retryable)?,
+            None => {
+                let _: Flow = self.dispatch_to(node, unit, decision).await?;
+            }
         }
         Ok(true)
     }
 
     /// The client's buffer as the unit of a plain read, when it is one Query of one.
     fn plain_query(&mut self) -> Option<Box<ClientUnit>> {
-        let sql = lone_query(&self.cbuf, self.limits.max_message)?;
+        let text = pgfresh_wire::lone_query(&self.cbuf, &self.limits)?;
+        let sql = std::str::from_utf8(&self.cbuf[text]).ok()?;
         let analysis = self.texts.analyze(&self.shared.analyzer, sql);
         if !plain_read(&analysis) {
             return None;
@@ -167,13 +152,14 @@ impl Session {
     /// plain read (one frame) whose replies the client has none of yet, the session runs
     /// nothing else and is in no transaction, the connection has the session's settings,
     /// and nothing the read runs writes behind its text (on a standby the router has
-    /// asked that already).
+    /// asked that already). Then says whether the read may be sent again elsewhere should
+    /// its standby fail (`retryable_read`).
     pub(super) fn reads_plainly(
         &mut self,
         node: usize,
         unit: &ClientUnit,
         decision: &Decision,
-    ) -> bool {
+    ) -> Option<bool> {
         // (A read sent again after a replica failed or refused it skips the replies the
         // client already has, `skip_acks`: the general relay does that.)
         if !(unit.plain_read
@@ -185,22 +171,23 @@ impl Session {
             && matches!(self.wire, WirePhase::Units)
             && !self.settings_stale(node))
         {
-            return false;
+            return None;
         }
         // (What the analysis sees it write is nothing: `plain_read`.)
-        self.retryable_read(&decision.target, unit, node) || !self.read_writes_behind(unit)
+        let retryable = self.retryable_read(&decision.target, unit, node);
+        (retryable || !self.read_writes_behind(unit)).then_some(retryable)
     }
 
-    /// Send a plain read that `reads_plainly` to `node`: its frame, the replay sample a
-    /// standby may ask for behind it, and its record in flight, as `send_unit` makes them
-    /// for such a read (which changes nothing on the connection or in the session).
+    /// Send a plain read that `reads_plainly` to `node` (`retryable` as it said): its
+    /// frame, the replay sample a standby may ask for behind it, and its record in
+    /// flight, as `send_unit` makes them for such a read (which changes nothing on the
+    /// connection or in the session).
     pub(super) fn send_read(
         &mut self,
         node: usize,
         unit: Box<ClientUnit>,
-        decision: Decision,
+        retryable: bool,
     ) -> Result<(), ProxyError> {
-        let retryable = self.retryable_read(&decision.target, &unit, node);
         let sample = retryable
             && self
                 .replica_guard
@@ -230,10 +217,8 @@ impl Session {
         } else {
             (None, Some(unit))
         };
-        let mut record = InFlight::plain_read(retry);
-        record.simple = simple;
-        record.unnamed_first = unnamed_first;
-        self.inflight.push_back(record);
+        self.inflight
+            .push_back(InFlight::plain_read(simple, unnamed_first, retry));
         if sample {
             self.inflight
                 .push_back(InFlight::injected(Injected::ReplaySample(None)));
@@ -248,27 +233,6 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn query(sql: &str) -> Vec<u8> {
-        pgfresh_wire::build::query(sql).to_vec()
-    }
-
-    #[test]
-    fn a_lone_query_is_the_whole_buffer() {
-        let q = query("SELECT 1");
-        assert_eq!(lone_query(&q, 1 << 20), Some("SELECT 1"));
-        // Part of one, two of them, one too long, one with a NUL inside its text.
-        assert_eq!(lone_query(&q[..q.len() - 1], 1 << 20), None);
-        let mut two = q.clone();
-        two.extend_from_slice(&q);
-        assert_eq!(lone_query(&two, 1 << 20), None);
-        assert_eq!(lone_query(&q, 8), None);
-        let mut nul = q.clone();
-        nul[6] = 0;
-        assert_eq!(lone_query(&nul, 1 << 20), None);
-        assert_eq!(lone_query(b"Q\0\0\0\x04", 1 << 20), None);
-        assert_eq!(lone_query(&pgfresh_wire::build::sync(), 1 << 20), None);
-    }
 
     #[test]
     fn only_a_lone_read_without_effects_is_plain() {

@@ -624,13 +624,15 @@ impl InFlight {
         }
     }
 
-    /// The client's plain read (`Session::send_read`), kept for a `retry` on a standby:
-    /// what `Session::track_unit` records for such a unit (a simple Query; the caller
-    /// sets `simple` and `unnamed_first` for a batch).
-    pub fn plain_read(retry: Option<Box<ClientUnit>>) -> Self {
+    /// The client's plain read (`Session::send_read`), a simple Query or a batch whose
+    /// first message parses the unnamed statement (`unnamed_first`), kept for a `retry`
+    /// on a standby: what `Session::track_unit` records for such a unit.
+    pub fn plain_read(simple: bool, unnamed_first: bool, retry: Option<Box<ClientUnit>>) -> Self {
         Self {
             injected: None,
             autocommit: true,
+            simple,
+            unnamed_first,
             retry,
             plain: true,
             ..Self::injected(Injected::Plain)
