@@ -1666,3 +1666,65 @@ async fn a_transaction_chained_after_one_on_a_standby_may_become_read_write() {
         }
     }
 }
+
+/// The port and row count a read of `t` answers (`SELECT inet_server_port(), count(*)`),
+/// by the simple protocol (a literal) or the extended one (a prepared statement).
+async fn port_and_count(c: &tokio_postgres::Client, t: &str, id: i32, simple: bool) -> (u16, i64) {
+    let sql = format!("SELECT inet_server_port(), count(*) FROM {t} WHERE id = ");
+    if simple {
+        let row = simple_row(c, &format!("{sql}{id}")).await;
+        let port: u16 = row.get(0).unwrap().parse().unwrap();
+        (port, row.get(1).unwrap().parse().unwrap())
+    } else {
+        let row = c.query_one(&format!("{sql}$1"), &[&id]).await.unwrap();
+        (row.get::<_, i32>(0) as u16, row.get(1))
+    }
+}
+
+/// A session keeps the route of a read its table's coldness sent to a replica, and
+/// routes the same text that way while nothing changes; a write another session makes
+/// to the table since sends the next one where the write is, by either protocol. (The
+/// standbys replay 500 ms behind: a read that went to one by the kept route would miss
+/// the row. Without LSN routing a read reaches a standby only when its table is cold.)
+#[tokio::test]
+async fn a_kept_cold_route_gives_way_to_a_write_made_since() {
+    let _g = SERIAL.lock().await;
+    let p = start_proxy(&config_text(
+        "lsn_routing = false\nrecent_access_ttl_ms = 100\ndelay_threshold_by_time = 2000",
+    ));
+    let writer = p.connect().await;
+    let reader = p.connect().await;
+    let t = unique("kept_cold");
+    writer
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    wait_replicated(&writer).await;
+    let delay = ApplyDelay::set(500);
+    let mut misses = Vec::new();
+    for (i, simple) in [(1, false), (2, true), (3, false), (4, true)] {
+        // The very text read next goes to a standby: its table is cold, its route kept.
+        poll(
+            "a cold read on a standby",
+            Duration::from_secs(60),
+            || async {
+                let (port, _) = port_and_count(&reader, &t, i, simple).await;
+                standby_ports().contains(&port).then_some(())
+            },
+        )
+        .await;
+        writer
+            .execute(&format!("INSERT INTO {t} VALUES ($1)"), &[&i])
+            .await
+            .unwrap();
+        let (port, n) = port_and_count(&reader, &t, i, simple).await;
+        if n != 1 {
+            misses.push((i, simple, port));
+        }
+    }
+    drop(delay);
+    assert!(
+        misses.is_empty(),
+        "stale reads (id, simple, port): {misses:?}"
+    );
+}

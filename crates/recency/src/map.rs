@@ -192,6 +192,8 @@ pub struct RecencyMap {
     next_generation: AtomicU64,
     /// Sequence number of the last mark (see [`Entry::streak_seq`]).
     mark_seq: AtomicU64,
+    /// Moves after anything that may turn a cold answer hot (see [`RecencyMap::changes`]).
+    changes: AtomicU64,
     pub(crate) counters: Counters,
 }
 
@@ -231,6 +233,7 @@ impl RecencyMap {
             sweep_cursor: AtomicUsize::new(0),
             next_generation: AtomicU64::new(1),
             mark_seq: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
             counters: Counters::default(),
         };
         map.begin_cold_start();
@@ -242,7 +245,9 @@ impl RecencyMap {
     /// value, lengthening it re-heats entries that are unswept and within it.
     pub fn set_ttl_ms(&self, ms: u64) -> u64 {
         let effective = ms.min(self.max_ttl_ms.load(Ordering::Acquire));
-        self.ttl_ms.store(effective, Ordering::Release);
+        if self.ttl_ms.swap(effective, Ordering::AcqRel) != effective {
+            self.changed();
+        }
         effective
     }
 
@@ -257,7 +262,9 @@ impl RecencyMap {
     /// reads go where it has been replayed (its position known) or to the primary. A
     /// TTL of 0 (recency routing off for reads) stays 0.
     pub fn set_window_floor_ms(&self, ms: u64) {
-        self.window_floor_ms.store(ms, Ordering::Release);
+        if self.window_floor_ms.swap(ms, Ordering::AcqRel) != ms {
+            self.changed();
+        }
     }
 
     /// How long a write stays recent: the TTL, at least the window floor (0 when the TTL
@@ -285,8 +292,10 @@ impl RecencyMap {
     /// Sets or clears the staleness cap (see [`RecencyConfig::max_staleness_ms`]).
     /// `Some(0)` means writes never force reads.
     pub fn set_max_staleness_ms(&self, ms: Option<u64>) {
-        self.max_staleness_ms
-            .store(ms.unwrap_or(NO_STALENESS_CAP), Ordering::Release);
+        let ms = ms.unwrap_or(NO_STALENESS_CAP);
+        if self.max_staleness_ms.swap(ms, Ordering::AcqRel) != ms {
+            self.changed();
+        }
     }
 
     /// The staleness cap.
@@ -317,6 +326,7 @@ impl RecencyMap {
             always_hot,
         }));
         self.any_always_hot.store(any, Ordering::Release);
+        self.changed();
     }
 
     /// Starts a cold-start window of `cold_start_ms` from now: every lookup answers
@@ -330,6 +340,26 @@ impl RecencyMap {
         }
         let until = self.clock.now_ms().saturating_add(ms);
         self.cold_start_until.fetch_max(until, Ordering::AcqRel);
+        self.changed();
+    }
+
+    /// A count that moves after anything that may turn an answer from cold to hot: a
+    /// write marked (after its entries are stored), a whole-database mark, an overflow,
+    /// a cold-start window begun, a change of the TTL, the window floor, the staleness
+    /// cap or the lists. Read before a lookup that answered [`Hotness::Cold`]: while the
+    /// count stays what it was, the same lookup still answers `Cold` (entries only age,
+    /// and an aged entry is colder), so a caller may keep that answer instead of asking
+    /// again. Any other answer may change with time alone (a write ages out, a replica
+    /// catches up): only a cold one may be kept.
+    ///
+    /// [`Hotness::Cold`]: crate::Hotness::Cold
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// After a change [`RecencyMap::changes`] counts: released after what it stored.
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
     }
 
     /// Number of entries held, including expired ones not yet swept.
@@ -436,6 +466,8 @@ impl RecencyMap {
         if skipped > 0 {
             self.counters.never_tracked.add(skipped);
         }
+        // (After the entries: whoever sees the count move finds them.)
+        self.changed();
         seq
     }
 
@@ -537,10 +569,28 @@ impl RecencyMap {
             st.last_drop_ms = st.last_drop_ms.max(now);
             st.reason = reason;
         };
-        if let Some(mut st) = self.overflow.get_mut(db) {
-            update(&mut st);
-            return;
+        let updated = match self.overflow.get_mut(db) {
+            Some(mut st) => {
+                update(&mut st);
+                true
+            }
+            None => false,
+        };
+        // (The shard's lock is released: the insert takes it again.)
+        if !updated {
+            self.insert_database_hot(db, update, now, lsn, reason);
         }
+        self.changed();
+    }
+
+    fn insert_database_hot(
+        &self,
+        db: &str,
+        update: impl Fn(&mut OverflowState),
+        now: u64,
+        lsn: u64,
+        reason: crate::hotness::HotReason,
+    ) {
         match self.overflow.entry(db.into()) {
             MapEntry::Occupied(mut st) => update(st.get_mut()),
             MapEntry::Vacant(vacant) => {

@@ -490,6 +490,55 @@ fn overflow_lsn_unknown_when_a_dropped_write_had_none() {
     assert_eq!(map.len(), 1);
 }
 
+/// `changes` moves after everything that can turn a cold answer hot, and only then: a
+/// caller that saw `Cold` may keep that answer while the count stays.
+#[test]
+fn changes_move_with_whatever_can_turn_a_cold_answer_hot() {
+    let (clock, map) = map_with(RecencyConfig {
+        ttl_ms: 500,
+        cold_start_ms: 100,
+        max_entries: 1,
+        ..RecencyConfig::default()
+    });
+    let moved = |f: &dyn Fn()| {
+        let before = map.changes();
+        f();
+        map.changes() != before
+    };
+    clock.advance(200);
+    let stays = [
+        moved(&|| drop(map.lookup("db", &[U("a")]))),
+        moved(&|| drop(map.lookup_database("db"))),
+        moved(&|| {
+            map.sweep(100);
+        }),
+        moved(&|| {
+            map.set_ttl_ms(500);
+        }),
+        moved(&|| map.set_window_floor_ms(0)),
+        moved(&|| map.resolve_pending("db", &[U("a")], 1, Lsn(7))),
+    ];
+    assert_eq!(stays, [false; 6], "nothing here can heat an answer");
+    let moves = [
+        moved(&|| map.mark("db", &[U("a")], Some(Lsn(5)))),
+        moved(&|| {
+            let _ = map.mark_pending("db", &[U("a")]);
+        }),
+        // The map is full: the write is dropped and the database overflows.
+        moved(&|| map.mark("db", &[U("b")], None)),
+        moved(&|| map.mark_database("db")),
+        moved(&|| map.mark_instance()),
+        moved(&|| map.begin_cold_start()),
+        moved(&|| {
+            map.set_ttl_ms(900);
+        }),
+        moved(&|| map.set_window_floor_ms(2_000)),
+        moved(&|| map.set_max_staleness_ms(Some(50))),
+        moved(&|| map.set_lists(Vec::new(), vec![RelPattern::new(None, Some("x"))])),
+    ];
+    assert_eq!(moves, [true; 10], "each of these can heat an answer");
+}
+
 #[test]
 fn hot_relations_lists_live_entries_newest_first() {
     let (clock, map) = map(1_000);

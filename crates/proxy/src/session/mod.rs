@@ -6,6 +6,7 @@
 //! only between units, when the active backend owes nothing (see [`unit::InFlight`]).
 
 mod client_side;
+mod cold_read;
 mod fast;
 pub mod lost_commit;
 mod phase;
@@ -110,6 +111,9 @@ pub struct Session {
     /// The function lists in force (`Shared::policy`), one atomic read a unit while they
     /// stay the same.
     policy: routing::PolicyCache,
+    /// The last read routed to any replica for want of recent writes, with what that
+    /// depended on (see `cold_read`).
+    cold_read: Option<cold_read::ColdRead>,
     /// `pgfresh_routed_total` handles this session has used.
     routed: Vec<(bool, &'static str, metrics::Counter)>,
     /// The `pgfresh_primary_fallbacks_total{reason="no_eligible_replica"}` handle, once
@@ -248,6 +252,7 @@ impl Session {
             deps_entry: Default::default(),
             balancer: shared.balancer.reader(),
             policy: routing::PolicyCache::new(&shared),
+            cold_read: None,
             routed: Vec::new(),
             no_replica_fallbacks: None,
             targets: Vec::new(),

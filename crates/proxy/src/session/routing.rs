@@ -7,6 +7,7 @@ use std::sync::Arc;
 use pgfresh_sql::{Analysis, SessionEffect, TxEffect};
 use pgfresh_wire::{build, TxStatus};
 
+use super::cold_read;
 use super::state::PinReason;
 use super::unit::ClientUnit;
 use super::{DeferredBegin, Session, TxPhase};
@@ -351,9 +352,6 @@ impl Session {
             };
         }
         let deps = self.dep_graph();
-        // (Fields borrowed apart, not cloned: each Arc clone is a locked increment and
-        // decrement a statement.)
-        let (config, policy) = (&self.config, self.policy.load());
         // Only units that call functions need the catalog.
         let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
             self.shared
@@ -362,6 +360,27 @@ impl Session {
         } else {
             None
         };
+        // A one-statement read outside any transaction, pin, hint or token: its route may
+        // be kept (see `cold_read`). The recency map's count is read before its lookup.
+        let changes = self
+            .route_keepable(unit, token)
+            .then(|| self.shared.recency.changes());
+        // (Fields borrowed apart, not cloned: each Arc clone is a locked increment and
+        // decrement a statement.)
+        let (config, policy) = (&self.config, self.policy.load());
+        let inputs = changes.map(|changes| cold_read::RouteInputs {
+            analysis: &unit.parts[0],
+            graph: &deps,
+            config,
+            policy,
+            functions: &functions,
+            changes,
+        });
+        if let Some(i) = &inputs {
+            if self.cold_read.as_ref().is_some_and(|c| c.holds_for(i)) {
+                return self.unless_refused(unit, cold_read::COLD);
+            }
+        }
         let ctx = RouteCtx {
             routing: &config.routing,
             policy,
@@ -388,20 +407,45 @@ impl Session {
             token,
         };
         let d = decide(&parts, &view, &ctx);
+        if let Some(i) = inputs.filter(|_| d == cold_read::COLD) {
+            let kept = cold_read::ColdRead::new(&i);
+            self.cold_read = Some(kept);
+            return self.unless_refused(unit, d);
+        }
         if let Some(node) = self.cursor_node(unit, &d, token) {
             return Decision {
                 target: Target::Node(node),
                 reason: Reason::SessionPinned(PinReason::HoldCursor.as_str()),
             };
         }
-        if matches!(d.target, Target::Replica { .. }) && self.refused_lately(unit) {
-            // A standby refused this statement of this login lately (see `refused`).
+        if matches!(d.target, Target::Replica { .. }) {
+            return self.unless_refused(unit, d);
+        }
+        d
+    }
+
+    /// `d`, which sends `unit` to a replica, unless a standby refused this statement of
+    /// this login lately (see `refused`): then the primary.
+    fn unless_refused(&self, unit: &ClientUnit, d: Decision) -> Decision {
+        if self.refused_lately(unit) {
             return Decision {
                 target: Target::Primary,
                 reason: Reason::StandbyRefused,
             };
         }
         d
+    }
+
+    /// `unit`'s route may be kept for the next time (`cold_read`): it is one statement's
+    /// read, outside any transaction (none open or deferred), pin, routing hint of the
+    /// session's, or position token; all of which the router reads besides its inputs.
+    fn route_keepable(&self, unit: &ClientUnit, token: TokenNeed) -> bool {
+        unit.parts.len() == 1
+            && token == TokenNeed::None
+            && self.tx.is_idle()
+            && self.state.pinned().is_none()
+            && !self.state.default_serializable
+            && !self.state.route_primary
     }
 
     /// The node holding a WITH HOLD cursor that `unit` fetches from, moves or closes, when
