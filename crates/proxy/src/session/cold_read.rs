@@ -61,7 +61,7 @@ fn same<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
 }
 
 impl ColdRead {
-    pub(super) fn new(i: &RouteInputs<'_>) -> Self {
+    fn new(i: &RouteInputs<'_>) -> Self {
         ColdRead {
             analysis: i.analysis.clone(),
             graph: i.graph.clone(),
@@ -74,8 +74,20 @@ impl ColdRead {
 
     /// The router would route `i` [`COLD`] again: nothing it depends on has changed.
     pub(super) fn holds_for(&self, i: &RouteInputs<'_>) -> bool {
-        self.changes == i.changes
-            && Arc::ptr_eq(&self.analysis, i.analysis)
+        self.changes == i.changes && self.same_text_and_rules(i)
+    }
+
+    /// Keeps `i`, routed [`COLD`], in `kept`. The same text routed under the same rules
+    /// again after a write elsewhere (a read-mostly load) only takes the new count.
+    pub(super) fn keep(kept: &mut Option<ColdRead>, i: &RouteInputs<'_>) {
+        match kept {
+            Some(k) if k.same_text_and_rules(i) => k.changes = i.changes,
+            _ => *kept = Some(ColdRead::new(i)),
+        }
+    }
+
+    fn same_text_and_rules(&self, i: &RouteInputs<'_>) -> bool {
+        Arc::ptr_eq(&self.analysis, i.analysis)
             && Arc::ptr_eq(&self.config, i.config)
             && Arc::ptr_eq(&self.policy, i.policy)
             && same(&self.graph, i.graph)

@@ -408,8 +408,7 @@ impl Session {
         };
         let d = decide(&parts, &view, &ctx);
         if let Some(i) = inputs.filter(|_| d == cold_read::COLD) {
-            let kept = cold_read::ColdRead::new(&i);
-            self.cold_read = Some(kept);
+            cold_read::ColdRead::keep(&mut self.cold_read, &i);
             return self.unless_refused(unit, d);
         }
         if let Some(node) = self.cursor_node(unit, &d, token) {
