@@ -407,6 +407,8 @@ impl Session {
             token,
         };
         let d = decide(&parts, &view, &ctx);
+        // (A cold read has no cursor to follow: `cursor_node` places only units of
+        // session-state statements, or a transaction a pin sent to the primary.)
         if let Some(i) = inputs.filter(|_| d == cold_read::COLD) {
             cold_read::ColdRead::keep(&mut self.cold_read, &i);
             return self.unless_refused(unit, d);
