@@ -302,11 +302,12 @@ async fn roles_lag_and_switchover_from_patroni() {
 
 #[tokio::test]
 async fn unusable_url_and_unreachable_api_are_failed_polls() {
-    // A port that was just free: nothing listens there.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // A port bound and never listened on, held for the whole test: connections to it are
+    // refused, and no other test's server can be given it meanwhile (a port freed again
+    // could be: the other test's mock API then answered for this node).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = held.local_addr().unwrap();
     let spec = |name: &str, url: String| NodeSpec {
         name: name.to_string(),
         host: "127.0.0.1".to_string(),
