@@ -1121,6 +1121,15 @@ async fn extended_reads_with_samples(p: &ProxyHandle, t: &str) -> f64 {
     let hot = format!("SELECT count(*) FROM {t} WHERE id = $1::int");
     let before = samples();
     let mut on_standbys = 0;
+    // A statement prepared under a name (as drivers prepare theirs), run by Bind alone.
+    let mut prepare = exchange::parse("named_port", "SELECT inet_server_port()");
+    prepare.extend(exchange::sync());
+    reader.write_all(&prepare).await.unwrap();
+    assert_eq!(raw::tags(&raw::read_until(&mut reader, b'Z').await), b"1Z");
+    let mut named = raw::bind("named_port", &[]);
+    named.extend(raw::msg(b'D', b"P\0"));
+    named.extend(raw::execute());
+    named.extend(raw::msg(b'S', &[]));
     for i in 0..150 {
         let id = i.to_string();
         let ask = async |s: &mut tokio::net::TcpStream, bytes: Vec<u8>| {
@@ -1154,6 +1163,11 @@ async fn extended_reads_with_samples(p: &ProxyHandle, t: &str) -> f64 {
             value.parse::<u16>().is_ok(),
             "the client's statement ran: {value}"
         );
+        // The named statement: its replies alone, on whichever node it ran.
+        let by_name = ask(&mut reader, named.clone()).await;
+        assert_eq!(raw::tags(&by_name), b"2TDCZ", "named read {i}");
+        let port: u16 = raw::first_value(&by_name).parse().expect("a port");
+        on_standbys += usize::from(port != primary_port());
         // A failing read: its error and ReadyForQuery, nothing of a sample's.
         let failed = ask(
             &mut reader,

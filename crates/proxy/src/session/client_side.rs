@@ -570,7 +570,7 @@ impl Session {
     /// The unit is the one its frames would make one by one, each message a frame of
     /// its own; a statement pgfresh does not hold, or one that changes the session's
     /// settings or transaction state (an SQL `EXECUTE` among them), goes frame by frame.
-    fn take_named_batch(&mut self) -> Option<Box<ClientUnit>> {
+    pub(super) fn take_named_batch(&mut self) -> Option<Box<ClientUnit>> {
         if !self.batch_starts_here() {
             return None;
         }

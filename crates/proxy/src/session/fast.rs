@@ -1,6 +1,8 @@
-//! Plain reads: a simple-protocol Query of one statement that only reads, or an
+//! Plain reads: a simple-protocol Query of one statement that only reads, an
 //! extended-protocol batch of one such unnamed statement (Parse, Bind, Describe, Execute,
-//! Sync), sent while nothing else of the session runs. Most statements of a read-heavy application are
+//! Sync), or, in session mode, the batch of such a statement the client prepared under a
+//! name (Bind, Describe, Execute, Sync: drivers' prepared statements), sent while nothing
+//! else of the session runs. Most statements of a read-heavy application are
 //! these. The general path does for them all it does for any unit (split the client's
 //! messages, ask each check whether pgfresh answers, waits or rewrites, work out what the
 //! unit writes, prepares and sets); the code of all that does not fit the instruction
@@ -50,8 +52,8 @@ impl Session {
     /// The client's buffer begins with a plain read, and the session can take it now:
     /// routed and sent here (see the module's documentation). Returns whether it took
     /// bytes; when it did not, the general reader takes them as usual. (A Query must be
-    /// the whole buffer; an unnamed batch is taken whole by `take_unnamed_batch`, what
-    /// follows it is read as usual once it is answered.)
+    /// the whole buffer; a batch is taken whole by `take_unnamed_batch` or
+    /// `take_named_batch`, what follows it is read as usual once it is answered.)
     pub(super) async fn take_plain_read(&mut self) -> Result<bool, ProxyError> {
         if !self.plain_lane_open() {
             return Ok(false);
@@ -60,22 +62,20 @@ impl Session {
         let unit = match self.cbuf.first() {
             Some(b'Q') => self.plain_query(),
             Some(b'P') => match self.take_unnamed_batch() {
-                // An unnamed batch that is no plain read, taken whole as the general
-                // reader takes it, waits for the general dispatch.
-                Some(unit) if !plain_read(&unit.parts[0]) => {
-                    self.ready.push_back(unit);
-                    return Ok(true);
-                }
-                Some(mut unit) => {
-                    unit.plain_read = true;
-                    Some(unit)
-                }
+                Some(unit) => self.plain_or_ready(unit),
+                None => None,
+            },
+            // (Transaction mode maps the client's statement names to its own: the
+            // general path's rewrite.)
+            Some(b'B') if self.mode == PoolMode::Session => match self.take_named_batch() {
+                Some(unit) => self.plain_or_ready(unit),
                 None => None,
             },
             _ => None,
         };
         let Some(unit) = unit else {
-            return Ok(false);
+            // (Nothing waited before (`plain_lane_open`): a unit there is a batch taken.)
+            return Ok(!self.ready.is_empty());
         };
         // No token: the session has none (`plain_lane_open`) and the text names none.
         // (A unit that must wait, Flow::Stop, is back in `ready`, where the general
@@ -112,6 +112,17 @@ impl Session {
             }
         }
         Ok(true)
+    }
+
+    /// A batch taken whole, as a plain read; one that is none waits for the general
+    /// dispatch, as if the general reader had taken it (`None`, with it in `ready`).
+    fn plain_or_ready(&mut self, mut unit: Box<ClientUnit>) -> Option<Box<ClientUnit>> {
+        if !plain_read(&unit.parts[0]) {
+            self.ready.push_back(unit);
+            return None;
+        }
+        unit.plain_read = true;
+        Some(unit)
     }
 
     /// The client's buffer as the unit of a plain read, when it is one Query of one.
@@ -164,7 +175,7 @@ impl Session {
         // client already has, `skip_acks`: the general relay does that.)
         if !(unit.plain_read
             && unit.skip_acks == 0
-            && unit.frames.len() == 1
+            && (unit.frames.len() == 1 || self.holds_named_read(node, unit))
             && !unit.ready_hidden
             && self.inflight.is_empty()
             && self.tx.is_idle()
@@ -176,6 +187,26 @@ impl Session {
         // (What the analysis sees it write is nothing: `plain_read`.)
         let retryable = self.retryable_read(&decision.target, unit, node);
         (retryable || !self.read_writes_behind(unit)).then_some(retryable)
+    }
+
+    /// `unit` is the batch of a statement the client prepared under a name, and `node`'s
+    /// connection holds exactly that statement under that name: it goes as the client
+    /// sent it, with nothing put ahead (`prepare_statements` would put nothing). (A
+    /// client that ever PREPAREd in SQL shares the namespace with it: the general way.)
+    fn holds_named_read(&self, node: usize, unit: &ClientUnit) -> bool {
+        self.mode == PoolMode::Session
+            && unit.uses_statements.len() == 1
+            && unit.parses.is_empty()
+            && unit.statement_undo.is_empty()
+            && !self.state.sql_prepared_ever
+            && self.backends[node].as_ref().is_some_and(|l| {
+                let name = unit.uses_statements[0].as_str();
+                let held = l.conn.prepared.get(name);
+                self.state
+                    .prepared
+                    .get(name)
+                    .is_some_and(|p| held == Some(&p.hash))
+            })
     }
 
     /// Send a plain read that `reads_plainly` to `node` (`retryable` as it said): its
@@ -201,7 +232,9 @@ impl Session {
             self.record_unit_statements(node, &unit);
         }
         let sent = if sample {
-            let frames = [unit.frames[0].clone(), super::send::REPLAY_SAMPLE.clone()];
+            let mut frames: smallvec::SmallVec<[bytes::Bytes; 5]> =
+                unit.frames.iter().cloned().collect();
+            frames.push(super::send::REPLAY_SAMPLE.clone());
             self.send_frames(node, &frames)
         } else {
             self.send_frames(node, &unit.frames)
