@@ -191,22 +191,17 @@ impl Session {
 
     /// `unit` is the batch of a statement the client prepared under a name, and `node`'s
     /// connection holds exactly that statement under that name: it goes as the client
-    /// sent it, with nothing put ahead (`prepare_statements` would put nothing). (A
-    /// client that ever PREPAREd in SQL shares the namespace with it: the general way.)
+    /// sent it, with nothing put ahead (`puts_statements`). (A client that ever PREPAREd
+    /// in SQL shares the namespace with it, where `prepare_statements` may close a stale
+    /// copy that `puts_statements` does not count: the general way.)
     fn holds_named_read(&self, node: usize, unit: &ClientUnit) -> bool {
         self.mode == PoolMode::Session
             && unit.uses_statements.len() == 1
             && unit.parses.is_empty()
             && unit.statement_undo.is_empty()
             && !self.state.sql_prepared_ever
-            && self.backends[node].as_ref().is_some_and(|l| {
-                let name = unit.uses_statements[0].as_str();
-                let held = l.conn.prepared.get(name);
-                self.state
-                    .prepared
-                    .get(name)
-                    .is_some_and(|p| held == Some(&p.hash))
-            })
+            && self.backends[node].is_some()
+            && !self.puts_statements(node, unit)
     }
 
     /// Send a plain read that `reads_plainly` to `node` (`retryable` as it said): its
