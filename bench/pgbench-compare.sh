@@ -46,6 +46,10 @@
 #                      (the example tokio_ring_relay: entries submitted when the runtime parks,
 #                      completions waking it through an eventfd in tokio's epoll): whether the
 #                      ring's saving survives a tokio runtime; built like relay
+#   ring-exec-relay    the same byte relay on pgfresh-ring, the io_uring executor: one task a
+#                      client that waits for either side and then reads and writes, as the
+#                      session loop does (the example ring_relay of pgfresh-ring): what the
+#                      executor adds to the hand-written uring-relay; built like relay
 #   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
 #                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
 #                      in lib.sh); run as the postgres user
@@ -102,7 +106,7 @@ run_relay() {
     local name=$1 bin=$2 example=$3
     if skipped "$name"; then echo "== $name: skipped (SKIP)"; return; fi
     if [ ! -x "$bin" ]; then
-        echo "== $name: no $bin (cargo build --release -p pgfresh-proxy --example $example): skipped"
+        echo "== $name: no $bin (the example $example, built unless -B): skipped"
         return
     fi
     port=$(free_port); ADMIN="" KIND=other
@@ -120,6 +124,7 @@ bench_start pgbench
 RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/bare_relay"
 URING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/uring_relay"
 TOKIO_RING_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/tokio_ring_relay"
+RING_EXEC_RELAY_BIN="$(dirname "$PGFRESH_BIN")/examples/ring_relay"
 PGFRESH_BOLT_BIN="${PGFRESH_BOLT_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.bolt}"
 PGFRESH_PGO_BIN="${PGFRESH_PGO_BIN:-$(dirname "$PGFRESH_BIN")/pgfresh.pgo}"
 if [ "$BUILD" = 1 ] && ! skipped relay; then
@@ -127,6 +132,9 @@ if [ "$BUILD" = 1 ] && ! skipped relay; then
 fi
 if [ "$BUILD" = 1 ] && ! skipped uring-relay; then
     cargo build --release -p pgfresh-proxy --example uring_relay
+fi
+if [ "$BUILD" = 1 ] && ! skipped ring-exec-relay; then
+    cargo build --release -p pgfresh-ring --example ring_relay
 fi
 if [ "$BUILD" = 1 ] && ! skipped tokio-ring-relay; then
     cargo build --release -p pgfresh-proxy --example tokio_ring_relay
@@ -293,6 +301,7 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     run_relay relay "$RELAY_BIN" bare_relay
     run_relay uring-relay "$URING_RELAY_BIN" uring_relay
     run_relay tokio-ring-relay "$TOKIO_RING_RELAY_BIN" tokio_ring_relay
+    run_relay ring-exec-relay "$RING_EXEC_RELAY_BIN" ring_relay
 
     # 5. pgpool-II, streaming-replication mode, load balancing over the three nodes.
     if skipped pgpool || [ "${PGPOOL:-1}" = 0 ]; then
@@ -320,7 +329,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "ring-exec-relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),

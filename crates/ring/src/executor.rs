@@ -1,0 +1,301 @@
+//! Tasks, their queues, and the loop that runs them and waits in the ring.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::Instant;
+
+use async_task::{Runnable, Task};
+
+use crate::reactor::{Reactor, Wait};
+use crate::time::Timers;
+
+/// Tasks run between two looks at the ring while others keep being woken.
+const BATCH: usize = 128;
+
+/// What other threads share with a runtime: the tasks they woke, and how to wake it.
+pub(crate) struct Remote {
+    queue: Mutex<Vec<Runnable>>,
+    /// Set while the loop waits in the ring (or is about to): a wake from another
+    /// thread must then write the eventfd, whose read the ring keeps posted.
+    parked: AtomicBool,
+    eventfd: OwnedFd,
+}
+
+impl Remote {
+    fn push(&self, r: Runnable) {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        self.unpark();
+    }
+
+    fn unpark(&self) {
+        // SeqCst pairs with the loop's store of `parked` before its last look at the
+        // queue: either it sees what was pushed, or this sees it parked.
+        if self.parked.load(Ordering::SeqCst) {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd this struct owns.
+            let _ = unsafe {
+                libc::write(
+                    self.eventfd.as_raw_fd(),
+                    (&one as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+        }
+    }
+
+    fn take(&self) -> Vec<Runnable> {
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn has_work(&self) -> bool {
+        !self
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+}
+
+/// A runtime's state on its own thread.
+pub(crate) struct Context {
+    queue: RefCell<VecDeque<Runnable>>,
+    remote: Arc<Remote>,
+    pub(crate) reactor: Reactor,
+    pub(crate) timers: RefCell<Timers>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<Context>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the runtime this thread is running.
+///
+/// # Panics
+/// Outside [`Runtime::block_on`].
+pub(crate) fn with<R>(f: impl FnOnce(&Context) -> R) -> R {
+    CURRENT.with(|c| {
+        let cx = c.borrow();
+        f(cx.as_ref()
+            .expect("pgfresh-ring: used outside Runtime::block_on"))
+    })
+}
+
+/// As [`with`], or `None` outside a runtime (or while the thread is being torn down).
+pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
+    CURRENT
+        .try_with(|c| c.try_borrow().ok()?.as_ref().map(|cx| f(cx)))
+        .ok()
+        .flatten()
+}
+
+fn schedule(remote: &Arc<Remote>, r: Runnable) {
+    let r = CURRENT.with(|c| match c.borrow().as_ref() {
+        Some(cx) if Arc::ptr_eq(&cx.remote, remote) => {
+            cx.queue.borrow_mut().push_back(r);
+            None
+        }
+        _ => Some(r),
+    });
+    if let Some(r) = r {
+        remote.push(r);
+    }
+}
+
+/// A handle to a spawned task: awaiting it gives its output. Dropping it detaches the
+/// task (it runs on), as tokio's does.
+pub struct JoinHandle<T>(Option<Task<T>>);
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<T> {
+        let task = self.0.as_mut().expect("polled after completion");
+        let out = Pin::new(task).poll(cx);
+        if out.is_ready() {
+            self.0 = None;
+        }
+        out
+    }
+}
+
+impl<T> Drop for JoinHandle<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.detach();
+        }
+    }
+}
+
+/// Starts `future` on the runtime of the calling thread.
+///
+/// # Panics
+/// Outside [`Runtime::block_on`].
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let remote = with(|cx| cx.remote.clone());
+    let (runnable, task) = async_task::spawn_local(future, move |r| schedule(&remote, r));
+    runnable.schedule();
+    JoinHandle(Some(task))
+}
+
+/// The waker of the future `block_on` runs.
+struct MainWake {
+    woken: AtomicBool,
+    remote: Arc<Remote>,
+}
+
+impl Wake for MainWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.remote.unpark();
+    }
+}
+
+/// A runtime: one io_uring and the tasks it drives, on the thread that made it.
+pub struct Runtime {
+    cx: Rc<Context>,
+}
+
+impl Runtime {
+    /// A runtime with a ring of `entries` submission entries (rounded up to a power of
+    /// two), on the calling thread; it must run there (the ring has a single issuer).
+    pub fn new(entries: u32) -> io::Result<Runtime> {
+        // SAFETY: eventfd has no memory preconditions; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let reactor = Reactor::new(entries, eventfd.as_raw_fd())?;
+        Ok(Runtime {
+            cx: Rc::new(Context {
+                queue: RefCell::new(VecDeque::new()),
+                remote: Arc::new(Remote {
+                    queue: Mutex::new(Vec::new()),
+                    parked: AtomicBool::new(false),
+                    eventfd,
+                }),
+                reactor,
+                timers: RefCell::new(Timers::default()),
+            }),
+        })
+    }
+
+    /// Runs `future` to completion, and the spawned tasks beside it.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        let _entered = Enter::new(self.cx.clone());
+        let main = Arc::new(MainWake {
+            woken: AtomicBool::new(true),
+            remote: self.cx.remote.clone(),
+        });
+        let waker = Waker::from(main.clone());
+        let mut tcx = TaskContext::from_waker(&waker);
+        let mut future = pin!(future);
+        let cx = &self.cx;
+        loop {
+            if main.woken.swap(false, Ordering::SeqCst) {
+                if let Poll::Ready(v) = future.as_mut().poll(&mut tcx) {
+                    return v;
+                }
+            }
+            let ran = cx.run_batch();
+            cx.queue.borrow_mut().extend(cx.remote.take());
+            let busy =
+                ran == BATCH || !cx.queue.borrow().is_empty() || main.woken.load(Ordering::SeqCst);
+            if busy {
+                cx.reactor.turn(Wait::No);
+            } else {
+                cx.park(&main.woken);
+            }
+            cx.timers.borrow_mut().fire(Instant::now);
+        }
+    }
+}
+
+impl Context {
+    /// Runs up to `BATCH` woken tasks; returns how many ran.
+    fn run_batch(&self) -> usize {
+        let mut ran = 0;
+        while ran < BATCH {
+            let Some(r) = self.queue.borrow_mut().pop_front() else {
+                break;
+            };
+            r.run();
+            ran += 1;
+        }
+        ran
+    }
+
+    /// Waits in the ring for a completion, the next timer, or a wake from another thread.
+    fn park(&self, main_woken: &AtomicBool) {
+        self.remote.parked.store(true, Ordering::SeqCst);
+        if self.remote.has_work() || main_woken.load(Ordering::SeqCst) {
+            self.remote.parked.store(false, Ordering::SeqCst);
+            self.reactor.turn(Wait::No);
+            return;
+        }
+        let timeout = self
+            .timers
+            .borrow()
+            .next()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        self.reactor.turn(match timeout {
+            Some(d) => Wait::For(d),
+            None => Wait::Forever,
+        });
+        self.remote.parked.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Installs a runtime as the thread's current one for a `block_on`, and tears its tasks
+/// down when the last `block_on` of a dropped runtime leaves.
+struct Enter {
+    previous: Option<Rc<Context>>,
+}
+
+impl Enter {
+    fn new(cx: Rc<Context>) -> Enter {
+        let previous = CURRENT.with(|c| c.borrow_mut().replace(cx));
+        Enter { previous }
+    }
+}
+
+impl Drop for Enter {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), previous));
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Tasks still queued or waiting are dropped here, inside the runtime (their
+        // futures' drops may cancel operations). Operations the kernel still holds are
+        // cancelled and waited for, so no buffer they name is freed under them.
+        let _entered = Enter::new(self.cx.clone());
+        for _ in 0..3 {
+            let queued: Vec<Runnable> = self.cx.queue.borrow_mut().drain(..).collect();
+            drop(queued);
+            drop(self.cx.remote.take());
+            let timers = self.cx.timers.borrow_mut().take_all();
+            drop(timers);
+        }
+        self.cx.reactor.shutdown();
+        let queued: Vec<Runnable> = self.cx.queue.borrow_mut().drain(..).collect();
+        drop(queued);
+    }
+}

@@ -1,0 +1,40 @@
+//! A single-threaded executor whose reactor is one io_uring.
+//!
+//! Tokio waits for readiness: the runtime parks in `epoll_wait`, wakes, and each socket
+//! then costs a `recvfrom` or `sendto` of its own, four system calls and a wake-up a
+//! relayed statement. Here the loop waits for completions: every receive and send the
+//! tasks asked for since the last wait goes to the kernel in the same `io_uring_enter`
+//! that waits for the next completion, so with several connections busy one system call
+//! stands for many (see `docs/benchmarks.md`, "the system calls' floor").
+//!
+//! What it offers is what a proxy's session loop needs, in tokio's shapes so the code
+//! above can stay generic:
+//!
+//! - [`Runtime::block_on`] and [`spawn`]: tasks on the calling thread. Their wakers may
+//!   be used from any thread (a tokio timer or channel on another thread wakes them through
+//!   an eventfd the ring reads).
+//! - [`TcpStream`]: a socket whose receive stays posted in the ring across polls, so a
+//!   `select!` that drops a read future loses nothing; sends are buffered in the stream and
+//!   go out as the kernel takes them (`try_write` accepts up to a bound, `flush` waits for
+//!   the kernel to have taken everything). It implements tokio's `AsyncRead` and
+//!   `AsyncWrite`, and offers tokio's `readable` / `try_read_buf` / `writable` /
+//!   `try_write`.
+//! - [`TcpListener`], [`sleep`].
+//!
+//! Linux only (io_uring, 5.19 or later for the ring's flags; deferred task work is used
+//! where the kernel has it, 6.1 or later).
+
+// The ring takes raw pointers into buffers: each buffer is owned by a stream's shared
+// core (or an operation's slot), which the slot of every operation naming it keeps alive
+// until the operation's completion has been reaped. `reactor.rs` and `net.rs` say so at
+// each push.
+#![allow(unsafe_code)]
+
+mod executor;
+mod net;
+mod reactor;
+mod time;
+
+pub use executor::{spawn, JoinHandle, Runtime};
+pub use net::{TcpListener, TcpStream, SEND_LIMIT};
+pub use time::{sleep, Sleep};

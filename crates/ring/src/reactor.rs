@@ -1,0 +1,288 @@
+//! The ring: operations in flight, their slots, and the turn that submits and reaps.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::task::Waker;
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use slab::Slab;
+
+use crate::net::Core;
+
+/// How long a turn may wait for a completion.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait {
+    /// Submit and reap what is there.
+    No,
+    /// Up to this long.
+    For(Duration),
+    /// Until a completion comes.
+    Forever,
+}
+
+/// What a completion is for.
+pub(crate) enum Slot {
+    /// A stream's receive into its buffer.
+    Recv(Rc<Core>),
+    /// A stream's send of its buffer.
+    Send(Rc<Core>),
+    /// An operation a future awaits (accept, connect).
+    Oneshot(Oneshot),
+    /// The read of the executor's eventfd, posted again at each completion.
+    Wake,
+    /// A cancel request: nothing to do when it completes.
+    Cancel,
+}
+
+/// An operation a future awaits, and what it must keep alive.
+pub(crate) struct Oneshot {
+    pub(crate) result: Option<i32>,
+    pub(crate) waker: Option<Waker>,
+    /// The future was dropped before the completion: the slot goes at the completion,
+    /// and `orphan` takes care of what it produced (an accepted socket is closed).
+    pub(crate) abandoned: bool,
+    pub(crate) orphan: fn(i32),
+    /// Memory the operation names (a socket address), freed with the slot.
+    pub(crate) _keep: Option<Box<dyn Any>>,
+}
+
+pub(crate) struct Reactor {
+    ring: RefCell<IoUring>,
+    /// Each slot with the tag its token carries: a completion or a cancel that names a
+    /// slot since freed and taken again (the slab reuses keys) matches nothing.
+    slots: RefCell<Slab<(u32, Slot)>>,
+    next_tag: Cell<u32>,
+    /// The eventfd's 8 bytes, read by the posted `Wake` operation.
+    wake_buf: Box<Cell<u64>>,
+    eventfd: i32,
+    /// Completions taken from the ring, handled after its borrow is released (handling
+    /// one can push entries).
+    reaped: RefCell<Vec<(u64, i32)>>,
+    /// Set by `shutdown`: the eventfd read is not posted again.
+    closing: Cell<bool>,
+}
+
+impl Reactor {
+    pub(crate) fn new(entries: u32, eventfd: i32) -> io::Result<Reactor> {
+        // Deferred task work (6.1+) keeps the kernel from interrupting the thread to post
+        // completions: they are posted when it next enters the ring to wait.
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_taskrun_flag()
+            .build(entries)
+            .or_else(|_| IoUring::builder().setup_coop_taskrun().build(entries))
+            .or_else(|_| IoUring::new(entries))?;
+        let r = Reactor {
+            ring: RefCell::new(ring),
+            slots: RefCell::new(Slab::with_capacity(256)),
+            next_tag: Cell::new(0),
+            wake_buf: Box::new(Cell::new(0)),
+            eventfd,
+            reaped: RefCell::new(Vec::with_capacity(64)),
+            closing: Cell::new(false),
+        };
+        r.post_wake_read(None);
+        Ok(r)
+    }
+
+    fn post_wake_read(&self, token: Option<u64>) {
+        let token = token.unwrap_or_else(|| self.insert(Slot::Wake));
+        let e = opcode::Read::new(types::Fd(self.eventfd), self.wake_buf.as_ptr().cast(), 8)
+            .build()
+            .user_data(token);
+        // SAFETY: the buffer is the reactor's boxed u64, which outlives the ring (the
+        // ring is dropped first, in field order, after `shutdown` reaped everything).
+        unsafe { self.push(&e) };
+    }
+
+    /// Takes a slot and returns its token, for an entry to carry as its user data.
+    pub(crate) fn insert(&self, slot: Slot) -> u64 {
+        let tag = self.next_tag.get().wrapping_add(1);
+        self.next_tag.set(tag);
+        let key = self.slots.borrow_mut().insert((tag, slot));
+        (u64::from(tag) << 32) | key as u64
+    }
+
+    /// Queues an entry for the next submission (submitting now if the queue is full).
+    ///
+    /// # Safety
+    /// Every buffer the entry names must stay valid and unmoved until the entry's
+    /// completion has been reaped: the entry's slot must own it, or own what owns it.
+    pub(crate) unsafe fn push(&self, e: &squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        loop {
+            // SAFETY: the caller's promise.
+            if unsafe { ring.submission().push(e) }.is_ok() {
+                return;
+            }
+            // Full: hand the kernel what is queued, and try again.
+            if let Err(err) = ring.submit() {
+                if err.raw_os_error() != Some(libc::EBUSY)
+                    && err.kind() != io::ErrorKind::Interrupted
+                {
+                    panic!("pgfresh-ring: io_uring_enter failed: {err}");
+                }
+            }
+        }
+    }
+
+    /// Asks the kernel to cancel the operation of slot `key`; its completion comes
+    /// with -ECANCELED (or its result, if it finished first).
+    pub(crate) fn cancel(&self, token: u64) {
+        let me = self.insert(Slot::Cancel);
+        let e = opcode::AsyncCancel::new(token).build().user_data(me);
+        // SAFETY: a cancel names no buffer.
+        unsafe { self.push(&e) };
+    }
+
+    /// Runs `f` on the oneshot of `token`; `None` if it is gone (the runtime shut down).
+    pub(crate) fn oneshot<R>(&self, token: u64, f: impl FnOnce(&mut Oneshot) -> R) -> Option<R> {
+        match self.slots.borrow_mut().get_mut(key_of(token)) {
+            Some((tag, Slot::Oneshot(o))) if *tag == tag_of(token) => Some(f(o)),
+            _ => None,
+        }
+    }
+
+    /// Frees the slot of `token` (if it is still that token's).
+    pub(crate) fn remove(&self, token: u64) -> Option<Slot> {
+        let mut slots = self.slots.borrow_mut();
+        match slots.get(key_of(token)) {
+            Some((tag, _)) if *tag == tag_of(token) => Some(slots.remove(key_of(token)).1),
+            _ => None,
+        }
+    }
+
+    /// Submits what was queued, waits as `wait` says, and handles the completions.
+    pub(crate) fn turn(&self, wait: Wait) {
+        {
+            let ring = self.ring.borrow();
+            let submitter = ring.submitter();
+            let r = match wait {
+                Wait::No => {
+                    let n = ring_pending(&ring);
+                    // SAFETY: no extra argument; GETEVENTS runs deferred task work so the
+                    // completions already due are posted without waiting for more.
+                    unsafe {
+                        submitter.enter::<libc::sigset_t>(
+                            n,
+                            0,
+                            io_uring::EnterFlags::GETEVENTS.bits(),
+                            None,
+                        )
+                    }
+                }
+                Wait::Forever => submitter.submit_and_wait(1),
+                Wait::For(d) => {
+                    let ts = types::Timespec::from(d);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    submitter.submit_with_args(1, &args)
+                }
+            };
+            if let Err(e) = r {
+                match e.raw_os_error() {
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN) => {}
+                    _ => panic!("pgfresh-ring: io_uring_enter failed: {e}"),
+                }
+            }
+        }
+        self.reap();
+    }
+
+    fn reap(&self) {
+        let mut reaped = self.reaped.take();
+        {
+            let mut ring = self.ring.borrow_mut();
+            reaped.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+        }
+        for &(token, res) in &reaped {
+            self.complete(token, res);
+        }
+        reaped.clear();
+        *self.reaped.borrow_mut() = reaped;
+    }
+
+    fn complete(&self, token: u64, res: i32) {
+        let mut slots = self.slots.borrow_mut();
+        let key = key_of(token);
+        match slots.get_mut(key) {
+            Some((tag, _)) if *tag != tag_of(token) => {}
+            Some((_, Slot::Oneshot(o))) if !o.abandoned => {
+                o.result = Some(res);
+                let waker = o.waker.take();
+                drop(slots);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            }
+            Some((_, Slot::Wake)) if !self.closing.get() => {
+                drop(slots);
+                self.post_wake_read(Some(token));
+            }
+            Some(_) => {
+                let (_, slot) = slots.remove(key);
+                drop(slots);
+                match slot {
+                    Slot::Recv(core) => core.recv_done(res),
+                    Slot::Send(core) => core.send_done(res),
+                    Slot::Oneshot(o) => (o.orphan)(res),
+                    Slot::Wake | Slot::Cancel => {}
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// Cancels every operation in flight and waits for their completions, so no buffer
+    /// is freed while the kernel may still write it. Operations that do not complete
+    /// within a second leave their slots (and buffers) leaked rather than freed.
+    pub(crate) fn shutdown(&self) {
+        self.closing.set(true);
+        let tokens: Vec<u64> = self
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, (_, s))| in_flight(s))
+            .map(|(k, (tag, _))| (u64::from(*tag) << 32) | k as u64)
+            .collect();
+        for t in tokens {
+            self.cancel(t);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while self.slots.borrow().iter().any(|(_, (_, s))| in_flight(s))
+            && std::time::Instant::now() < deadline
+        {
+            self.turn(Wait::For(Duration::from_millis(10)));
+        }
+        let leftover = std::mem::take(&mut *self.slots.borrow_mut());
+        if leftover.iter().any(|(_, (_, s))| in_flight(s)) {
+            std::mem::forget(leftover);
+        }
+    }
+}
+
+/// Whether the kernel may still hold the slot's operation.
+fn in_flight(slot: &Slot) -> bool {
+    match slot {
+        Slot::Oneshot(o) => o.result.is_none(),
+        Slot::Recv(_) | Slot::Send(_) | Slot::Wake => true,
+        Slot::Cancel => false,
+    }
+}
+
+fn key_of(token: u64) -> usize {
+    (token & u64::from(u32::MAX)) as usize
+}
+
+fn tag_of(token: u64) -> u32 {
+    (token >> 32) as u32
+}
+
+/// Entries queued and not yet submitted.
+fn ring_pending(ring: &IoUring) -> u32 {
+    // SAFETY: reading the queue's length; the ring is borrowed, nothing pushes meanwhile.
+    unsafe { ring.submission_shared().len() as u32 }
+}

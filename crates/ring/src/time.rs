@@ -1,0 +1,116 @@
+//! Timers: the loop waits in the ring no longer than the earliest deadline.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::executor;
+
+/// The deadlines tasks wait for, earliest first.
+#[derive(Default)]
+pub(crate) struct Timers {
+    waiting: BTreeMap<(Instant, u64), Waker>,
+    next_id: u64,
+}
+
+impl Timers {
+    /// The earliest deadline.
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.waiting.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Wakes every task whose deadline has passed (`now` is read only if there are any).
+    pub(crate) fn fire(&mut self, now: impl FnOnce() -> Instant) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let now = now();
+        while let Some(entry) = self.waiting.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            entry.remove().wake();
+        }
+    }
+
+    pub(crate) fn take_all(&mut self) -> Vec<Waker> {
+        std::mem::take(&mut self.waiting).into_values().collect()
+    }
+
+    fn register(&mut self, at: Instant, id: Option<u64>, waker: &Waker) -> u64 {
+        let id = id.unwrap_or_else(|| {
+            self.next_id += 1;
+            self.next_id
+        });
+        match self.waiting.get_mut(&(at, id)) {
+            Some(w) if w.will_wake(waker) => {}
+            Some(w) => w.clone_from(waker),
+            None => {
+                self.waiting.insert((at, id), waker.clone());
+            }
+        }
+        id
+    }
+
+    fn remove(&mut self, at: Instant, id: u64) {
+        self.waiting.remove(&(at, id));
+    }
+}
+
+/// Waits until `duration` has passed.
+pub fn sleep(duration: Duration) -> Sleep {
+    Sleep {
+        at: Instant::now() + duration,
+        id: None,
+    }
+}
+
+/// The future of [`sleep`].
+#[derive(Debug)]
+pub struct Sleep {
+    at: Instant,
+    id: Option<u64>,
+}
+
+impl Sleep {
+    /// When it ends.
+    pub fn deadline(&self) -> Instant {
+        self.at
+    }
+
+    /// Makes it end at `at` instead.
+    pub fn reset(&mut self, at: Instant) {
+        if let Some(id) = self.id.take() {
+            executor::with(|cx| cx.timers.borrow_mut().remove(self.at, id));
+        }
+        self.at = at;
+    }
+}
+
+impl Future for Sleep {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if Instant::now() >= self.at {
+            if let Some(id) = self.id.take() {
+                executor::with(|rt| rt.timers.borrow_mut().remove(self.at, id));
+            }
+            return Poll::Ready(());
+        }
+        let (at, id) = (self.at, self.id);
+        self.id = Some(executor::with(|rt| {
+            rt.timers.borrow_mut().register(at, id, cx.waker())
+        }));
+        Poll::Pending
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            // A runtime torn down before its tasks leaves nothing to remove from.
+            let _ = executor::try_with(|cx| cx.timers.borrow_mut().remove(self.at, id));
+        }
+    }
+}

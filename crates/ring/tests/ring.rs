@@ -1,0 +1,268 @@
+//! The ring runtime against real sockets: echo, lost wake-ups, cancellation, errors.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use pgfresh_ring::{sleep, spawn, Runtime, TcpListener, TcpStream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn local() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// Serves echo on a new listener; returns its address.
+fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind(local()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            spawn(async move {
+                let mut s = s;
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn many_connections_echo_many_rounds() {
+    let rt = Runtime::new(256).unwrap();
+    rt.block_on(async {
+        let addr = echo_server();
+        let mut clients = Vec::new();
+        for c in 0..16u32 {
+            clients.push(spawn(async move {
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                for round in 0..200u32 {
+                    let msg = format!("client {c} round {round}");
+                    s.write_all(msg.as_bytes()).await.unwrap();
+                    let mut back = vec![0u8; msg.len()];
+                    s.read_exact(&mut back).await.unwrap();
+                    assert_eq!(back, msg.as_bytes());
+                }
+                c
+            }));
+        }
+        let mut done = Vec::new();
+        for h in clients {
+            done.push(h.await);
+        }
+        assert_eq!(done, (0..16).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn a_read_future_dropped_by_a_select_loses_nothing() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let addr = echo_server();
+        let s = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        let mut sent = Vec::new();
+        for i in 0..50u8 {
+            // The receive is posted, then its future dropped when the timer wins.
+            let mut timer = pin!(sleep(Duration::from_micros(50)));
+            let mut readable = pin!(s.readable());
+            poll_fn(|cx| {
+                if readable.as_mut().poll(cx).is_ready() || timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+                Poll::Pending
+            })
+            .await;
+            s.try_write(&[i]).unwrap();
+            sent.push(i);
+            drain(&s, &mut got);
+        }
+        while got.len() < sent.len() {
+            s.readable().await.unwrap();
+            drain(&s, &mut got);
+        }
+        assert_eq!(got, sent);
+    });
+}
+
+fn drain(s: &TcpStream, into: &mut Vec<u8>) {
+    loop {
+        match s.try_read_buf(into) {
+            Ok(0) => panic!("echo server closed"),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[test]
+fn more_than_the_send_limit_goes_out_whole_and_in_order() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind(local()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let total = 4 * pgfresh_ring_limit() + 12_345;
+        let reader = spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut all = Vec::new();
+            let mut chunk = vec![0u8; 1000];
+            loop {
+                // Slowly, so the writer meets a full queue.
+                sleep(Duration::from_micros(20)).await;
+                let n = s.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    return all;
+                }
+                all.extend_from_slice(&chunk[..n]);
+            }
+        });
+        let data: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut would_block = 0;
+        let mut at = 0;
+        while at < data.len() {
+            match s.try_write(&data[at..(at + 70_000).min(data.len())]) {
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    would_block += 1;
+                    s.writable().await.unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        s.shutdown().await.unwrap();
+        assert_eq!(s.unsent(), 0);
+        let got = reader.await;
+        assert!(would_block > 0, "the queue never filled");
+        assert_eq!(got.len(), data.len());
+        assert!(got == data, "bytes reordered or changed");
+    });
+}
+
+fn pgfresh_ring_limit() -> usize {
+    pgfresh_ring::SEND_LIMIT
+}
+
+#[test]
+fn end_of_stream_and_refused_connections_are_reported() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind(local()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"bye").await.unwrap();
+            s.flush().await.unwrap();
+            drop(s);
+        });
+        let s = TcpStream::connect(addr).await.unwrap();
+        server.await;
+        let mut got = Vec::new();
+        loop {
+            s.readable().await.unwrap();
+            match s.try_read_buf(&mut got) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(got, b"bye");
+
+        // A port bound and never listened on refuses.
+        let held = std::net::TcpListener::bind(local()).unwrap();
+        let port = held.local_addr().unwrap().port();
+        drop(held);
+        let refused = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).await;
+        assert_eq!(
+            refused.unwrap_err().kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+    });
+}
+
+#[test]
+fn wakes_from_other_threads_reach_a_parked_loop() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        for _ in 0..100 {
+            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_micros(200));
+                tx.send(7).unwrap();
+            });
+            // The loop has nothing else to do: it waits in the ring until the eventfd.
+            assert_eq!(rx.await.unwrap(), 7);
+            t.join().unwrap();
+        }
+        // A spawned task woken from another thread as well.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+        let h = spawn(async move { rx.await.unwrap() + 1 });
+        std::thread::spawn(move || tx.send(41).unwrap());
+        assert_eq!(h.await, 42);
+    });
+}
+
+#[test]
+fn timers_end_in_deadline_order_and_not_early() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let start = Instant::now();
+        for ms in [30u64, 10, 20] {
+            let tx = tx.clone();
+            spawn(async move {
+                sleep(Duration::from_millis(ms)).await;
+                tx.send((ms, start.elapsed())).unwrap();
+            });
+        }
+        drop(tx);
+        let mut order = Vec::new();
+        while let Some((ms, elapsed)) = rx.recv().await {
+            assert!(elapsed >= Duration::from_millis(ms), "{ms} ms ended early");
+            order.push(ms);
+        }
+        assert_eq!(order, vec![10, 20, 30]);
+    });
+}
+
+#[test]
+fn a_runtime_dropped_with_tasks_waiting_on_sockets_frees_them() {
+    for _ in 0..20 {
+        let rt = Runtime::new(64).unwrap();
+        let addr = rt.block_on(async {
+            let listener = TcpListener::bind(local()).unwrap();
+            let addr = listener.local_addr().unwrap();
+            // Left waiting: an accept, and a receive on a connection nobody writes to.
+            spawn(async move {
+                let (s, _) = listener.accept().await.unwrap();
+                let _ = s.readable().await;
+            });
+            let s = TcpStream::connect(addr).await.unwrap();
+            spawn(async move {
+                let _ = s.readable().await;
+            });
+            sleep(Duration::from_millis(1)).await;
+            addr
+        });
+        drop(rt);
+        // The listener went with its task: the port no longer accepts.
+        assert!(std::net::TcpStream::connect(addr).is_err());
+    }
+}
