@@ -23,6 +23,8 @@ const BATCH: usize = 128;
 /// What other threads share with a runtime: the tasks they woke, and how to wake it.
 pub(crate) struct Remote {
     queue: Mutex<Vec<Runnable>>,
+    /// Whether `queue` may hold tasks: the loop looks here, not at the lock, each turn.
+    queued: AtomicBool,
     /// Set while the loop waits in the ring (or is about to): a wake from another
     /// thread must then write the eventfd, whose read the ring keeps posted.
     parked: AtomicBool,
@@ -32,6 +34,7 @@ pub(crate) struct Remote {
 impl Remote {
     fn push(&self, r: Runnable) {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+        self.queued.store(true, Ordering::SeqCst);
         self.unpark();
     }
 
@@ -51,16 +54,20 @@ impl Remote {
         }
     }
 
-    fn take(&self) -> Vec<Runnable> {
-        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    /// Moves the tasks other threads woke to `into`.
+    fn take_into(&self, into: &mut VecDeque<Runnable>) {
+        if self.queued.swap(false, Ordering::SeqCst) {
+            into.extend(
+                self.queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .drain(..),
+            );
+        }
     }
 
     fn has_work(&self) -> bool {
-        !self
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.queued.load(Ordering::SeqCst)
     }
 }
 
@@ -186,6 +193,7 @@ impl Runtime {
                 queue: RefCell::new(VecDeque::new()),
                 remote: Arc::new(Remote {
                     queue: Mutex::new(Vec::new()),
+                    queued: AtomicBool::new(false),
                     parked: AtomicBool::new(false),
                     eventfd,
                 }),
@@ -213,7 +221,7 @@ impl Runtime {
                 }
             }
             let ran = cx.run_batch();
-            cx.queue.borrow_mut().extend(cx.remote.take());
+            cx.remote.take_into(&mut cx.queue.borrow_mut());
             let busy =
                 ran == BATCH || !cx.queue.borrow().is_empty() || main.woken.load(Ordering::SeqCst);
             if busy {
@@ -290,7 +298,9 @@ impl Drop for Runtime {
         for _ in 0..3 {
             let queued: Vec<Runnable> = self.cx.queue.borrow_mut().drain(..).collect();
             drop(queued);
-            drop(self.cx.remote.take());
+            let mut remote = VecDeque::new();
+            self.cx.remote.take_into(&mut remote);
+            drop(remote);
             let timers = self.cx.timers.borrow_mut().take_all();
             drop(timers);
         }

@@ -58,9 +58,6 @@ pub(crate) struct Reactor {
     /// The eventfd's 8 bytes, read by the posted `Wake` operation.
     wake_buf: Box<Cell<u64>>,
     eventfd: i32,
-    /// Completions taken from the ring, handled after its borrow is released (handling
-    /// one can push entries).
-    reaped: RefCell<Vec<(u64, i32)>>,
     /// Set by `shutdown`: the eventfd read is not posted again.
     closing: Cell<bool>,
 }
@@ -82,7 +79,6 @@ impl Reactor {
             next_tag: Cell::new(0),
             wake_buf: Box::new(Cell::new(0)),
             eventfd,
-            reaped: RefCell::new(Vec::with_capacity(64)),
             closing: Cell::new(false),
         };
         r.post_wake_read(None);
@@ -193,16 +189,20 @@ impl Reactor {
     }
 
     fn reap(&self) {
-        let mut reaped = self.reaped.take();
-        {
-            let mut ring = self.ring.borrow_mut();
-            reaped.extend(ring.completion().map(|c| (c.user_data(), c.result())));
-        }
-        for &(token, res) in &reaped {
+        // One at a time: handling a completion can push entries, which needs the ring
+        // that the completion queue borrows.
+        loop {
+            let next = self
+                .ring
+                .borrow_mut()
+                .completion()
+                .next()
+                .map(|c| (c.user_data(), c.result()));
+            let Some((token, res)) = next else {
+                return;
+            };
             self.complete(token, res);
         }
-        reaped.clear();
-        *self.reaped.borrow_mut() = reaped;
     }
 
     fn complete(&self, token: u64, res: i32) {
