@@ -1,6 +1,6 @@
 //! Tasks, their queues, and the loop that runs them and waits in the ring.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -81,6 +81,9 @@ pub(crate) struct Context {
 
 thread_local! {
     static CURRENT: RefCell<Option<Rc<Context>>> = const { RefCell::new(None) };
+    /// The address of `CURRENT`'s `Remote` (0 outside a runtime): what a stream compares
+    /// with its owner's on every call, cheaper than borrowing `CURRENT`.
+    static CURRENT_ID: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Runs `f` with the runtime this thread is running.
@@ -137,6 +140,63 @@ impl<T> Drop for JoinHandle<T> {
         if let Some(t) = self.0.take() {
             t.detach();
         }
+    }
+}
+
+/// Whether the calling thread is running the runtime `remote` belongs to.
+pub(crate) fn is_current(remote: &Arc<Remote>) -> bool {
+    CURRENT_ID.try_with(Cell::get).unwrap_or(0) == Arc::as_ptr(remote) as usize
+}
+
+/// The calling thread's runtime, as other threads reach it.
+pub(crate) fn current_remote() -> Arc<Remote> {
+    with(|cx| cx.remote.clone())
+}
+
+/// Starts `future` on the runtime `remote` belongs to, from any thread.
+pub(crate) fn spawn_on<F>(remote: &Arc<Remote>, future: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let remote = remote.clone();
+    let (runnable, task) = async_task::spawn(future, move |r| schedule(&remote, r));
+    runnable.schedule();
+    JoinHandle(Some(task))
+}
+
+/// A runtime as other threads reach it: to start tasks there.
+#[derive(Clone)]
+pub struct Handle {
+    remote: Arc<Remote>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle").finish_non_exhaustive()
+    }
+}
+
+impl Handle {
+    /// The runtime of the calling thread, if it runs one.
+    pub fn try_current() -> Option<Handle> {
+        try_with(|cx| Handle {
+            remote: cx.remote.clone(),
+        })
+    }
+
+    /// Starts `future` on this runtime; callable from any thread.
+    pub fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        spawn_on(&self.remote, future)
+    }
+
+    /// Whether the calling thread is the one running this runtime.
+    pub fn is_current(&self) -> bool {
+        is_current(&self.remote)
     }
 }
 
@@ -201,6 +261,13 @@ impl Runtime {
                 timers: RefCell::new(Timers::default()),
             }),
         })
+    }
+
+    /// How other threads reach this runtime.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            remote: self.cx.remote.clone(),
+        }
     }
 
     /// Runs `future` to completion, and the spawned tasks beside it.
@@ -273,18 +340,24 @@ impl Context {
 /// down when the last `block_on` of a dropped runtime leaves.
 struct Enter {
     previous: Option<Rc<Context>>,
+    previous_id: usize,
 }
 
 impl Enter {
     fn new(cx: Rc<Context>) -> Enter {
+        let previous_id = CURRENT_ID.with(|c| c.replace(Arc::as_ptr(&cx.remote) as usize));
         let previous = CURRENT.with(|c| c.borrow_mut().replace(cx));
-        Enter { previous }
+        Enter {
+            previous,
+            previous_id,
+        }
     }
 }
 
 impl Drop for Enter {
     fn drop(&mut self) {
         let previous = self.previous.take();
+        CURRENT_ID.with(|c| c.set(self.previous_id));
         let _ = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), previous));
     }
 }

@@ -19,7 +19,12 @@
 //!   the kernel to have taken everything). It implements tokio's `AsyncRead` and
 //!   `AsyncWrite`, and offers tokio's `readable` / `try_read_buf` / `writable` /
 //!   `try_write`.
-//! - [`TcpListener`], [`sleep`].
+//! - [`TcpListener`], [`sleep`], and a [`Handle`] that starts tasks on the runtime from
+//!   other threads.
+//! - Streams are `Send` and `Sync` so that they can sit in structures shared between
+//!   threads (a connection pool), but they belong to the thread of the runtime that made
+//!   them: used from another thread, their I/O answers an error, and dropped there, the
+//!   closing is handed back to their runtime.
 //!
 //! Linux only (io_uring, 5.19 or later for the ring's flags; deferred task work is used
 //! where the kernel has it, 6.1 or later).
@@ -35,6 +40,6 @@ mod net;
 mod reactor;
 mod time;
 
-pub use executor::{spawn, JoinHandle, Runtime};
+pub use executor::{spawn, Handle, JoinHandle, Runtime};
 pub use net::{TcpListener, TcpStream, SEND_LIMIT};
 pub use time::{sleep, Sleep};

@@ -14,12 +14,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use io_uring::{opcode, types};
 
 use crate::executor;
+use crate::executor::Remote;
 use crate::reactor::{Oneshot, Slot};
 
 /// A receive's first size; it doubles (up to `RECV_MAX`) each time a receive fills it.
@@ -71,15 +72,48 @@ pub(crate) struct Core {
     sock: std::net::TcpStream,
     rx: RefCell<Rx>,
     tx: RefCell<Tx>,
+    /// The runtime whose ring runs the stream's operations, on whose thread alone `rx`
+    /// and `tx` are touched.
+    owner: Arc<Remote>,
 }
 
+// SAFETY: `rx` and `tx` (the only parts that are not thread-safe) are borrowed only on the
+// owner runtime's thread: every entry point of `TcpStream` checks `here()` first, the
+// completions are handled by that runtime's reactor, and a handle dropped elsewhere sends
+// its core back there (`TcpStream::drop`). Other threads only move the `Arc` and read
+// `sock`, which is thread-safe; the core's own drop frees memory and closes the socket,
+// which any thread may do.
+unsafe impl Send for Core {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Core {}
+
 impl Core {
+    /// `Ok` on the owner runtime's thread; elsewhere the error every I/O call answers.
+    fn here(&self) -> io::Result<()> {
+        if executor::is_current(&self.owner) {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "pgfresh-ring: a stream used outside the thread of its runtime",
+            ))
+        }
+    }
+
+    /// The handle is gone: cancel the posted receive; queued bytes still go out, and the
+    /// socket closes when the last operation completes. On the owner's thread only.
+    fn release(self: &Arc<Self>) {
+        let op = self.rx.borrow().op;
+        if let Some(key) = op {
+            executor::with(|cx| cx.reactor.cancel(key));
+        }
+    }
+
     fn fd(&self) -> types::Fd {
         types::Fd(self.sock.as_raw_fd())
     }
 
     /// Posts a receive if none is in flight and every received byte has been read.
-    fn arm_recv(self: &Rc<Self>) {
+    fn arm_recv(self: &Arc<Self>) {
         let mut rx = self.rx.borrow_mut();
         if rx.op.is_some() || rx.pos < rx.buf.len() || rx.end != RxEnd::Open {
             return;
@@ -101,7 +135,7 @@ impl Core {
         });
     }
 
-    pub(crate) fn recv_done(self: Rc<Self>, res: i32) {
+    pub(crate) fn recv_done(self: Arc<Self>, res: i32) {
         let waker = {
             let mut rx = self.rx.borrow_mut();
             rx.op = None;
@@ -125,7 +159,7 @@ impl Core {
         }
     }
 
-    fn poll_readable(self: &Rc<Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_readable(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<()> {
         {
             let mut rx = self.rx.borrow_mut();
             if rx.pos < rx.buf.len() || rx.end != RxEnd::Open {
@@ -141,7 +175,7 @@ impl Core {
     }
 
     /// Copies received bytes out with `put`, which takes what it can and says how much.
-    fn read_with(self: &Rc<Self>, put: impl FnOnce(&[u8]) -> usize) -> io::Result<usize> {
+    fn read_with(self: &Arc<Self>, put: impl FnOnce(&[u8]) -> usize) -> io::Result<usize> {
         let n = {
             let mut rx = self.rx.borrow_mut();
             if rx.pos < rx.buf.len() {
@@ -165,7 +199,7 @@ impl Core {
         Ok(n)
     }
 
-    fn start_send(self: &Rc<Self>) {
+    fn start_send(self: &Arc<Self>) {
         let mut tx = self.tx.borrow_mut();
         if tx.op.is_some() || tx.queued.is_empty() || tx.failed.is_some() {
             return;
@@ -177,7 +211,7 @@ impl Core {
         self.post_send(tx);
     }
 
-    fn post_send(self: &Rc<Self>, tx: &mut Tx) {
+    fn post_send(self: &Arc<Self>, tx: &mut Tx) {
         let rest = &tx.inflight[tx.sent..];
         let (ptr, len) = (rest.as_ptr(), rest.len());
         executor::with(|cx| {
@@ -193,7 +227,7 @@ impl Core {
         });
     }
 
-    pub(crate) fn send_done(self: Rc<Self>, res: i32) {
+    pub(crate) fn send_done(self: Arc<Self>, res: i32) {
         let waker = {
             let mut tx = self.tx.borrow_mut();
             let tx = &mut *tx;
@@ -220,7 +254,7 @@ impl Core {
         }
     }
 
-    fn try_write(self: &Rc<Self>, data: &[u8]) -> io::Result<usize> {
+    fn try_write(self: &Arc<Self>, data: &[u8]) -> io::Result<usize> {
         let (n, idle) = {
             let mut tx = self.tx.borrow_mut();
             if let Some(e) = tx.failed {
@@ -259,7 +293,7 @@ impl Core {
 
 /// A TCP stream on the ring of the thread that made it (see the module documentation).
 pub struct TcpStream {
-    core: Rc<Core>,
+    core: Arc<Core>,
 }
 
 impl std::fmt::Debug for TcpStream {
@@ -271,10 +305,13 @@ impl std::fmt::Debug for TcpStream {
 }
 
 impl TcpStream {
-    /// Takes over a connected socket. Call inside the runtime that will use it.
+    /// Takes over a connected socket, for the runtime of the calling thread.
+    ///
+    /// # Panics
+    /// Outside a runtime.
     pub fn from_std(sock: std::net::TcpStream) -> TcpStream {
         TcpStream {
-            core: Rc::new(Core {
+            core: Arc::new(Core {
                 sock,
                 rx: RefCell::new(Rx {
                     buf: Vec::new(),
@@ -292,6 +329,7 @@ impl TcpStream {
                     failed: None,
                     waker: None,
                 }),
+                owner: executor::current_remote(),
             }),
         }
     }
@@ -343,12 +381,16 @@ impl TcpStream {
     }
 
     pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Err(e) = self.core.here() {
+            return Poll::Ready(Err(e));
+        }
         self.core.poll_readable(cx).map(Ok)
     }
 
     /// Copies received bytes into `dst`; `Ok(0)` at the end of the stream, `WouldBlock`
     /// when nothing is there yet.
     pub fn try_read(&self, dst: &mut [u8]) -> io::Result<usize> {
+        self.core.here()?;
         self.core.read_with(|src| {
             let n = src.len().min(dst.len());
             dst[..n].copy_from_slice(&src[..n]);
@@ -358,6 +400,7 @@ impl TcpStream {
 
     /// As [`try_read`](Self::try_read), appending to `dst`.
     pub fn try_read_buf<B: bytes::BufMut>(&self, dst: &mut B) -> io::Result<usize> {
+        self.core.here()?;
         self.core.read_with(|src| {
             let n = src.len().min(dst.remaining_mut());
             dst.put_slice(&src[..n]);
@@ -369,30 +412,41 @@ impl TcpStream {
     /// queued (then `WouldBlock`, and [`writable`](Self::writable) says when to retry).
     /// An error of an earlier send is reported here.
     pub fn try_write(&self, data: &[u8]) -> io::Result<usize> {
+        self.core.here()?;
         self.core.try_write(data)
     }
 
     /// Waits until the send queue has room.
     pub async fn writable(&self) -> io::Result<()> {
+        self.core.here()?;
         poll_fn(|cx| self.core.poll_tx(cx, |tx| tx.pending() < SEND_LIMIT)).await
     }
 
-    /// Bytes queued and not yet taken by the kernel.
+    /// Bytes queued and not yet taken by the kernel (0 outside the stream's thread).
     pub fn unsent(&self) -> usize {
+        if self.core.here().is_err() {
+            return 0;
+        }
         self.core.tx.borrow().pending()
     }
 
     /// Waits until the kernel has taken every queued byte.
     pub async fn flush(&self) -> io::Result<()> {
+        self.core.here()?;
         poll_fn(|cx| self.core.poll_tx(cx, |tx| tx.pending() == 0)).await
     }
 }
 
 impl Drop for TcpStream {
     fn drop(&mut self) {
-        let op = self.core.rx.borrow().op;
-        if let Some(key) = op {
-            let _ = executor::try_with(|cx| cx.reactor.cancel(key));
+        if self.core.here().is_ok() {
+            self.core.release();
+        } else {
+            // Its runtime cancels the receive; if that runtime is gone, the core goes with
+            // its queue (and nothing of the kernel's can still name its buffers: a runtime
+            // drains its ring before it goes).
+            let core = self.core.clone();
+            executor::spawn_on(&self.core.owner, async move { core.release() });
         }
     }
 }
@@ -403,6 +457,9 @@ impl tokio::io::AsyncRead for TcpStream {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Err(e) = self.core.here() {
+            return Poll::Ready(Err(e));
+        }
         loop {
             let r = self.core.read_with(|src| {
                 let n = src.len().min(buf.remaining());
@@ -428,6 +485,9 @@ impl tokio::io::AsyncWrite for TcpStream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Err(e) = self.core.here() {
+            return Poll::Ready(Err(e));
+        }
         loop {
             match self.core.try_write(data) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -443,10 +503,16 @@ impl tokio::io::AsyncWrite for TcpStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Err(e) = self.core.here() {
+            return Poll::Ready(Err(e));
+        }
         self.core.poll_tx(cx, |tx| tx.pending() == 0)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Err(e) = self.core.here() {
+            return Poll::Ready(Err(e));
+        }
         match self.core.poll_tx(cx, |tx| tx.pending() == 0) {
             Poll::Ready(Ok(())) => Poll::Ready(self.core.sock.shutdown(std::net::Shutdown::Write)),
             other => other,

@@ -3,7 +3,7 @@
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
 
@@ -26,9 +26,9 @@ pub(crate) enum Wait {
 /// What a completion is for.
 pub(crate) enum Slot {
     /// A stream's receive into its buffer.
-    Recv(Rc<Core>),
+    Recv(Arc<Core>),
     /// A stream's send of its buffer.
-    Send(Rc<Core>),
+    Send(Arc<Core>),
     /// An operation a future awaits (accept, connect).
     Oneshot(Oneshot),
     /// The read of the executor's eventfd, posted again at each completion.

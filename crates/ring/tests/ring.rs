@@ -266,3 +266,78 @@ fn a_runtime_dropped_with_tasks_waiting_on_sockets_frees_them() {
         assert!(std::net::TcpStream::connect(addr).is_err());
     }
 }
+
+#[test]
+fn a_stream_used_from_another_thread_errs_there_and_closes_at_home() {
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind(local()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = spawn(async move { listener.accept().await.unwrap().0 });
+        let s = TcpStream::connect(addr).await.unwrap();
+        let peer = accepted.await;
+        // Posted at home, then handed to another thread.
+        let _ = s.try_read(&mut [0u8; 8]);
+        let away = std::thread::spawn(move || {
+            let w = s.try_write(b"x").unwrap_err();
+            let r = s.try_read(&mut [0u8; 8]).unwrap_err();
+            drop(s);
+            (w.to_string(), r.to_string())
+        })
+        .join()
+        .unwrap();
+        assert!(
+            away.0.contains("outside the thread of its runtime"),
+            "{}",
+            away.0
+        );
+        assert!(
+            away.1.contains("outside the thread of its runtime"),
+            "{}",
+            away.1
+        );
+        // The drop was carried home: the receive was cancelled and the socket closed.
+        let mut got = Vec::new();
+        loop {
+            peer.readable().await.unwrap();
+            match peer.try_read_buf(&mut got) {
+                Ok(0) => break,
+                Ok(_) => panic!("unexpected bytes"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn tokio_timers_and_tasks_serve_a_ring_thread_that_entered_their_runtime() {
+    let tokio_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = tokio_rt.enter();
+    let rt = Runtime::new(64).unwrap();
+    let ring = rt.handle();
+    rt.block_on(async move {
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(start.elapsed() >= Duration::from_millis(20));
+        // A task on tokio's thread, awaited here; and one it starts back on the ring.
+        let back = tokio::spawn(async move {
+            let on_ring = ring.spawn(async { std::thread::current().id() });
+            on_ring.await
+        })
+        .await
+        .unwrap();
+        assert_eq!(back, std::thread::current().id());
+        // A timeout from tokio around a ring operation.
+        let listener = TcpListener::bind(local()).unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(30), listener.accept()).await;
+        assert!(
+            waited.is_err(),
+            "nothing connected, so the accept must time out"
+        );
+    });
+}
