@@ -60,6 +60,7 @@ listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
 log_level = "${PGFRESH_LOG_LEVEL:-warn}"
 worker_threads = ${PGFRESH_WORKERS:-0}
+io_engine = "${PGFRESH_IO_ENGINE:-epoll}"
 max_client_connections = ${PGFRESH_MAX_CLIENTS:-10000}
 
 [pool]

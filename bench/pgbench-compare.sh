@@ -27,6 +27,9 @@
 #   pgfresh-session    pgfresh with write_pgfresh_conf's defaults (lib.sh): parser and routing
 #                      on, so reads go to the standbys; pool_size 20
 #   pgfresh-tx         the same with pool_mode = "transaction", 20 server connections per node
+#   pgfresh-ring-session, pgfresh-ring-tx
+#                      the same two with io_engine = "io_uring": the sessions on pgfresh-ring,
+#                      one thread whose loop waits in io_uring_enter
 #   pgfresh-bolt-session, pgfresh-bolt-tx
 #                      the same two with the build bench/bolt.sh lays out (target/release/
 #                      pgfresh.bolt, or $PGFRESH_BOLT_BIN); left out when there is none
@@ -255,9 +258,11 @@ for ROUND in $(seq 1 "$ROUNDS"); do
 
     # 2. pgfresh, session and transaction mode, 20 server connections per node; the same
     #    with the BOLT and the profile-guided builds when there are.
-    for target in pgfresh-session pgfresh-tx pgfresh-bolt-session pgfresh-bolt-tx pgfresh-pgo-session pgfresh-pgo-tx; do
+    for target in pgfresh-session pgfresh-tx pgfresh-ring-session pgfresh-ring-tx pgfresh-bolt-session pgfresh-bolt-tx pgfresh-pgo-session pgfresh-pgo-tx; do
         if skipped "$target"; then echo "== $target: skipped (SKIP)"; continue; fi
         bin=$PGFRESH_BIN
+        engine=epoll
+        case $target in pgfresh-ring-*) engine=io_uring ;; esac
         case $target in
             pgfresh-bolt-*)
                 bin=$PGFRESH_BOLT_BIN
@@ -270,10 +275,10 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         esac
         port=$(free_port); ADMIN=$(free_port); KIND=pgfresh
         if [ "${target%-tx}" != "$target" ]; then
-            PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
+            PGFRESH_IO_ENGINE=$engine PGFRESH_POOL_SIZE=20 PGFRESH_POOL_EXTRA='pool_mode = "transaction"' \
                 write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
         else
-            write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
+            PGFRESH_IO_ENGINE=$engine write_pgfresh_conf "$OUTDIR/$target$ROUND_TAG.toml" "$port" "$ADMIN" true
         fi
         PGFRESH_BIN=$bin start_pgfresh "$OUTDIR/$target$ROUND_TAG.toml" "$OUTDIR/$target$ROUND_TAG.server.log"
         PROXY_PID=$PGFRESH_PID
@@ -329,7 +334,7 @@ import csv, sys, datetime, statistics
 results, out, commit, clients, threads, secs, scale, rounds = sys.argv[1:9]
 rounds = int(rounds)
 rows = list(csv.DictReader(open(results), delimiter="\t"))
-order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "ring-exec-relay", "pgpool"]
+order = ["direct", "pgfresh-session", "pgfresh-tx", "pgfresh-ring-session", "pgfresh-ring-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx", "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgbouncer-session", "pgbouncer-tx", "relay", "uring-relay", "tokio-ring-relay", "ring-exec-relay", "pgpool"]
 targets = [t for t in order if any(r["target"] == t for r in rows)]
 proxies = [t for t in targets if t != "direct"]
 workloads = [("select-simple", "select-only, `-S -M simple` (1 stmt/tx)"),
@@ -386,6 +391,7 @@ if rounds > 1:
 L.append("### Proxy CPU per statement (µs)")
 L.append("")
 pairs = [(a, b) for a, b in (("pgfresh-session", "pgbouncer-session"), ("pgfresh-tx", "pgbouncer-tx"),
+                             ("pgfresh-ring-session", "pgbouncer-session"), ("pgfresh-ring-tx", "pgbouncer-tx"),
                              ("pgfresh-bolt-session", "pgbouncer-session"), ("pgfresh-bolt-tx", "pgbouncer-tx"),
                              ("pgfresh-pgo-session", "pgbouncer-session"), ("pgfresh-pgo-tx", "pgbouncer-tx"))
          if a in targets and b in targets]
@@ -423,7 +429,7 @@ for w, label in workloads:
         cells.append(f"{tps:.0f} / " + (f"{p99:.2f}" if p99 is not None else "n/a"))
     L.append(f"| {label} | " + " | ".join(cells) + " |")
 L.append("")
-share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
+share_targets = [t for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-ring-session", "pgfresh-ring-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
                             "pgfresh-pgo-session", "pgfresh-pgo-tx", "pgpool")
                  if t in targets]
 if share_targets:
@@ -442,7 +448,7 @@ if share_targets:
             cells.append(f"{100 * rep / reads:.1f} % ({rep:.0f} of {reads:.0f})" if reads else "–")
         L.append(f"| {label} | " + " | ".join(cells) + " |")
     L.append("")
-    for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
+    for t in ("pgfresh-session", "pgfresh-tx", "pgfresh-ring-session", "pgfresh-ring-tx", "pgfresh-bolt-session", "pgfresh-bolt-tx",
               "pgfresh-pgo-session", "pgfresh-pgo-tx"):
         by = {}
         for r in runs.get((t, "mix"), {}).values():

@@ -155,8 +155,12 @@ pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     } else {
         "dependency_check_ms = 0\n"
     };
+    // PGFRESH_TEST_IO_ENGINE=io_uring runs the tests' proxies on the io_uring engine.
+    let engine = std::env::var("PGFRESH_TEST_IO_ENGINE")
+        .map(|e| format!("io_engine = \"{e}\"\n"))
+        .unwrap_or_default();
     let mut text = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 10000\n\n\
+        "[proxy]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nclient_login_timeout_ms = 10000\n{engine}\n\
          [monitor]\nuser = \"{su}\"\npassword = \"{su_pw}\"\nsr_check_period_ms = 50\n\n\
          [routing]\ncold_start_ms = 0\n{check}{routing_extra}\n\n"
     );

@@ -51,6 +51,30 @@ pub struct ProxySection {
     /// Threads serving clients: 0 runs everything on one thread (least CPU per
     /// statement); N > 0 uses a work-stealing runtime with N threads.
     pub worker_threads: usize,
+    /// What the client sessions' sockets wait on: tokio's epoll reactor, or one io_uring
+    /// on a thread of its own that runs every session (fewer system calls and wake-ups a
+    /// statement; Linux 6.1 or later).
+    pub io_engine: IoEngine,
+}
+
+/// The client sessions' I/O engine (`[proxy] io_engine`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoEngine {
+    /// Tokio's reactor, on the runtime `worker_threads` describes.
+    #[default]
+    Epoll,
+    /// pgfresh-ring: sessions on one thread whose loop waits in `io_uring_enter`.
+    IoUring,
+}
+
+impl IoEngine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoEngine::Epoll => "epoll",
+            IoEngine::IoUring => "io_uring",
+        }
+    }
 }
 
 impl Default for ProxySection {
@@ -66,6 +90,7 @@ impl Default for ProxySection {
             log_level: "info".into(),
             max_message_bytes: 1 << 30,
             worker_threads: 0,
+            io_engine: IoEngine::Epoll,
         }
     }
 }

@@ -27,6 +27,7 @@ pub const RELOAD_TABLE: &[(&str, ReloadClass)] = &[
     ("proxy.log_level", ReloadClass::Live),
     ("proxy.max_message_bytes", ReloadClass::Live),
     ("proxy.worker_threads", ReloadClass::Restart),
+    ("proxy.io_engine", ReloadClass::Restart),
     ("pool.pool_size", ReloadClass::Restart),
     // Sessions are built for one mode.
     ("pool.pool_mode", ReloadClass::Restart),

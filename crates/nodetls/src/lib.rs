@@ -23,12 +23,14 @@
 mod load;
 pub mod pg;
 mod stream;
+mod tcp;
 mod verify;
 
 use std::sync::Arc;
 
 pub use load::certs;
-pub use stream::{connect, try_read_drained, ServerStream};
+pub use stream::{connect, ServerStream};
+pub use tcp::Tcp;
 
 /// `server_tls_sslmode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

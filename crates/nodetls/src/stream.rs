@@ -15,8 +15,8 @@ use bytes::BytesMut;
 use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
+use crate::tcp::Tcp;
 use crate::{Mode, Settings};
 
 /// Plaintext taken per read call before the caller gets to relay it.
@@ -29,12 +29,12 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// A connection to a node.
 pub enum ServerStream {
-    Plain(TcpStream),
+    Plain(Tcp),
     Tls(Box<TlsConn>),
 }
 
 pub struct TlsConn {
-    tcp: TcpStream,
+    tcp: Tcp,
     tls: rustls::ClientConnection,
     /// The last read stopped at [`READ_CHUNK`] with more possibly decrypted or buffered.
     more: bool,
@@ -43,7 +43,7 @@ pub struct TlsConn {
 }
 
 /// `std::io` over a tokio socket's non-blocking calls, for rustls.
-struct Sock<'a>(&'a TcpStream);
+struct Sock<'a>(&'a Tcp);
 
 impl Read for Sock<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
@@ -70,7 +70,7 @@ impl Write for Sock<'_> {
 /// sent after it is left to the TLS handshake, which refuses it), then the handshake.
 /// Errors say why in words for the log and the client.
 pub async fn connect(
-    mut tcp: TcpStream,
+    mut tcp: Tcp,
     settings: &Settings,
     host: &str,
 ) -> Result<ServerStream, String> {
@@ -117,7 +117,7 @@ pub async fn connect(
 }
 
 impl ServerStream {
-    pub fn tcp(&self) -> &TcpStream {
+    pub fn tcp(&self) -> &Tcp {
         match self {
             ServerStream::Plain(s) => s,
             ServerStream::Tls(t) => &t.tcp,
@@ -163,7 +163,7 @@ impl ServerStream {
     /// closed the connection; `WouldBlock`: nothing yet.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
-            ServerStream::Plain(s) => try_read_drained(s, buf),
+            ServerStream::Plain(s) => s.try_read_buf(buf),
             ServerStream::Tls(t) => t.read(buf),
         }
     }
@@ -307,29 +307,6 @@ impl TlsConn {
             }
         }
         Ok(())
-    }
-}
-
-/// `TcpStream::try_read_buf`, plus: a read that got less than `buf` had room for
-/// emptied the socket, so tokio is told to forget the socket's readiness at once (by
-/// answering "would block" from `try_io` while keeping the bytes). Without this, the next
-/// wait on the socket returns at once and costs a `recv` that finds nothing: one wasted
-/// system call per message and direction. A byte that arrives meanwhile is a new
-/// readiness event, which tokio does not lose.
-pub fn try_read_drained(tcp: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
-    let room = buf.capacity() - buf.len();
-    let mut drained = None;
-    let read = tcp.try_io(tokio::io::Interest::READABLE, || {
-        let n = tcp.try_read_buf(buf)?;
-        if n > 0 && n < room {
-            drained = Some(n);
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    });
-    match drained {
-        Some(n) => Ok(n),
-        None => read,
     }
 }
 

@@ -11,7 +11,7 @@ use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 struct Ca {
     cert: rcgen::Certificate,
@@ -108,7 +108,9 @@ fn tempdir(tag: &str) -> tempfile::TempDir {
 }
 
 async fn try_connect(port: u16, host: &str, settings: &Settings) -> Result<ServerStream, String> {
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tcp = pgfresh_nodetls::Tcp::connect("127.0.0.1", port)
+        .await
+        .unwrap();
     connect(tcp, settings, host).await
 }
 
@@ -374,7 +376,9 @@ async fn a_client_certificate_is_presented_when_configured() {
 async fn a_drained_read_still_wakes_for_the_next_bytes() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let reader = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let reader = pgfresh_nodetls::Tcp::connect("127.0.0.1", port)
+        .await
+        .unwrap();
     let (mut writer, _) = listener.accept().await.unwrap();
     let mut buf = BytesMut::with_capacity(4096);
     for round in 0..100u32 {
@@ -386,7 +390,7 @@ async fn a_drained_read_still_wakes_for_the_next_bytes() {
                 .await
                 .expect("the reader is woken for new bytes")
                 .unwrap();
-            match pgfresh_nodetls::try_read_drained(&reader, &mut buf) {
+            match reader.try_read_buf(&mut buf) {
                 Ok(n) => assert!(n > 0, "the writer did not close"),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => panic!("{e}"),

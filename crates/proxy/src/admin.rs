@@ -111,6 +111,8 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
                     .active()
                     .and_then(|t| t.acceptor.clone())
             });
+            // The admin API stays on tokio whatever `io_engine` says.
+            let sock = pgfresh_nodetls::Tcp::Epoll(sock);
             let stream = match acceptor {
                 None => crate::tls::ClientStream::Plain(sock),
                 Some(None) => {

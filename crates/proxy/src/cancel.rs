@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use pgfresh_wire::{build, CancelKey};
-use tokio::net::TcpStream;
 
 /// Where a cancel for one client goes right now.
 #[derive(Clone, Debug)]
@@ -105,7 +104,7 @@ impl CancelRegistry {
 /// closes the connection once it has signalled the backend).
 async fn forward(t: &CancelTarget) {
     let deliver = async {
-        let tcp = TcpStream::connect((&*t.host, t.port))
+        let tcp = pgfresh_nodetls::Tcp::connect(&t.host, t.port)
             .await
             .map_err(|e| e.to_string())?;
         let mut s = pgfresh_nodetls::connect(tcp, &t.tls, &t.host).await?;

@@ -57,6 +57,8 @@ pub struct Shared {
     pub wal_feeds: crate::wal_feed::WalFeeds,
     /// The console's PAUSE and RESUME.
     pub pause: crate::pause::Pause,
+    /// The runtime client sessions run on with `io_engine = "io_uring"` (`None`: tokio).
+    pub ring: Option<pgfresh_ring::Handle>,
     /// Faults integration tests arm ([`Shared::arm_fault`]).
     #[doc(hidden)]
     pub faults: crate::session::lost_commit::Faults,

@@ -22,6 +22,7 @@ pub mod name_map;
 pub mod pause;
 pub mod pool;
 pub mod refused;
+pub mod ring_thread;
 pub mod router;
 pub mod schema_watch;
 pub mod schema_window;
@@ -177,6 +178,8 @@ fn function_policy(c: &Config) -> FunctionPolicy {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     shutdown_tx: tokio::sync::watch::Sender<bool>,
+    /// With `io_engine = "io_uring"`: the sessions' thread, stopped with the proxy.
+    _ring: Option<ring_thread::RingThread>,
 }
 
 impl Proxy {
@@ -187,6 +190,16 @@ impl Proxy {
         // (the monitor makes its handles as it starts).
         let _ = admin::metrics_handle();
         let balancer = Balancer::start(node_specs(&c), monitor_settings(&c));
+        let ring = match c.proxy.io_engine {
+            pgfresh_config::IoEngine::Epoll => None,
+            pgfresh_config::IoEngine::IoUring => match ring_thread::RingThread::start() {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::error!(error = %e, "io_engine = \"io_uring\": cannot set up an io_uring; sessions run on epoll");
+                    None
+                }
+            },
+        };
         let recency = Arc::new(RecencyMap::new(
             recency_config(&c),
             Arc::new(SystemClock::new()),
@@ -214,6 +227,7 @@ impl Proxy {
             forced_labels: Default::default(),
             catalog: Default::default(),
             deps: deps::Dependencies::new(&c),
+            ring: ring.as_ref().map(|r| r.handle.clone()),
             faults: Default::default(),
             client_tls: Default::default(),
             passthrough: Default::default(),
@@ -229,6 +243,7 @@ impl Proxy {
         let proxy = Proxy {
             shared,
             shutdown_tx,
+            _ring: ring,
         };
         proxy.spawn_background();
         proxy

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use pgfresh_nodetls::Tcp;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tracing::Instrument;
 
 use pgfresh_config::ClientTlsMode;
@@ -32,13 +33,28 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
                     let shared = shared.clone();
                     // At debug level every log line of a session names its client.
                     let span = tracing::debug_span!("client", %peer);
-                    tokio::spawn(
-                        async move {
-                            handle_client(sock, shared).await;
-                            tracing::trace!("client done");
-                        }
-                        .instrument(span),
-                    );
+                    match shared.ring.clone() {
+                        None => drop(tokio::spawn(
+                            async move {
+                                handle_client(Tcp::Epoll(sock), shared).await;
+                                tracing::trace!("client done");
+                            }
+                            .instrument(span),
+                        )),
+                        // io_engine = "io_uring": the session runs on the ring's thread,
+                        // its socket taken from tokio's reactor to the ring's.
+                        Some(ring) => match sock.into_std() {
+                            Ok(sock) => drop(ring.spawn(
+                                async move {
+                                    let sock = Tcp::Ring(pgfresh_ring::TcpStream::from_std(sock));
+                                    handle_client(sock, shared).await;
+                                    tracing::trace!("client done");
+                                }
+                                .instrument(span),
+                            )),
+                            Err(e) => tracing::warn!(error = %e, "cannot hand a client socket to the ring"),
+                        },
+                    }
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly rather than spin.
@@ -59,7 +75,7 @@ impl Drop for ClientCount {
     }
 }
 
-async fn handle_client(sock: TcpStream, shared: Arc<Shared>) {
+async fn handle_client(sock: Tcp, shared: Arc<Shared>) {
     let config = shared.config.snapshot();
     let count = shared.clients.fetch_add(1, Ordering::AcqRel) + 1;
     metrics::gauge!("pgfresh_client_connections").increment(1.0);

@@ -8,7 +8,6 @@ use bytes::{Bytes, BytesMut};
 use pgfresh_nodetls::ServerStream;
 use pgfresh_wire::{build, parse_backend, Auth, BackendMessage, CancelKey, Limits, TxStatus};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
-use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
 use crate::io::{try_frame, ReadError, Side};
@@ -162,12 +161,13 @@ impl ServerConn {
             node: target.node_name.to_string(),
             reason,
         };
-        let addr = format!("{}:{}", target.host, target.port);
-        let stream = tokio::time::timeout(connect_timeout, TcpStream::connect(&addr))
-            .await
-            .map_err(|_| err("connect timed out".into()))?
-            .map_err(|e| err(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
+        let stream = tokio::time::timeout(
+            connect_timeout,
+            pgfresh_nodetls::Tcp::connect(&target.host, target.port),
+        )
+        .await
+        .map_err(|_| err("connect timed out".into()))?
+        .map_err(|e| err(e.to_string()))?;
         let negotiated = tokio::time::timeout(
             connect_timeout,
             pgfresh_nodetls::connect(stream, &target.tls, &target.host),
@@ -548,10 +548,32 @@ impl ServerConn {
         self.drain_until_ready().await
     }
 
+    /// The ring runtime the connection's socket belongs to (`None` on tokio): where
+    /// work on it must run.
+    pub fn home(&self) -> Option<pgfresh_ring::Handle> {
+        self.stream.tcp().home()
+    }
+
+    /// [`terminate`](Self::terminate) in a task of its own, on the connection's engine.
+    pub fn close_in_background(self) {
+        spawn_on(self.home(), self.terminate());
+    }
+
     /// Bytes of a Terminate message, for a polite close.
     pub async fn terminate(mut self) {
         let t: Bytes = build::terminate();
         let _ = self.stream.write_all(&t).await;
         self.stream.shutdown().await;
+    }
+}
+
+/// Starts `work` on `home`, the ring runtime of the sockets it uses, or on tokio.
+pub fn spawn_on<F>(home: Option<pgfresh_ring::Handle>, work: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    match home {
+        Some(ring) => drop(ring.spawn(work)),
+        None => drop(tokio::spawn(work)),
     }
 }

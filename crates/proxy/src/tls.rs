@@ -15,11 +15,11 @@ use arc_swap::ArcSwapOption;
 use bytes::BytesMut;
 use pgfresh_config::{ClientTlsMode, TlsSection};
 use pgfresh_nodetls::certs;
+use pgfresh_nodetls::Tcp;
 use pgfresh_wire::{build, decode_startup, Decoded, Limits, StartupPacket};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -28,8 +28,8 @@ use crate::io::fill;
 
 /// A client connection, plain or TLS.
 pub enum ClientStream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Plain(Tcp),
+    Tls(Box<TlsStream<Tcp>>),
 }
 
 impl ClientStream {
@@ -53,7 +53,7 @@ impl ClientStream {
                 // The socket's one reader slot, not a waiter list (see
                 // `ServerStream::poll_read_ready`).
                 std::future::poll_fn(|cx| s.poll_read_ready(cx)).await?;
-                match pgfresh_nodetls::try_read_drained(s, buf) {
+                match s.try_read_buf(buf) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     other => return other,
                 }
@@ -84,7 +84,8 @@ impl ClientStream {
         }
     }
 
-    fn tcp(&self) -> &TcpStream {
+    /// The socket under the stream.
+    pub fn tcp(&self) -> &Tcp {
         match self {
             ClientStream::Plain(s) => s,
             ClientStream::Tls(s) => s.get_ref().0,

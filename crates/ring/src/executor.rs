@@ -178,6 +178,12 @@ impl std::fmt::Debug for Handle {
 }
 
 impl Handle {
+    pub(crate) fn of(remote: &Arc<Remote>) -> Handle {
+        Handle {
+            remote: remote.clone(),
+        }
+    }
+
     /// The runtime of the calling thread, if it runs one.
     pub fn try_current() -> Option<Handle> {
         try_with(|cx| Handle {
@@ -309,7 +315,9 @@ impl Context {
             let Some(r) = self.queue.borrow_mut().pop_front() else {
                 break;
             };
-            r.run();
+            // A task that panics is gone (its panic reported by the hook); the others
+            // go on, as on tokio.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| r.run()));
             ran += 1;
         }
         ran

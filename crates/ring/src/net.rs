@@ -362,6 +362,11 @@ impl TcpStream {
         Ok(TcpStream::from_std(sock))
     }
 
+    /// The runtime the stream belongs to.
+    pub fn handle(&self) -> crate::Handle {
+        crate::Handle::of(&self.core.owner)
+    }
+
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
         self.core.sock.peer_addr()
     }

@@ -131,7 +131,7 @@ impl Unfit {
                 tracing::info!(node = %target.node_name, "a pooled server connection was closed by the server; replaced");
             }
         }
-        tokio::spawn(conn.terminate());
+        conn.close_in_background();
     }
 }
 
@@ -163,7 +163,7 @@ impl CloseReason {
             "reason" => self.as_str()
         )
         .increment(1);
-        tokio::spawn(conn.terminate());
+        conn.close_in_background();
     }
 }
 
@@ -541,14 +541,14 @@ impl Pools {
             && leased.conn.unsent() == 0
             && leased.conn.rbuf.is_empty();
         if !reusable {
-            tokio::spawn(leased.conn.terminate());
+            leased.conn.close_in_background();
             return;
         }
         match cleanup {
             None => leased.return_idle(s),
             Some(frames) => {
                 let s = s.clone();
-                tokio::spawn(async move {
+                crate::server::spawn_on(leased.conn.home(), async move {
                     if matches!(leased.conn.run_frames_quiet(&frames).await, Ok(Ok(())))
                         && leased.conn.tx == pgfresh_wire::TxStatus::Idle
                     {

@@ -921,7 +921,7 @@ impl Session {
             }
             // The node changed role since this connection was made: do not reuse it.
             if let Some(stale) = self.backends[node].take() {
-                tokio::spawn(stale.conn.terminate());
+                stale.conn.close_in_background();
                 self.state.connection_gone(node);
             }
             if self.active == Some(node) {

@@ -197,7 +197,7 @@ impl Session {
         for slot in self.backends.iter_mut() {
             let Some(leased) = slot.take() else { continue };
             if cancel_in_flight {
-                tokio::spawn(leased.conn.terminate());
+                leased.conn.close_in_background();
                 continue;
             }
             let cleanup = leased.conn.sql_prepared_cleanup();

@@ -1,0 +1,50 @@
+//! `[proxy] io_engine = "io_uring"`: the thread whose pgfresh-ring runtime runs every
+//! client session.
+//!
+//! The listener accepts on tokio and hands each socket over; the session, its client
+//! socket and the server connections it opens then live on this thread, whose loop waits
+//! in `io_uring_enter` (see `docs/benchmarks.md`). Everything else stays on tokio: the
+//! monitor, the admin API, the WAL feeds, timers. The thread enters tokio's runtime, so a
+//! session's `tokio::time` and `tokio::spawn` work as before (a timer or task there wakes
+//! the ring through an eventfd).
+
+use tokio::sync::oneshot;
+
+/// The running thread; dropping it stops the runtime (sessions still on it are dropped).
+pub struct RingThread {
+    pub handle: pgfresh_ring::Handle,
+    _stop: oneshot::Sender<()>,
+}
+
+impl RingThread {
+    /// Starts the thread, inside the tokio runtime of the caller.
+    pub fn start() -> std::io::Result<RingThread> {
+        let tokio = tokio::runtime::Handle::current();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("pgfresh-ring".into())
+            .spawn(move || {
+                let _tokio = tokio.enter();
+                let rt = match pgfresh_ring::Runtime::new(4096) {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(rt.handle()));
+                // Until the proxy is dropped (its sender with it).
+                rt.block_on(async move {
+                    let _ = stop_rx.await;
+                });
+            })?;
+        let handle = ready_rx
+            .recv()
+            .map_err(|_| std::io::Error::other("the ring thread ended before it started"))??;
+        Ok(RingThread {
+            handle,
+            _stop: stop_tx,
+        })
+    }
+}
