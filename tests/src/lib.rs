@@ -457,6 +457,12 @@ pub fn start_proxy_unready(text: &str) -> ProxyHandle {
         let _ = done_tx.send(());
     });
     let shared = shared_rx.recv().expect("proxy started");
+    if shared.config.snapshot().proxy.io_engine == pgfresh_config::IoEngine::IoUring {
+        assert!(
+            shared.ring.is_some(),
+            "io_engine = \"io_uring\" asked for, but the ring could not be set up (see the log)"
+        );
+    }
     ProxyHandle {
         addr,
         admin: admin_addr,
