@@ -1,8 +1,9 @@
 //! A TCP socket on either I/O engine: tokio's epoll reactor, or the io_uring of the
 //! pgfresh-ring runtime that runs the calling thread (`[proxy] io_engine = "io_uring"`).
 //!
-//! The engine is the calling thread's: a socket made or adopted on a ring thread is a ring
-//! socket, anywhere else a tokio one. Both answer the same calls, so the relay's code
+//! The engine is the calling thread's: a socket connected on a ring thread is a ring
+//! socket, anywhere else a tokio one (the listener hands accepted sockets to the ring
+//! itself). Both answer the same calls, so the relay's code
 //! does not change with the engine. (A tokio socket used on a ring thread still works,
 //! its readiness reaching the ring through tokio's thread, only more slowly.)
 
@@ -26,7 +27,7 @@ impl Tcp {
     pub async fn connect(host: &str, port: u16) -> io::Result<Tcp> {
         if pgfresh_ring::Handle::try_current().is_none() {
             let s = tokio::net::TcpStream::connect((host, port)).await?;
-            s.set_nodelay(true)?;
+            let _ = s.set_nodelay(true);
             return Ok(Tcp::Epoll(s));
         }
         let mut last = None;
@@ -57,20 +58,6 @@ impl Tcp {
         match self {
             Tcp::Epoll(s) => s.peer_addr(),
             Tcp::Ring(s) => s.peer_addr(),
-        }
-    }
-
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        match self {
-            Tcp::Epoll(s) => s.local_addr(),
-            Tcp::Ring(s) => s.local_addr(),
-        }
-    }
-
-    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        match self {
-            Tcp::Epoll(s) => s.set_nodelay(on),
-            Tcp::Ring(s) => s.set_nodelay(on),
         }
     }
 

@@ -26,7 +26,7 @@
 //!   them: used from another thread, their I/O answers an error, and dropped there, the
 //!   closing is handed back to their runtime.
 //!
-//! Linux only (io_uring, 5.19 or later for the ring's flags; deferred task work is used
+//! Linux only (io_uring, 5.11 or later for the wait's timeout; deferred task work is used
 //! where the kernel has it, 6.1 or later).
 
 // The ring takes raw pointers into buffers: each buffer is owned by a stream's shared

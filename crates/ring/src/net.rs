@@ -165,10 +165,7 @@ impl Core {
             if rx.pos < rx.buf.len() || rx.end != RxEnd::Open {
                 return Poll::Ready(());
             }
-            match &mut rx.waker {
-                Some(w) => w.clone_from(cx.waker()),
-                None => rx.waker = Some(cx.waker().clone()),
-            }
+            keep_waker(&mut rx.waker, cx.waker());
         }
         self.arm_recv();
         Poll::Pending
@@ -283,11 +280,16 @@ impl Core {
         if done(&tx) {
             return Poll::Ready(Ok(()));
         }
-        match &mut tx.waker {
-            Some(w) => w.clone_from(cx.waker()),
-            None => tx.waker = Some(cx.waker().clone()),
-        }
+        keep_waker(&mut tx.waker, cx.waker());
         Poll::Pending
+    }
+}
+
+/// Stores `waker` as the one to wake, reusing the stored one when it wakes the same task.
+fn keep_waker(slot: &mut Option<Waker>, waker: &Waker) {
+    match slot {
+        Some(w) => w.clone_from(waker),
+        None => *slot = Some(waker.clone()),
     }
 }
 

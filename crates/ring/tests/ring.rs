@@ -100,6 +100,20 @@ fn a_read_future_dropped_by_a_select_loses_nothing() {
     });
 }
 
+/// Everything `s` receives until the peer closes.
+async fn read_to_end(s: &TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    loop {
+        s.readable().await.unwrap();
+        match s.try_read_buf(&mut got) {
+            Ok(0) => return got,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 fn drain(s: &TcpStream, into: &mut Vec<u8>) {
     loop {
         match s.try_read_buf(into) {
@@ -122,9 +136,9 @@ fn more_than_the_send_limit_goes_out_whole_and_in_order() {
             let (mut s, _) = listener.accept().await.unwrap();
             let mut all = Vec::new();
             let mut chunk = vec![0u8; 1000];
+            // (The writer meets a full queue whatever this does: it queues without
+            // yielding until `try_write` answers WouldBlock.)
             loop {
-                // Slowly, so the writer meets a full queue.
-                sleep(Duration::from_micros(20)).await;
                 let n = s.read(&mut chunk).await.unwrap();
                 if n == 0 {
                     return all;
@@ -173,17 +187,7 @@ fn end_of_stream_and_refused_connections_are_reported() {
         });
         let s = TcpStream::connect(addr).await.unwrap();
         server.await;
-        let mut got = Vec::new();
-        loop {
-            s.readable().await.unwrap();
-            match s.try_read_buf(&mut got) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert_eq!(got, b"bye");
+        assert_eq!(read_to_end(&s).await, b"bye");
 
         // A port bound and never listened on refuses.
         let held = std::net::TcpListener::bind(local()).unwrap();
@@ -200,14 +204,18 @@ fn end_of_stream_and_refused_connections_are_reported() {
 #[test]
 fn wakes_from_other_threads_reach_a_parked_loop() {
     let rt = Runtime::new(64).unwrap();
+    // "PID/task/TID": this thread, which runs the ring's loop.
+    let ring_thread = std::fs::read_link("/proc/thread-self").unwrap();
     rt.block_on(async {
         for _ in 0..100 {
             let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            // Sent once the loop, which has nothing else to do, waits in the ring: only
+            // the eventfd can wake it then.
+            let ring_thread = ring_thread.clone();
             let t = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_micros(200));
+                wait_until_asleep(ring_thread);
                 tx.send(7).unwrap();
             });
-            // The loop has nothing else to do: it waits in the ring until the eventfd.
             assert_eq!(rx.await.unwrap(), 7);
             t.join().unwrap();
         }
@@ -217,6 +225,26 @@ fn wakes_from_other_threads_reach_a_parked_loop() {
         std::thread::spawn(move || tx.send(41).unwrap());
         assert_eq!(h.await, 42);
     });
+}
+
+/// Returns once `thread` (as `/proc/thread-self` names it) sleeps (the ring's loop, parked in
+/// `io_uring_enter`: nothing else it does blocks).
+fn wait_until_asleep(thread: std::path::PathBuf) {
+    let path = std::path::Path::new("/proc").join(thread).join("stat");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stat = std::fs::read_to_string(&path).unwrap();
+        // The state follows the command name, which is in parentheses.
+        let state = stat.rsplit(')').next().unwrap().trim_start().chars().next();
+        if state == Some('S') {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ring's thread never slept: {stat}"
+        );
+        std::thread::yield_now();
+    }
 }
 
 #[test]
@@ -249,16 +277,22 @@ fn a_runtime_dropped_with_tasks_waiting_on_sockets_frees_them() {
         let addr = rt.block_on(async {
             let listener = TcpListener::bind(local()).unwrap();
             let addr = listener.local_addr().unwrap();
-            // Left waiting: an accept, and a receive on a connection nobody writes to.
+            // Left waiting: a receive on each end of a connection nobody writes to. Each
+            // task says so in the poll that posts its receive.
+            let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
             spawn(async move {
                 let (s, _) = listener.accept().await.unwrap();
+                let _ = accepted_tx.send(());
                 let _ = s.readable().await;
             });
             let s = TcpStream::connect(addr).await.unwrap();
+            let (waiting_tx, waiting) = tokio::sync::oneshot::channel();
             spawn(async move {
+                let _ = waiting_tx.send(());
                 let _ = s.readable().await;
             });
-            sleep(Duration::from_millis(1)).await;
+            accepted.await.unwrap();
+            waiting.await.unwrap();
             addr
         });
         drop(rt);
@@ -297,16 +331,7 @@ fn a_stream_used_from_another_thread_errs_there_and_closes_at_home() {
             away.1
         );
         // The drop was carried home: the receive was cancelled and the socket closed.
-        let mut got = Vec::new();
-        loop {
-            peer.readable().await.unwrap();
-            match peer.try_read_buf(&mut got) {
-                Ok(0) => break,
-                Ok(_) => panic!("unexpected bytes"),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => panic!("{e}"),
-            }
-        }
+        assert!(read_to_end(&peer).await.is_empty(), "unexpected bytes");
     });
 }
 
@@ -322,6 +347,7 @@ fn tokio_timers_and_tasks_serve_a_ring_thread_that_entered_their_runtime() {
     let ring = rt.handle();
     rt.block_on(async move {
         let start = Instant::now();
+        // The timer itself is under test: tokio's, fired on tokio's thread, waking this one.
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(start.elapsed() >= Duration::from_millis(20));
         // A task on tokio's thread, awaited here; and one it starts back on the ring.
