@@ -10,7 +10,7 @@
 
 use tokio::sync::oneshot;
 
-/// The running thread; dropping it stops the runtime (sessions still on it are dropped).
+/// The running thread; once it is dropped, the runtime ends with the last session on it.
 pub struct RingThread {
     pub handle: pgfresh_ring::Handle,
     _stop: oneshot::Sender<()>,
@@ -33,10 +33,16 @@ impl RingThread {
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok(rt.handle()));
-                // Until the proxy is dropped (its sender with it).
+                let handle = rt.handle();
+                let _ = ready_tx.send(Ok(handle.clone()));
+                // Until the proxy is dropped (its sender with it), and then until the
+                // sessions still running have ended: a session told to shut down says
+                // so to its client (57P01) before it goes, as it does on tokio.
                 rt.block_on(async move {
                     let _ = stop_rx.await;
+                    while handle.tasks() > 0 {
+                        pgfresh_ring::sleep(std::time::Duration::from_millis(10)).await;
+                    }
                 });
             })?;
         let handle = ready_rx

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::{pin, Pin};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::Instant;
@@ -25,6 +25,8 @@ pub(crate) struct Remote {
     queue: Mutex<Vec<Runnable>>,
     /// Whether `queue` may hold tasks: the loop looks here, not at the lock, each turn.
     queued: AtomicBool,
+    /// Tasks spawned and not yet finished or dropped.
+    tasks: AtomicUsize,
     /// Set while the loop waits in the ring (or is about to): a wake from another
     /// thread must then write the eventfd, whose read the ring keeps posted.
     parked: AtomicBool,
@@ -160,6 +162,7 @@ where
     F::Output: Send + 'static,
 {
     let remote = remote.clone();
+    let future = Counted::new(&remote, future);
     let (runnable, task) = async_task::spawn(future, move |r| schedule(&remote, r));
     runnable.schedule();
     JoinHandle(Some(task))
@@ -200,9 +203,43 @@ impl Handle {
         spawn_on(&self.remote, future)
     }
 
+    /// Tasks spawned on this runtime that have neither finished nor been dropped.
+    pub fn tasks(&self) -> usize {
+        self.remote.tasks.load(Ordering::Acquire)
+    }
+
     /// Whether the calling thread is the one running this runtime.
     pub fn is_current(&self) -> bool {
         is_current(&self.remote)
+    }
+}
+
+/// A spawned future, counted in its runtime's `tasks` from its spawn to its drop.
+struct Counted<F> {
+    future: Pin<Box<F>>,
+    remote: Arc<Remote>,
+}
+
+impl<F> Counted<F> {
+    fn new(remote: &Arc<Remote>, future: F) -> Counted<F> {
+        remote.tasks.fetch_add(1, Ordering::AcqRel);
+        Counted {
+            future: Box::pin(future),
+            remote: remote.clone(),
+        }
+    }
+}
+
+impl<F: Future> Future for Counted<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<F::Output> {
+        self.future.as_mut().poll(cx)
+    }
+}
+
+impl<F> Drop for Counted<F> {
+    fn drop(&mut self) {
+        self.remote.tasks.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -216,6 +253,7 @@ where
     F::Output: 'static,
 {
     let remote = with(|cx| cx.remote.clone());
+    let future = Counted::new(&remote, future);
     let (runnable, task) = async_task::spawn_local(future, move |r| schedule(&remote, r));
     runnable.schedule();
     JoinHandle(Some(task))
@@ -260,6 +298,7 @@ impl Runtime {
                 remote: Arc::new(Remote {
                     queue: Mutex::new(Vec::new()),
                     queued: AtomicBool::new(false),
+                    tasks: AtomicUsize::new(0),
                     parked: AtomicBool::new(false),
                     eventfd,
                 }),

@@ -367,3 +367,23 @@ fn tokio_timers_and_tasks_serve_a_ring_thread_that_entered_their_runtime() {
         );
     });
 }
+
+#[test]
+fn the_runtime_counts_the_tasks_not_yet_ended() {
+    let rt = Runtime::new(64).unwrap();
+    let handle = rt.handle();
+    rt.block_on(async move {
+        assert_eq!(handle.tasks(), 0);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let waiting = spawn(async move {
+            let _ = rx.await;
+        });
+        let done = spawn(async {});
+        assert_eq!(handle.tasks(), 2);
+        done.await;
+        assert_eq!(handle.tasks(), 1);
+        tx.send(()).unwrap();
+        waiting.await;
+        assert_eq!(handle.tasks(), 0);
+    });
+}
