@@ -6,8 +6,10 @@
 #   bench/statement-cost.sh [options]
 #     -m MODE        pool_mode: session (default) or transaction
 #     -M PROTOCOL    pgbench protocol: extended (default), simple or prepared
-#     -w WORKLOAD    select (default: pgbench -S) or mix (9 point reads + 1 autocommit
-#                    UPDATE, 10 statements a transaction; see write_mix in bench/lib.sh)
+#     -w WORKLOAD    select (default: pgbench -S), mix (9 point reads + 1 autocommit
+#                    UPDATE, 10 statements a transaction; see write_mix in bench/lib.sh) or
+#                    tpcb (pgbench's built-in TPC-B-like transaction: BEGIN, 3 UPDATEs, a
+#                    SELECT, an INSERT, END, 7 statements)
 #     -t N           transactions per client (default 2000; a mix transaction is 10
 #                    statements)
 #     -c CLIENTS     pgbench clients while instructions are counted (default 2); with more
@@ -59,8 +61,8 @@ while getopts "m:M:w:t:c:d:o:BrC" opt; do
     esac
 done
 case $WORKLOAD in
-    select | mix) ;;
-    *) echo "unknown workload $WORKLOAD (select or mix)" >&2; exit 2 ;;
+    select | mix | tpcb) ;;
+    *) echo "unknown workload $WORKLOAD (select, mix or tpcb)" >&2; exit 2 ;;
 esac
 
 SCALE=1
@@ -83,6 +85,9 @@ if [ "$WORKLOAD" = mix ]; then
     write_mix "$OUTDIR/mix.sql"
     STMTS=10
     SCRIPT=(-f "$OUTDIR/mix.sql" -s "$SCALE")
+elif [ "$WORKLOAD" = tpcb ]; then
+    STMTS=7
+    SCRIPT=(-b tpcb-like)
 fi
 
 pgbench_run() {

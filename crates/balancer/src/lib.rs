@@ -50,11 +50,13 @@
 
 mod demand;
 pub mod eligibility;
+mod fast;
 pub mod lag;
 mod live;
 mod monitor;
 pub mod patroni;
 mod reader;
+mod ring_polls;
 pub mod select;
 mod settings;
 mod state;
@@ -109,6 +111,9 @@ pub(crate) struct Inner {
     monitors: Mutex<Vec<Option<CancellationToken>>>,
     /// Where monitor tasks are spawned, also for nodes added from outside the runtime.
     runtime: tokio::runtime::Handle,
+    /// The sessions' pgfresh-ring, where the standbys' fast replay polls run
+    /// ([`ring_polls`]); `None`: beside the full polls, on tokio.
+    pub(crate) ring: Option<pgfresh_ring::Handle>,
     events: broadcast::Sender<ClusterEvent>,
     generation: watch::Sender<u64>,
     ready: watch::Sender<bool>,
@@ -270,7 +275,22 @@ impl Balancer {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn start(nodes: Vec<NodeSpec>, settings: MonitorSettings) -> Balancer {
-        let b = Balancer::unmonitored(&nodes, settings);
+        Balancer::start_on(nodes, settings, None)
+    }
+
+    /// As [`Balancer::start`], with the standbys' fast replay polls on `ring` (the
+    /// sessions' pgfresh-ring runtime, `io_engine = "io_uring"`) rather than on tokio: their
+    /// millisecond timers and the commits' wake-ups then stay on the thread that runs the
+    /// sessions. The full polls stay on tokio.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn start_on(
+        nodes: Vec<NodeSpec>,
+        settings: MonitorSettings,
+        ring: Option<pgfresh_ring::Handle>,
+    ) -> Balancer {
+        let b = Balancer::unmonitored(&nodes, settings, ring);
         {
             // Held so that a first poll cannot publish before every monitor is registered.
             let _state = b.inner.lock();
@@ -282,7 +302,11 @@ impl Balancer {
     }
 
     /// A balancer over `nodes` whose monitors are not started.
-    fn unmonitored(nodes: &[NodeSpec], settings: MonitorSettings) -> Balancer {
+    fn unmonitored(
+        nodes: &[NodeSpec],
+        settings: MonitorSettings,
+        ring: Option<pgfresh_ring::Handle>,
+    ) -> Balancer {
         let cancel = CancellationToken::new();
         let inner = Arc::new(Inner {
             view: Arc::new(ArcSwap::from_pointee(state::initial_view(nodes))),
@@ -296,6 +320,7 @@ impl Balancer {
             )),
             monitors: Mutex::new(Vec::with_capacity(nodes.len())),
             runtime: tokio::runtime::Handle::current(),
+            ring,
             settings: Arc::new(ArcSwap::from_pointee(settings)),
             events: broadcast::channel(EVENT_CAPACITY).0,
             generation: watch::channel(0).0,
@@ -682,7 +707,7 @@ mod tests {
 
     #[tokio::test]
     async fn positions_select_only_replicas_on_the_primarys_timeline() {
-        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default());
+        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default(), None);
         // Node 0 was promoted to timeline 2 at 0/5000000; node 1 follows it, node 2 (still
         // on timeline 1, further along) is out of the pool.
         b.inner.record(0, Ok(primary(0x600_0000, 2)));
@@ -733,7 +758,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reader_answers_as_the_balancer_after_every_change() {
-        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default());
+        let b = Balancer::unmonitored(&specs(3), MonitorSettings::default(), None);
         let mut r = b.reader();
         assert_eq!(r.primary(), None);
         assert!(r.select_replica(None).is_none());
@@ -767,7 +792,7 @@ mod tests {
 
     #[tokio::test]
     async fn waiting_for_a_position() {
-        let b = Balancer::unmonitored(&specs(2), MonitorSettings::default());
+        let b = Balancer::unmonitored(&specs(2), MonitorSettings::default(), None);
         b.inner.record(0, Ok(primary(0x600_0000, 2)));
         b.inner.record(1, Ok(standby(0x500_0000, 2, 0)));
         let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(20);

@@ -22,7 +22,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use pgfresh_lsn::Lsn;
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// What [`NodeLive::sampled_at`] counts from.
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);

@@ -10,7 +10,9 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_postgres::{Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
+use crate::fast::{fast_polls, PollSite};
 use crate::patroni::PatroniPoller;
+use crate::ring_polls::RingPolls;
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::state::Sample;
 use crate::timeline::TimelineHistory;
@@ -57,7 +59,7 @@ LEFT JOIN pg_stat_wal_receiver w ON true";
 
 /// The fast poll between full polls while reads wait on replay positions
 /// ([`crate::demand`]): one function call, no catalog access.
-const REPLAY_SQL: &str = "SELECT pg_last_wal_replay_lsn()::text";
+pub(crate) const REPLAY_SQL: &str = "SELECT pg_last_wal_replay_lsn()::text";
 
 /// An open monitor connection with its prepared poll statements.
 struct Conn {
@@ -137,6 +139,8 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     let mut next = Instant::now();
     let mut failures = FailureLog::default();
     let mut history = HistoryFetch::default();
+    // Started the first time the node answers as a standby.
+    let mut ring_polls: Option<RingPolls> = None;
     loop {
         let settings = inner.settings.load_full();
         let outcome = tokio::select! {
@@ -195,12 +199,32 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             }
         }
         next = (next + settings.period()).max(Instant::now());
+        if standby && ring_polls.is_none() && matches!(source, Source::Sql(_)) {
+            ring_polls = inner
+                .ring
+                .as_ref()
+                .map(|r| RingPolls::start(r, &inner, id, &spec, &cancel));
+        }
         let until_next = async {
-            if standby && !settings.replay_check_period.is_zero() {
-                fast_polls(&inner, id, &spec.name, &source, &settings, next).await;
-            } else {
-                sleep_until(next).await;
+            if !standby || settings.replay_check_period.is_zero() {
+                return sleep_until(next).await;
             }
+            // On the sessions' ring when there is one; here if it is gone.
+            if let Some(ring) = &ring_polls {
+                if ring.window(&settings, next.into_std()).await {
+                    return;
+                }
+            }
+            let mut site = OnTokio(&source);
+            fast_polls(
+                &inner,
+                id,
+                &spec.name,
+                &mut site,
+                &settings,
+                next.into_std(),
+            )
+            .await;
         };
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -209,75 +233,16 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     }
 }
 
-/// Until `next` (the next full poll): while reads wait on replay positions this standby
-/// is not known to have replayed, polls its `pg_last_wal_replay_lsn()` every
-/// `replay_check_period` and records it; once it is known to have every wanted position
-/// (asked for by a read, or a commit's), waits for a newer one ([`crate::demand`]). A
-/// failed fast poll ends them until the full poll, which reports and handles the failure.
-async fn fast_polls(
-    inner: &Inner,
-    id: NodeId,
-    name: &str,
-    source: &Source,
-    settings: &MonitorSettings,
-    next: Instant,
-) {
-    let polls = metrics::counter!("pgfresh_replay_polls_total", "node" => name.to_string());
-    let live = inner.live(id);
-    let grant = |granted: bool| {
-        if let Some(l) = &live {
-            l.grant_sample(granted);
-        }
-    };
-    loop {
-        // While reads wait (most ticks under constant writes) no timer is made here.
-        if !inner.demand.active() {
-            grant(false);
-            tokio::select! {
-                _ = sleep_until(next) => return grant(false),
-                _ = inner.demand.wait_active() => {}
-            }
-        }
-        let known = inner.known_replay(id);
-        if inner.demand.wanted() <= known {
-            // Nothing wanted is left to learn here.
-            grant(false);
-            tokio::select! {
-                _ = sleep_until(next) => return,
-                _ = inner.demand.wait_raised(known) => {}
-            }
-            continue;
-        }
-        // A read to this standby may ask for its position this period too (see `live`).
-        grant(true);
-        let sampled = live.as_ref().and_then(|l| l.sampled_at());
-        if let Some(due) = sampled
-            .map(|t| t + settings.replay_check_period)
-            .filter(|due| *due > Instant::now())
-        {
-            // A sample answered within the period: as fresh as a poll would be. The next
-            // poll is due a period after it, unless another sample comes first.
-            if due >= next {
-                return sleep_until(next).await;
-            }
-            sleep_until(due).await;
-            continue;
-        }
-        let tick = Instant::now() + settings.replay_check_period;
-        polls.increment(1);
-        match source.poll_replay(settings).await {
-            Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn, crate::live::Source::Poll),
-            Some(Ok(None)) => {}
-            Some(Err(e)) => {
-                tracing::debug!(node = %name, error = %e, "fast replay poll failed");
-                return sleep_until(next).await;
-            }
-            None => return sleep_until(next).await,
-        }
-        if tick >= next {
-            return sleep_until(next).await;
-        }
-        sleep_until(tick).await;
+/// The fast polls on tokio, over the full polls' connection.
+struct OnTokio<'a>(&'a Source);
+
+impl PollSite for OnTokio<'_> {
+    async fn sleep_until(&self, at: std::time::Instant) {
+        sleep_until(Instant::from_std(at)).await;
+    }
+
+    async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
+        self.0.poll_replay(s).await
     }
 }
 
@@ -349,7 +314,7 @@ async fn poll(
     spec: &NodeSpec,
     s: &MonitorSettings,
 ) -> Result<Sample, String> {
-    let login = (s.user.clone(), s.password.clone(), s.database.clone());
+    let login = login(s);
     if conn
         .as_ref()
         .is_some_and(|c| c.login != login || c.client.is_closed())
@@ -371,11 +336,8 @@ async fn poll(
     Ok(sample)
 }
 
-async fn connect(
-    spec: &NodeSpec,
-    s: &MonitorSettings,
-    login: (String, String, String),
-) -> Result<Conn, String> {
+/// The monitor's login to `spec`.
+pub(crate) fn login_config(spec: &NodeSpec, s: &MonitorSettings) -> tokio_postgres::Config {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&spec.host)
         .port(spec.port)
@@ -384,6 +346,21 @@ async fn connect(
         .dbname(&s.database)
         .application_name("pgfresh-monitor")
         .connect_timeout(s.connect_timeout);
+    cfg
+}
+
+/// The login a monitor connection was opened with: a settings change that alters it
+/// reconnects.
+pub(crate) fn login(s: &MonitorSettings) -> (String, String, String) {
+    (s.user.clone(), s.password.clone(), s.database.clone())
+}
+
+async fn connect(
+    spec: &NodeSpec,
+    s: &MonitorSettings,
+    login: (String, String, String),
+) -> Result<Conn, String> {
+    let mut cfg = login_config(spec, s);
     let pgfresh_nodetls::pg::Connected {
         client,
         connection,
@@ -467,8 +444,7 @@ pub struct LoginCheck {
 /// node's role and version. The error is the text the monitor would record as the node's
 /// `last_error` (the server's message and SQLSTATE, or the I/O error).
 pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCheck, String> {
-    let login = (s.user.clone(), s.password.clone(), s.database.clone());
-    let conn = connect(spec, s, login).await?;
+    let conn = connect(spec, s, login(s)).await?;
     let row = timeout(
         s.health_timeout.max(Duration::from_millis(1)),
         conn.client.query_one(
@@ -491,7 +467,7 @@ pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCh
 }
 
 /// Prepares `sql` on a new monitor connection, within the health timeout.
-async fn prepare(
+pub(crate) async fn prepare(
     client: &Client,
     sql: &str,
     what: &str,
@@ -509,8 +485,13 @@ async fn prepare(
 async fn poll_replay(c: &Conn, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
     let row = timeout(s.health_timeout, c.client.query_one(&c.replay, &[]))
         .await
-        .map_err(|_| format!("replay poll timed out after {:?}", s.health_timeout))?
-        .map_err(|e| format!("replay poll failed: {}", describe_pg_error(&e)))?;
+        .map_err(|_| format!("replay poll timed out after {:?}", s.health_timeout))?;
+    replay_from(row)
+}
+
+/// The position a replay poll answered.
+pub(crate) fn replay_from(row: Result<Row, tokio_postgres::Error>) -> Result<Option<Lsn>, String> {
+    let row = row.map_err(|e| format!("replay poll failed: {}", describe_pg_error(&e)))?;
     // Borrowed from the row: nothing is allocated per poll.
     let text: Option<&str> = row
         .try_get(0)

@@ -506,3 +506,101 @@ async fn fast_replay_polls_run_while_reads_wait_and_there_is_something_new() {
     );
     b.shutdown();
 }
+
+/// A pgfresh-ring runtime on its own thread inside the test's tokio runtime, as the
+/// proxy's sessions have with `io_engine = "io_uring"`; stopped when dropped.
+struct TestRing {
+    handle: pgfresh_ring::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestRing {
+    fn start() -> TestRing {
+        let tokio = tokio::runtime::Handle::current();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let _tokio = tokio.enter();
+            let rt = pgfresh_ring::Runtime::new(256).expect("an io_uring");
+            ready_tx.send(rt.handle()).unwrap();
+            rt.block_on(async move {
+                let _ = stopped.await;
+            });
+        });
+        TestRing {
+            handle: ready_rx.recv().unwrap(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until `n` tasks are alive on the ring.
+    async fn until_tasks(&self, n: usize, what: &str) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while self.handle.tasks() != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: {} tasks on the ring, not {n}",
+                self.handle.tasks()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for TestRing {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// With the sessions' ring given (`io_engine = "io_uring"`), the standbys' fast replay
+/// polls run there, each over a connection of the ring's own, and end with the balancer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_replay_polls_run_on_the_sessions_ring() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let ring = TestRing::start();
+    // Full polls so far apart that none happens during the test: only the fast polls can
+    // tell the balancer about a new replay position.
+    let mut s = settings(c);
+    s.sr_check_period = Duration::from_secs(600);
+    s.health_timeout = Duration::from_secs(1200);
+    let b = Balancer::start_on(specs(c), s, Some(ring.handle.clone()));
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    until(&b, "initial roles", all_good).await;
+    // One fast-poll task per standby, waiting for reads to need a position; no
+    // connection is opened before one does.
+    ring.until_tasks(2, "a fast-poll task per standby").await;
+
+    let lsn = write_something(c);
+    let replayed = format!("SELECT pg_last_wal_replay_lsn() >= '{lsn}'");
+    until_sql(c, 1, &replayed, "t").await;
+    until_sql(c, 2, &replayed, "t").await;
+    assert!(b.select_replica(Some(lsn)).is_none());
+    let node = b
+        .wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+        .await
+        .unwrap();
+    assert!(node == 1 || node == 2);
+    until(&b, "both standbys known at the position", |v| {
+        v.nodes[1].replay_lsn >= Some(lsn) && v.nodes[2].replay_lsn >= Some(lsn)
+    })
+    .await;
+    // Each standby's connection is driven on the ring: a task there beside its poller.
+    ring.until_tasks(4, "a connection task per standby").await;
+    let monitors =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgfresh-monitor'";
+    until_sql(c, 1, monitors, "2").await;
+
+    // Shut down, the balancer leaves nothing running on the ring.
+    b.shutdown();
+    ring.until_tasks(0, "the fast polls ended with the balancer")
+        .await;
+    until_sql(c, 1, monitors, "0").await;
+}

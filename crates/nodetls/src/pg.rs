@@ -6,12 +6,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::{Mode, Settings};
+use crate::{Mode, Settings, Tcp};
 
 type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 type Connect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
@@ -26,6 +27,8 @@ pub enum ConnectError {
     Settings(String),
     /// What tokio-postgres reported (the server's error, I/O or TLS).
     Postgres(tokio_postgres::Error),
+    /// The socket did not connect ([`connect_tcp`]).
+    Io(std::io::Error),
 }
 
 /// An open connection and whether it is encrypted.
@@ -40,6 +43,58 @@ pub async fn connect(
     config: &mut tokio_postgres::Config,
     settings: &Settings,
 ) -> Result<Connected, ConnectError> {
+    let (tls, used) = tracked(config, settings)?;
+    let (client, connection) = config.connect(tls).await.map_err(ConnectError::Postgres)?;
+    Ok(Connected {
+        client,
+        connection,
+        tls: used.load(Ordering::Acquire),
+    })
+}
+
+/// The connection half of [`connect_tcp`], over a socket of the connecting thread's
+/// engine.
+pub type TcpConnection =
+    tokio_postgres::Connection<Tcp, <MakeRustlsConnect as MakeTlsConnect<Tcp>>::Stream>;
+
+/// An open connection made by [`connect_tcp`] and whether it is encrypted.
+pub struct ConnectedTcp {
+    pub client: tokio_postgres::Client,
+    pub connection: TcpConnection,
+    pub tls: bool,
+}
+
+/// Connect to `host:port` as [`connect`] does (the login and options from `config`, its
+/// hosts ignored), over a socket of the calling thread's engine ([`Tcp::connect`]): on a
+/// pgfresh-ring thread the connection is that ring's to drive. No connect timeout is
+/// applied here; the caller bounds the whole call.
+pub async fn connect_tcp(
+    config: &mut tokio_postgres::Config,
+    settings: &Settings,
+    host: &str,
+    port: u16,
+) -> Result<ConnectedTcp, ConnectError> {
+    let (mut make, used) = tracked(config, settings)?;
+    let tls = <Tracked as MakeTlsConnect<Tcp>>::make_tls_connect(&mut make, host)
+        .map_err(|e| ConnectError::Settings(format!("server name {host:?}: {e}")))?;
+    let tcp = Tcp::connect(host, port).await.map_err(ConnectError::Io)?;
+    let (client, connection) = config
+        .connect_raw(tcp, tls)
+        .await
+        .map_err(ConnectError::Postgres)?;
+    Ok(ConnectedTcp {
+        client,
+        connection,
+        tls: used.load(Ordering::Acquire),
+    })
+}
+
+/// The TLS side of a connection as `settings` ask (`config`'s sslmode set to match), and
+/// the flag its handshake sets.
+fn tracked(
+    config: &mut tokio_postgres::Config,
+    settings: &Settings,
+) -> Result<(Tracked, Arc<AtomicBool>), ConnectError> {
     let rustls = match settings.client_config().map_err(ConnectError::Settings)? {
         Some(c) => c,
         None => unused_config(),
@@ -54,12 +109,7 @@ pub async fn connect(
         inner: MakeRustlsConnect::new((*rustls).clone()),
         used: used.clone(),
     };
-    let (client, connection) = config.connect(tls).await.map_err(ConnectError::Postgres)?;
-    Ok(Connected {
-        client,
-        connection,
-        tls: used.load(Ordering::Acquire),
-    })
+    Ok((tls, used))
 }
 
 /// A configuration for `disable`, where tokio-postgres never starts TLS.
@@ -90,14 +140,17 @@ struct TrackedConnect {
     used: Arc<AtomicBool>,
 }
 
-impl MakeTlsConnect<Socket> for Tracked {
-    type Stream = Stream;
+impl<S> MakeTlsConnect<S> for Tracked
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<S>>::Stream;
     type TlsConnect = TrackedConnect;
-    type Error = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Error;
+    type Error = <MakeRustlsConnect as MakeTlsConnect<S>>::Error;
 
     fn make_tls_connect(&mut self, hostname: &str) -> Result<TrackedConnect, Self::Error> {
         Ok(TrackedConnect {
-            inner: <MakeRustlsConnect as MakeTlsConnect<Socket>>::make_tls_connect(
+            inner: <MakeRustlsConnect as MakeTlsConnect<S>>::make_tls_connect(
                 &mut self.inner,
                 hostname,
             )?,
@@ -106,17 +159,28 @@ impl MakeTlsConnect<Socket> for Tracked {
     }
 }
 
-type ConnectFuture =
-    Pin<Box<dyn Future<Output = Result<Stream, <Connect as TlsConnect<Socket>>::Error>> + Send>>;
+type ConnectFuture<S> = Pin<
+    Box<
+        dyn Future<
+                Output = Result<
+                    <Connect as TlsConnect<S>>::Stream,
+                    <Connect as TlsConnect<S>>::Error,
+                >,
+            > + Send,
+    >,
+>;
 
-impl TlsConnect<Socket> for TrackedConnect {
-    type Stream = Stream;
-    type Error = <Connect as TlsConnect<Socket>>::Error;
-    type Future = ConnectFuture;
+impl<S> TlsConnect<S> for TrackedConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = <Connect as TlsConnect<S>>::Stream;
+    type Error = <Connect as TlsConnect<S>>::Error;
+    type Future = ConnectFuture<S>;
 
-    fn connect(self, stream: Socket) -> ConnectFuture {
+    fn connect(self, stream: S) -> ConnectFuture<S> {
         let used = self.used;
-        let handshake = self.inner.connect(stream);
+        let handshake = <Connect as TlsConnect<S>>::connect(self.inner, stream);
         Box::pin(async move {
             let stream = handshake.await?;
             used.store(true, Ordering::Release);
@@ -130,6 +194,7 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Settings(s) => write!(f, "server TLS: {s}"),
             ConnectError::Postgres(e) => write!(f, "{e}"),
+            ConnectError::Io(e) => write!(f, "error connecting to server: {e}"),
         }
     }
 }

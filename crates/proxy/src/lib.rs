@@ -189,7 +189,6 @@ impl Proxy {
         // The recorder first: a metric handle made before it is installed counts nothing
         // (the monitor makes its handles as it starts).
         let _ = admin::metrics_handle();
-        let balancer = Balancer::start(node_specs(&c), monitor_settings(&c));
         let ring = match c.proxy.io_engine {
             pgfresh_config::IoEngine::Epoll => None,
             pgfresh_config::IoEngine::IoUring => match ring_thread::RingThread::start() {
@@ -200,6 +199,12 @@ impl Proxy {
                 }
             },
         };
+        // The standbys' fast replay polls run beside the sessions, on their engine.
+        let balancer = Balancer::start_on(
+            node_specs(&c),
+            monitor_settings(&c),
+            ring.as_ref().map(|r| r.handle.clone()),
+        );
         let recency = Arc::new(RecencyMap::new(
             recency_config(&c),
             Arc::new(SystemClock::new()),

@@ -42,4 +42,4 @@ mod time;
 
 pub use executor::{spawn, Handle, JoinHandle, Runtime};
 pub use net::{TcpListener, TcpStream, SEND_LIMIT};
-pub use time::{sleep, Sleep};
+pub use time::{sleep, sleep_until, Sleep};

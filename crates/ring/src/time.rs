@@ -67,7 +67,12 @@ pub fn sleep(duration: Duration) -> Sleep {
     }
 }
 
-/// The future of [`sleep`].
+/// Waits until `at`.
+pub fn sleep_until(at: Instant) -> Sleep {
+    Sleep { at, id: None }
+}
+
+/// The future of [`sleep`] and [`sleep_until`].
 #[derive(Debug)]
 pub struct Sleep {
     at: Instant,

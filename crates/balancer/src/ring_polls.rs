@@ -1,0 +1,190 @@
+//! The fast replay polls on the sessions' pgfresh-ring thread (`[proxy] io_engine =
+//! "io_uring"`, [`crate::Balancer::start_on`]).
+//!
+//! Between two full polls a standby's fast polls run every `replay_check_period`
+//! (milliseconds) while reads wait on replay positions, and every commit a session notes
+//! may wake them ([`crate::demand`]). On tokio, each of those is a wake-up of a tokio
+//! thread that is otherwise idle while the sessions run on the ring; on a loaded machine
+//! it comes late, so positions were learned less often than on epoll. Here the polls are
+//! one more task of the ring: their timers are the ring's, the commits' wakes stay on the
+//! thread, and the poll's socket is one of the ring's.
+//!
+//! The full polls stay on tokio. For each period the monitor hands the ring a *window*
+//! (until its next full poll) and waits until the ring says the window is over, so a
+//! fast poll's answer never lands after the full poll that supersedes it. The ring side
+//! keeps its own monitor connection to the standby (the full polls' connection belongs
+//! to tokio), opened at the first window that polls and again after a failure.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgfresh_lsn::Lsn;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::{Client, Statement};
+use tokio_util::sync::CancellationToken;
+
+use crate::fast::{fast_polls, PollSite};
+use crate::monitor::{
+    describe_connect_error, login, login_config, prepare, replay_from, REPLAY_SQL,
+};
+use crate::settings::{MonitorSettings, NodeId, NodeSpec};
+use crate::Inner;
+
+/// One period's fast polls, handed to the ring.
+struct Window {
+    settings: Arc<MonitorSettings>,
+    /// When the next full poll is due.
+    until: Instant,
+    /// Sent (or dropped) once the polls of the window have stopped.
+    done: oneshot::Sender<()>,
+}
+
+/// A standby monitor's side of its fast polls on the ring. Dropping it ends them.
+pub(crate) struct RingPolls {
+    windows: mpsc::Sender<Window>,
+}
+
+impl RingPolls {
+    /// Starts the standby `id`'s fast-poll task on `ring`; it ends with `cancel`, or when
+    /// this is dropped.
+    pub(crate) fn start(
+        ring: &pgfresh_ring::Handle,
+        inner: &Arc<Inner>,
+        id: NodeId,
+        spec: &NodeSpec,
+        cancel: &CancellationToken,
+    ) -> RingPolls {
+        let (windows, rx) = mpsc::channel(1);
+        drop(ring.spawn(serve(inner.clone(), id, spec.clone(), rx, cancel.clone())));
+        RingPolls { windows }
+    }
+
+    /// Runs the fast polls on the ring until `until`; returns once they have stopped.
+    /// False when the ring is gone (its runtime ended): the caller polls itself.
+    pub(crate) async fn window(&self, settings: &Arc<MonitorSettings>, until: Instant) -> bool {
+        let (done, finished) = oneshot::channel();
+        let window = Window {
+            settings: settings.clone(),
+            until,
+            done,
+        };
+        if self.windows.send(window).await.is_err() {
+            return false;
+        }
+        // Dropped unanswered only when the ring's task went away mid-window.
+        finished.await.is_ok()
+    }
+}
+
+/// The ring task: each window's polls, over its own connection.
+async fn serve(
+    inner: Arc<Inner>,
+    id: NodeId,
+    spec: NodeSpec,
+    mut windows: mpsc::Receiver<Window>,
+    cancel: CancellationToken,
+) {
+    let mut site = OnRing { spec, conn: None };
+    loop {
+        let mut w = tokio::select! {
+            _ = cancel.cancelled() => return,
+            w = windows.recv() => match w {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let name = site.spec.name.clone();
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            // The monitor stopped waiting (its task ended).
+            _ = w.done.closed() => return,
+            _ = fast_polls(&inner, id, &name, &mut site, &w.settings, w.until) => {}
+        }
+        let _ = w.done.send(());
+    }
+}
+
+/// The fast polls' connection on the ring, with the replay poll prepared.
+struct RingConn {
+    client: Client,
+    replay: Statement,
+    login: (String, String, String),
+}
+
+/// The fast polls on the ring: its timers, its connection to the standby.
+struct OnRing {
+    spec: NodeSpec,
+    conn: Option<RingConn>,
+}
+
+impl PollSite for OnRing {
+    async fn sleep_until(&self, at: Instant) {
+        pgfresh_ring::sleep_until(at).await;
+    }
+
+    async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
+        let answer = self.poll(s).await;
+        if answer.is_err() {
+            // The next window starts from a new connection.
+            self.conn = None;
+        }
+        Some(answer)
+    }
+}
+
+impl OnRing {
+    async fn poll(&mut self, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
+        let login = login(s);
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.login != login || c.client.is_closed())
+        {
+            self.conn = None;
+        }
+        let conn = match &mut self.conn {
+            Some(c) => c,
+            None => self.conn.insert(connect(&self.spec, s, login).await?),
+        };
+        let row = within(s.health_timeout, conn.client.query_one(&conn.replay, &[]))
+            .await
+            .ok_or_else(|| format!("replay poll timed out after {:?}", s.health_timeout))?;
+        replay_from(row)
+    }
+}
+
+/// Opens a monitor connection to `spec` on the ring and prepares the replay poll.
+async fn connect(
+    spec: &NodeSpec,
+    s: &MonitorSettings,
+    login: (String, String, String),
+) -> Result<RingConn, String> {
+    let mut cfg = login_config(spec, s);
+    let c = within(
+        s.connect_timeout,
+        pgfresh_nodetls::pg::connect_tcp(&mut cfg, &spec.tls, &spec.host, spec.port),
+    )
+    .await
+    .ok_or_else(|| format!("connect timed out after {:?}", s.connect_timeout))?
+    .map_err(|e| format!("connect failed: {}", describe_connect_error(&e)))?;
+    // Ends when the client is dropped (or the server goes away).
+    let connection = c.connection;
+    drop(pgfresh_ring::spawn(async move {
+        let _ = connection.await;
+    }));
+    let replay = prepare(&c.client, REPLAY_SQL, "the replay poll", s).await?;
+    Ok(RingConn {
+        client: c.client,
+        replay,
+        login,
+    })
+}
+
+/// `future`'s output, or `None` once `limit` has passed (on the ring's timers).
+async fn within<F: std::future::Future>(limit: Duration, future: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        out = future => Some(out),
+        _ = pgfresh_ring::sleep(limit) => None,
+    }
+}
