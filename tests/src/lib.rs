@@ -155,7 +155,8 @@ pub fn config_text_for(c: &LocalCluster, routing_extra: &str) -> String {
     } else {
         "dependency_check_ms = 0\n"
     };
-    // PGFRESH_TEST_IO_ENGINE=io_uring runs the tests' proxies on the io_uring engine.
+    // PGFRESH_TEST_IO_ENGINE=epoll or io_uring picks the tests' proxies' engine (default:
+    // pgfresh's own, `auto`).
     let engine = std::env::var("PGFRESH_TEST_IO_ENGINE")
         .map(|e| format!("io_engine = \"{e}\"\n"))
         .unwrap_or_default();

@@ -53,7 +53,8 @@ pub struct ProxySection {
     pub worker_threads: usize,
     /// What the client sessions' sockets wait on: tokio's epoll reactor, or one io_uring
     /// on a thread of its own that runs every session (fewer system calls and wake-ups a
-    /// statement; Linux 6.1 or later).
+    /// statement; Linux 6.1 or later); `auto` (the default) takes the ring where
+    /// `worker_threads` is 0 and the kernel grants one.
     pub io_engine: IoEngine,
 }
 
@@ -61,8 +62,11 @@ pub struct ProxySection {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IoEngine {
-    /// Tokio's reactor, on the runtime `worker_threads` describes.
+    /// `IoUring` where `worker_threads` is 0 (one thread serves every client either way)
+    /// and the kernel sets up a ring; `Epoll` otherwise.
     #[default]
+    Auto,
+    /// Tokio's reactor, on the runtime `worker_threads` describes.
     Epoll,
     /// pgfresh-ring: sessions on one thread whose loop waits in `io_uring_enter`.
     IoUring,
@@ -71,8 +75,18 @@ pub enum IoEngine {
 impl IoEngine {
     pub fn as_str(self) -> &'static str {
         match self {
+            IoEngine::Auto => "auto",
             IoEngine::Epoll => "epoll",
             IoEngine::IoUring => "io_uring",
+        }
+    }
+
+    /// Whether the sessions should try the ring, given `worker_threads`.
+    pub fn wants_ring(self, worker_threads: usize) -> bool {
+        match self {
+            IoEngine::Auto => worker_threads == 0,
+            IoEngine::Epoll => false,
+            IoEngine::IoUring => true,
         }
     }
 }
@@ -90,7 +104,7 @@ impl Default for ProxySection {
             log_level: "info".into(),
             max_message_bytes: 1 << 30,
             worker_threads: 0,
-            io_engine: IoEngine::Epoll,
+            io_engine: IoEngine::Auto,
         }
     }
 }

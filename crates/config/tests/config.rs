@@ -44,6 +44,28 @@ fn minimal_file_gets_defaults() {
 }
 
 #[test]
+fn the_io_engine_is_the_ring_where_one_thread_serves_every_client() {
+    let c = parse_str(MINIMAL).unwrap();
+    assert_eq!(c.proxy.io_engine, IoEngine::Auto);
+    assert!(c.proxy.io_engine.wants_ring(c.proxy.worker_threads));
+    // A work-stealing runtime spreads the sessions over its threads; one ring would not.
+    assert!(!IoEngine::Auto.wants_ring(4));
+    assert!(IoEngine::IoUring.wants_ring(4));
+    assert!(!IoEngine::Epoll.wants_ring(0));
+    for (text, engine) in [
+        ("auto", IoEngine::Auto),
+        ("epoll", IoEngine::Epoll),
+        ("io_uring", IoEngine::IoUring),
+    ] {
+        let c = parse_str(&with(&format!("[proxy]\nio_engine = \"{text}\"\n"))).unwrap();
+        assert_eq!(c.proxy.io_engine, engine);
+        assert_eq!(engine.as_str(), text);
+    }
+    let err = parse_str(&with("[proxy]\nio_engine = \"uring\"\n")).unwrap_err();
+    assert!(err.to_string().contains("io_engine"), "{err}");
+}
+
+#[test]
 fn shipped_example_is_valid() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../conf/pgfresh.toml");
     let c = load_file(std::path::Path::new(path)).unwrap();

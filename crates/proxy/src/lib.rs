@@ -189,16 +189,7 @@ impl Proxy {
         // The recorder first: a metric handle made before it is installed counts nothing
         // (the monitor makes its handles as it starts).
         let _ = admin::metrics_handle();
-        let ring = match c.proxy.io_engine {
-            pgfresh_config::IoEngine::Epoll => None,
-            pgfresh_config::IoEngine::IoUring => match ring_thread::RingThread::start() {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    tracing::error!(error = %e, "io_engine = \"io_uring\": cannot set up an io_uring; sessions run on epoll");
-                    None
-                }
-            },
-        };
+        let ring = ring_thread::RingThread::for_config(&c.proxy);
         // The standbys' fast replay polls run beside the sessions, on their engine.
         let balancer = Balancer::start_on(
             node_specs(&c),

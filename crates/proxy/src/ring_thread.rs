@@ -17,6 +17,34 @@ pub struct RingThread {
 }
 
 impl RingThread {
+    /// The sessions' ring if `proxy.io_engine` wants one (`auto`: with `worker_threads =
+    /// 0`) and the kernel sets it up; `None`: the sessions run on tokio's epoll. Says
+    /// which in the log.
+    pub fn for_config(proxy: &pgfresh_config::ProxySection) -> Option<RingThread> {
+        let engine = proxy.io_engine;
+        if !engine.wants_ring(proxy.worker_threads) {
+            tracing::info!(io_engine = engine.as_str(), "client sessions run on epoll");
+            return None;
+        }
+        match RingThread::start() {
+            Ok(r) => {
+                tracing::info!(
+                    io_engine = engine.as_str(),
+                    "client sessions run on io_uring"
+                );
+                Some(r)
+            }
+            Err(e) if engine == pgfresh_config::IoEngine::IoUring => {
+                tracing::error!(error = %e, "io_engine = \"io_uring\": cannot set up an io_uring; client sessions run on epoll");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "io_engine = \"auto\": cannot set up an io_uring (a kernel before 6.1, or io_uring disabled or filtered); client sessions run on epoll");
+                None
+            }
+        }
+    }
+
     /// Starts the thread, inside the tokio runtime of the caller.
     pub fn start() -> std::io::Result<RingThread> {
         let tokio = tokio::runtime::Handle::current();
