@@ -56,6 +56,7 @@
 #   pgpool             pgpool-II (Debian package pgpool2), streaming-replication mode,
 #                      load_balance_mode = on, weight 1 on each of the three nodes (start_pgpool
 #                      in lib.sh); run as the postgres user
+# WORKLOADS="..." runs only the workloads named (default: all three).
 # SKIP="..." leaves targets out: a target name, or pgfresh / pgbouncer for both of its modes.
 # PGFRESH_BIN picks the pgfresh binary (default: see lib.sh). PGPOOL=0 leaves pgpool-II out;
 # without it installed (apt-get install -y pgpool2) it is skipped with a message, and
@@ -152,7 +153,7 @@ bench_pgbench_init
 MIX="$OUTDIR/mix.sql"
 write_mix "$MIX"
 
-WORKLOADS="select-simple select-extended mix"
+WORKLOADS="${WORKLOADS:-select-simple select-extended mix}"
 
 RESULTS="$OUTDIR/results.tsv"
 printf "round\ttarget\tworkload\tclients\tthreads\tseconds\ttransactions\tstmts_per_tx\tfailed\ttps\tlatency_ms\tp99_ms\tproxy_cpu_s\tproxy_cpu_us_per_stmt\treplica_reads\treads\treplica_share\tprimary_by_reason\tloadavg_1m\tproxy_user_us_per_stmt\n" >"$RESULTS"
