@@ -458,11 +458,21 @@ pub fn start_proxy_unready(text: &str) -> ProxyHandle {
         let _ = done_tx.send(());
     });
     let shared = shared_rx.recv().expect("proxy started");
-    if shared.config.snapshot().proxy.io_engine == pgfresh_config::IoEngine::IoUring {
+    let proxy = &shared.config.snapshot().proxy;
+    if proxy.io_engine == pgfresh_config::IoEngine::IoUring {
         assert!(
             shared.ring.is_some(),
             "io_engine = \"io_uring\" asked for, but the ring could not be set up (see the log)"
         );
+    } else if proxy.io_engine.wants_ring(proxy.worker_threads) && shared.ring.is_none() {
+        // `auto` fell back: the tests run on epoll only, which the run should show.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "pgfresh-tests: no io_uring on this machine; the proxies run on epoll \
+                 (set PGFRESH_TEST_IO_ENGINE=io_uring to make that an error)"
+            )
+        });
     }
     ProxyHandle {
         addr,

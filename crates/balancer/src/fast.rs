@@ -24,7 +24,8 @@ pub(crate) trait PollSite {
 /// is not known to have replayed, polls its `pg_last_wal_replay_lsn()` every
 /// `replay_check_period` and records it; once it is known to have every wanted position
 /// (asked for by a read, or a commit's), waits for a newer one ([`crate::demand`]). A
-/// failed fast poll ends them until the full poll, which reports and handles the failure.
+/// failed fast poll ends them until the full poll (on tokio it reports the failure; the
+/// ring's own connection logs its failures itself).
 pub(crate) async fn fast_polls<P: PollSite>(
     inner: &Inner,
     id: NodeId,

@@ -1,4 +1,6 @@
-//! The per-node poll loop: one dedicated connection per node, never shared with client pools.
+//! The per-node poll loop: one dedicated connection per node, never shared with client pools
+//! (with the sessions on io_uring, a standby's fast replay polls have a second one on the
+//! ring, [`crate::ring_polls`]).
 //! A node with a Patroni REST endpoint is polled over HTTP instead (see [`crate::patroni`]).
 
 use std::sync::Arc;
@@ -139,8 +141,10 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     let mut next = Instant::now();
     let mut failures = FailureLog::default();
     let mut history = HistoryFetch::default();
-    // Started the first time the node answers as a standby.
+    // Started the first time the node answers as a standby; given up for good if a
+    // window does not end in time (a ring that ended or stalls).
     let mut ring_polls: Option<RingPolls> = None;
+    let mut ring_given_up = false;
     loop {
         let settings = inner.settings.load_full();
         let outcome = tokio::select! {
@@ -199,7 +203,10 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             }
         }
         next = (next + settings.period()).max(Instant::now());
-        if standby && ring_polls.is_none() && matches!(source, Source::Sql(_)) {
+        if !standby {
+            // A promoted node keeps no idle fast-poll connection.
+            ring_polls = None;
+        } else if ring_polls.is_none() && !ring_given_up && matches!(source, Source::Sql(_)) {
             ring_polls = inner
                 .ring
                 .as_ref()
@@ -207,13 +214,12 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
         }
         let until_next = async {
             if !standby || settings.replay_check_period.is_zero() {
-                return sleep_until(next).await;
+                sleep_until(next).await;
+                return true;
             }
-            // On the sessions' ring when there is one; here if it is gone.
+            // On the sessions' ring when there is one; here if it did not run them.
             if let Some(ring) = &ring_polls {
-                if ring.window(&settings, next.into_std()).await {
-                    return;
-                }
+                return ring.window(&settings, next.into_std()).await;
             }
             let mut site = OnTokio(&source);
             fast_polls(
@@ -225,10 +231,16 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
                 next.into_std(),
             )
             .await;
+            true
         };
-        tokio::select! {
+        let ran = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = until_next => {}
+            ran = until_next => ran,
+        };
+        if !ran {
+            tracing::warn!(node = %spec.name, "the fast replay polls did not run on the sessions' ring in time; they run on tokio from now on");
+            ring_given_up = true;
+            ring_polls = None;
         }
     }
 }

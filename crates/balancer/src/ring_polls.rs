@@ -30,6 +30,10 @@ use crate::monitor::{
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::Inner;
 
+/// How long past its end (and the timeouts of a connect and a poll) a window may go
+/// before the monitor gives the ring up.
+const GRACE: Duration = Duration::from_secs(1);
+
 /// One period's fast polls, handed to the ring.
 struct Window {
     settings: Arc<MonitorSettings>,
@@ -60,7 +64,10 @@ impl RingPolls {
     }
 
     /// Runs the fast polls on the ring until `until`; returns once they have stopped.
-    /// False when the ring is gone (its runtime ended): the caller polls itself.
+    /// False when the ring did not run them: its task is gone, or the window was not
+    /// over a grace after `until` (a connect and a poll, each within its timeout, may
+    /// overrun it; a ring that ended or stalls does not answer at all). Then the
+    /// caller gives the ring up and polls itself.
     pub(crate) async fn window(&self, settings: &Arc<MonitorSettings>, until: Instant) -> bool {
         let (done, finished) = oneshot::channel();
         let window = Window {
@@ -68,11 +75,15 @@ impl RingPolls {
             until,
             done,
         };
-        if self.windows.send(window).await.is_err() {
-            return false;
-        }
-        // Dropped unanswered only when the ring's task went away mid-window.
-        finished.await.is_ok()
+        let grace = settings.connect_timeout + settings.health_timeout * 2 + GRACE;
+        let deadline = tokio::time::Instant::from_std(until) + grace;
+        let ran = tokio::time::timeout_at(deadline, async {
+            self.windows.send(window).await.is_ok() && finished.await.is_ok()
+        })
+        .await;
+        // Given up, `finished` is dropped with the timed-out future: the ring's task
+        // sees it before it looks at another answer.
+        ran.unwrap_or(false)
     }
 }
 
@@ -84,7 +95,11 @@ async fn serve(
     mut windows: mpsc::Receiver<Window>,
     cancel: CancellationToken,
 ) {
-    let mut site = OnRing { spec, conn: None };
+    let mut site = OnRing {
+        spec,
+        conn: None,
+        failing: None,
+    };
     loop {
         let mut w = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -95,8 +110,10 @@ async fn serve(
         };
         let name = site.spec.name.clone();
         tokio::select! {
+            // First: once the monitor stopped waiting (its task ended, or it gave the
+            // window up), nothing more is learned from this window.
+            biased;
             _ = cancel.cancelled() => return,
-            // The monitor stopped waiting (its task ended).
             _ = w.done.closed() => return,
             _ = fast_polls(&inner, id, &name, &mut site, &w.settings, w.until) => {}
         }
@@ -109,12 +126,17 @@ struct RingConn {
     client: Client,
     replay: Statement,
     login: (String, String, String),
+    /// Dropped with the connection: stops its driver task.
+    _stop: oneshot::Sender<()>,
 }
 
 /// The fast polls on the ring: its timers, its connection to the standby.
 struct OnRing {
     spec: NodeSpec,
     conn: Option<RingConn>,
+    /// The last failure, logged once per change: the full polls run over another
+    /// connection and would not report this one's.
+    failing: Option<String>,
 }
 
 impl PollSite for OnRing {
@@ -124,9 +146,20 @@ impl PollSite for OnRing {
 
     async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
         let answer = self.poll(s).await;
-        if answer.is_err() {
-            // The next window starts from a new connection.
-            self.conn = None;
+        match &answer {
+            Err(e) => {
+                // The next window starts from a new connection.
+                self.conn = None;
+                if self.failing.as_ref() != Some(e) {
+                    tracing::warn!(node = %self.spec.name, error = %e, "fast replay polls on the ring failed; they pause until the next full poll");
+                    self.failing = Some(e.clone());
+                }
+            }
+            Ok(_) => {
+                if let Some(e) = self.failing.take() {
+                    tracing::info!(node = %self.spec.name, previous_error = %e, "fast replay polls on the ring answer again");
+                }
+            }
         }
         Some(answer)
     }
@@ -167,16 +200,22 @@ async fn connect(
     .await
     .ok_or_else(|| format!("connect timed out after {:?}", s.connect_timeout))?
     .map_err(|e| format!("connect failed: {}", describe_connect_error(&e)))?;
-    // Ends when the client is dropped (or the server goes away).
+    // Ends with the `RingConn` (`_stop`), even with a poll still unanswered (the client
+    // alone would keep it waiting for that answer), or when the server goes away.
     let connection = c.connection;
+    let (stop, stopped) = oneshot::channel::<()>();
     drop(pgfresh_ring::spawn(async move {
-        let _ = connection.await;
+        tokio::select! {
+            _ = connection => {}
+            _ = stopped => {}
+        }
     }));
     let replay = prepare(&c.client, REPLAY_SQL, "the replay poll", s).await?;
     Ok(RingConn {
         client: c.client,
         replay,
         login,
+        _stop: stop,
     })
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{current_lsn, settings, specs, start, until, until_sql, DEADLINE};
+use common::{current_lsn, settings, specs, start, until, until_sql, DEADLINE, PERIOD};
 use pgfresh_balancer::{Balancer, ClusterEvent, Ineligible, Role, WaitTimeout};
 use pgfresh_localcluster::LocalCluster;
 
@@ -603,4 +603,29 @@ async fn fast_replay_polls_run_on_the_sessions_ring() {
     ring.until_tasks(0, "the fast polls ended with the balancer")
         .await;
     until_sql(c, 1, monitors, "0").await;
+}
+
+/// A ring that ended (or stalls) never runs the windows it is handed: the monitor gives
+/// it up a grace after the window should have ended, and its full polls go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_polls_go_on_when_the_ring_does_not_run_the_fast_ones() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let ring = TestRing::start();
+    let gone = ring.handle.clone();
+    drop(ring);
+    let s = settings(c);
+    let grace = s.connect_timeout + s.health_timeout * 2 + Duration::from_secs(1);
+    let b = Balancer::start_on(specs(c), s, Some(gone));
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    let started = std::time::Instant::now();
+    // Polls of standby 1 well after its first window should have been given up.
+    until(&b, "full polls of a standby after the grace", |v| {
+        v.nodes[1]
+            .last_poll_ok
+            .is_some_and(|t| t > started + grace + PERIOD * 2)
+    })
+    .await;
+    b.shutdown();
 }

@@ -67,7 +67,9 @@ pub struct ConnectedTcp {
 /// Connect to `host:port` as [`connect`] does (the login and options from `config`, its
 /// hosts ignored), over a socket of the calling thread's engine ([`Tcp::connect`]): on a
 /// pgfresh-ring thread the connection is that ring's to drive. No connect timeout is
-/// applied here; the caller bounds the whole call.
+/// applied here (nor per address); the caller bounds the whole call. A host name rustls
+/// cannot take as a server name is a [`ConnectError::Settings`]; the socket gets no
+/// keepalive (its user bounds each query instead).
 pub async fn connect_tcp(
     config: &mut tokio_postgres::Config,
     settings: &Settings,

@@ -178,7 +178,7 @@ fn function_policy(c: &Config) -> FunctionPolicy {
 pub struct Proxy {
     pub shared: Arc<Shared>,
     shutdown_tx: tokio::sync::watch::Sender<bool>,
-    /// With `io_engine = "io_uring"`: the sessions' thread, stopped with the proxy.
+    /// With the io_uring engine: the sessions' thread, stopped with the proxy.
     _ring: Option<ring_thread::RingThread>,
 }
 

@@ -1,16 +1,18 @@
-//! `[proxy] io_engine = "io_uring"`: the thread whose pgfresh-ring runtime runs every
-//! client session.
+//! The io_uring engine (`[proxy] io_engine = "io_uring"`, or `"auto"` with
+//! `worker_threads = 0`): the thread whose pgfresh-ring runtime runs every client session.
 //!
 //! The listener accepts on tokio and hands each socket over; the session, its client
 //! socket and the server connections it opens then live on this thread, whose loop waits
-//! in `io_uring_enter` (see `docs/benchmarks.md`). Everything else stays on tokio: the
-//! monitor, the admin API, the WAL feeds, timers. The thread enters tokio's runtime, so a
+//! in `io_uring_enter` (see `docs/benchmarks.md`), and so do the standbys' fast replay
+//! polls (`pgfresh_balancer::Balancer::start_on`). Everything else stays on tokio: the
+//! monitor's full polls, the admin API, the WAL feeds, timers. The thread enters tokio's runtime, so a
 //! session's `tokio::time` and `tokio::spawn` work as before (a timer or task there wakes
 //! the ring through an eventfd).
 
 use tokio::sync::oneshot;
 
-/// The running thread; once it is dropped, the runtime ends with the last session on it.
+/// The running thread; once it is dropped, the runtime ends with the last task on it (the
+/// sessions, and the fast replay polls, which end with the balancer).
 pub struct RingThread {
     pub handle: pgfresh_ring::Handle,
     _stop: oneshot::Sender<()>,
@@ -64,8 +66,9 @@ impl RingThread {
                 let handle = rt.handle();
                 let _ = ready_tx.send(Ok(handle.clone()));
                 // Until the proxy is dropped (its sender with it), and then until the
-                // sessions still running have ended: a session told to shut down says
-                // so to its client (57P01) before it goes, as it does on tokio.
+                // tasks still running have ended: a session told to shut down says so
+                // to its client (57P01) before it goes, as it does on tokio; the fast
+                // replay polls end with the balancer.
                 rt.block_on(async move {
                     let _ = stop_rx.await;
                     while handle.tasks() > 0 {

@@ -61,8 +61,12 @@ impl Timers {
 
 /// Waits until `duration` has passed.
 pub fn sleep(duration: Duration) -> Sleep {
+    let now = Instant::now();
     Sleep {
-        at: Instant::now() + duration,
+        // A duration past what an `Instant` holds waits as good as forever.
+        at: now
+            .checked_add(duration)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
         id: None,
     }
 }
