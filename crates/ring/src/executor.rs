@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::Duration;
 use std::time::Instant;
 
 use async_task::{Runnable, Task};
@@ -79,6 +80,8 @@ pub(crate) struct Context {
     remote: Arc<Remote>,
     pub(crate) reactor: Reactor,
     pub(crate) timers: RefCell<Timers>,
+    /// How long a dropped stream's unsent bytes may take ([`Runtime::set_linger`]).
+    pub(crate) linger: Cell<Duration>,
 }
 
 thread_local! {
@@ -304,8 +307,16 @@ impl Runtime {
                 }),
                 reactor,
                 timers: RefCell::new(Timers::default()),
+                linger: Cell::new(crate::net::LINGER),
             }),
         })
+    }
+
+    /// How long the bytes a dropped stream still had queued may take to reach the kernel
+    /// before its send is cancelled and its socket closed ([`crate::net::LINGER`] unless
+    /// set). Streams dropped from then on use it.
+    pub fn set_linger(&self, linger: Duration) {
+        self.cx.linger.set(linger);
     }
 
     /// How other threads reach this runtime.

@@ -41,5 +41,5 @@ mod reactor;
 mod time;
 
 pub use executor::{spawn, Handle, JoinHandle, Runtime};
-pub use net::{TcpListener, TcpStream, SEND_LIMIT};
+pub use net::{TcpListener, TcpStream, LINGER, SEND_LIMIT};
 pub use time::{sleep, sleep_until, Sleep};

@@ -6,7 +6,7 @@
 //! Writes are copied into the stream's queue and sent in order, one send in flight at a
 //! time (what arrives meanwhile goes out in the next); `flush` waits until the kernel has
 //! taken everything. A dropped stream cancels its receive and lets its queued bytes go out
-//! (as a closed socket's kernel buffer would), then closes.
+//! (as a closed socket's kernel buffer would) for up to the runtime's linger, then closes.
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
@@ -28,6 +28,13 @@ const RECV_MIN: usize = 4 * 1024;
 const RECV_MAX: usize = 64 * 1024;
 /// Bytes a stream queues for sending before `try_write` answers `WouldBlock`.
 pub const SEND_LIMIT: usize = 256 * 1024;
+
+/// How long, by default, the bytes a dropped stream still had queued may take to reach
+/// the kernel ([`crate::Runtime::set_linger`]). Past it they are given up and the socket
+/// closes; what the kernel already took still goes out, as after a plain `close`. A peer
+/// that stops reading would otherwise keep the socket, and up to [`SEND_LIMIT`] bytes,
+/// for as long as it acknowledges with a zero window.
+pub const LINGER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How a stream's receiving side stands.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -100,10 +107,33 @@ impl Core {
     }
 
     /// The handle is gone: cancel the posted receive; queued bytes still go out, and the
-    /// socket closes when the last operation completes. On the owner's thread only.
+    /// socket closes when the last operation completes — or once the runtime's linger
+    /// has passed, when whatever is still queued is given up ([`LINGER`]). On the
+    /// owner's thread only.
     fn release(self: &Arc<Self>) {
         let op = self.rx.borrow().op;
         if let Some(key) = op {
+            executor::with(|cx| cx.reactor.cancel(key));
+        }
+        if self.tx.borrow().pending() > 0 {
+            let core = Arc::downgrade(self);
+            let linger = executor::with(|cx| cx.linger.get());
+            drop(executor::spawn(async move {
+                crate::time::sleep(linger).await;
+                if let Some(core) = core.upgrade() {
+                    core.give_up_sending();
+                }
+            }));
+        }
+    }
+
+    /// A dropped stream's bytes did not go out within the linger: drop what is queued
+    /// and cancel the send in flight, whose completion then lets the socket close.
+    fn give_up_sending(&self) {
+        let mut tx = self.tx.borrow_mut();
+        tx.queued.clear();
+        tx.failed.get_or_insert(libc::ECANCELED);
+        if let Some(key) = tx.op {
             executor::with(|cx| cx.reactor.cancel(key));
         }
     }
@@ -229,8 +259,9 @@ impl Core {
             let mut tx = self.tx.borrow_mut();
             let tx = &mut *tx;
             tx.op = None;
-            if res < 0 {
-                tx.failed = Some(-res);
+            if res < 0 || tx.failed.is_some() {
+                // Failed, or given up (`give_up_sending`): nothing more is sent.
+                tx.failed.get_or_insert(-res.min(0));
                 tx.inflight.clear();
                 tx.queued.clear();
                 tx.sent = 0;
@@ -455,6 +486,12 @@ impl Drop for TcpStream {
             let core = self.core.clone();
             executor::spawn_on(&self.core.owner, async move { core.release() });
         }
+    }
+}
+
+impl AsRawFd for TcpStream {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.core.sock.as_raw_fd()
     }
 }
 

@@ -387,3 +387,55 @@ fn the_runtime_counts_the_tasks_not_yet_ended() {
         assert_eq!(handle.tasks(), 0);
     });
 }
+
+/// A stream dropped with bytes its peer never reads keeps its socket only for the
+/// runtime's linger; then the rest is given up and the socket closes.
+#[test]
+fn a_stream_dropped_unsent_to_a_peer_that_stops_reading_closes_after_the_linger() {
+    use std::os::fd::AsRawFd;
+    let rt = Runtime::new(64).unwrap();
+    rt.set_linger(Duration::from_millis(100));
+    let listener = std::net::TcpListener::bind(local()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        // Connected, never read from.
+        let (_peer, _) = listener.accept().unwrap();
+        let chunk = vec![7u8; 64 * 1024];
+        // Until the kernel takes no more: the stream's queue is full and stays so.
+        loop {
+            match s.try_write(&chunk) {
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
+            }
+            let mut writable = pin!(s.writable());
+            let mut stuck = pin!(sleep(Duration::from_millis(200)));
+            let room = poll_fn(|cx| {
+                if writable.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(true)
+                } else if stuck.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(false)
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            if !room {
+                break;
+            }
+        }
+        assert!(s.unsent() > 0);
+        let fd = format!("/proc/self/fd/{}", s.as_raw_fd());
+        let socket = std::fs::read_link(&fd).unwrap();
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_link(&fd).ok().as_ref() == Some(&socket) {
+            assert!(
+                Instant::now() < deadline,
+                "the dropped stream's socket is still open"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+    });
+}
