@@ -537,15 +537,11 @@ impl TestRing {
 
     /// Waits until `n` tasks are alive on the ring.
     async fn until_tasks(&self, n: usize, what: &str) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while self.handle.tasks() != n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what}: {} tasks on the ring, not {n}",
-                self.handle.tasks()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::poll(what, || match self.handle.tasks() {
+            t if t == n => Ok(()),
+            t => Err(format!("{t} tasks on the ring, not {n}")),
+        })
+        .await;
     }
 }
 

@@ -1,5 +1,6 @@
 //! A TCP socket on either I/O engine: tokio's epoll reactor, or the io_uring of the
-//! pgfresh-ring runtime that runs the calling thread (`[proxy] io_engine = "io_uring"`).
+//! pgfresh-ring runtime that runs the calling thread (the io_uring engine, `[proxy]
+//! io_engine`).
 //!
 //! The engine is the calling thread's: a socket connected on a ring thread is a ring
 //! socket, anywhere else a tokio one (the listener hands accepted sockets to the ring
@@ -70,6 +71,8 @@ impl Tcp {
         }
     }
 
+    /// [`Tcp::poll_read_ready`] as a future: the socket's one reader slot, not a waiter
+    /// list.
     pub async fn readable(&self) -> io::Result<()> {
         std::future::poll_fn(|cx| self.poll_read_ready(cx)).await
     }

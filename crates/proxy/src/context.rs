@@ -57,7 +57,7 @@ pub struct Shared {
     pub wal_feeds: crate::wal_feed::WalFeeds,
     /// The console's PAUSE and RESUME.
     pub pause: crate::pause::Pause,
-    /// The runtime client sessions run on with `io_engine = "io_uring"` (`None`: tokio).
+    /// The runtime client sessions run on with the io_uring engine (`None`: tokio).
     pub ring: Option<pgfresh_ring::Handle>,
     /// Faults integration tests arm ([`Shared::arm_fault`]).
     #[doc(hidden)]

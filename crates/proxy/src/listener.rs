@@ -41,7 +41,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, shutdown: impl Fu
                             }
                             .instrument(span),
                         )),
-                        // io_engine = "io_uring": the session runs on the ring's thread,
+                        // The io_uring engine: the session runs on the ring's thread,
                         // its socket taken from tokio's reactor to the ring's.
                         Some(ring) => match sock.into_std() {
                             Ok(sock) => drop(ring.spawn(

@@ -50,9 +50,8 @@ impl ClientStream {
         }
         match self {
             ClientStream::Plain(s) => loop {
-                // The socket's one reader slot, not a waiter list (see
-                // `ServerStream::poll_read_ready`).
-                std::future::poll_fn(|cx| s.poll_read_ready(cx)).await?;
+                // The socket's one reader slot, not a waiter list (`Tcp::readable`).
+                s.readable().await?;
                 match s.try_read_buf(buf) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     other => return other,
@@ -84,8 +83,7 @@ impl ClientStream {
         }
     }
 
-    /// The socket under the stream.
-    pub fn tcp(&self) -> &Tcp {
+    fn tcp(&self) -> &Tcp {
         match self {
             ClientStream::Plain(s) => s,
             ClientStream::Tls(s) => s.get_ref().0,

@@ -62,13 +62,11 @@ impl Timers {
 /// Waits until `duration` has passed.
 pub fn sleep(duration: Duration) -> Sleep {
     let now = Instant::now();
-    Sleep {
-        // A duration past what an `Instant` holds waits as good as forever.
-        at: now
-            .checked_add(duration)
+    // A duration past what an `Instant` holds waits as good as forever.
+    sleep_until(
+        now.checked_add(duration)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600)),
-        id: None,
-    }
+    )
 }
 
 /// Waits until `at`.

@@ -65,7 +65,7 @@ pub async fn until(
 
 /// The one poll loop of these tests: `check` every 10 ms until it gives `Ok`; after
 /// [`DEADLINE`] panics with `what` and the last `Err` (what was seen instead).
-async fn poll<T, Last: std::fmt::Debug>(
+pub async fn poll<T, Last: std::fmt::Debug>(
     what: &str,
     mut check: impl FnMut() -> Result<T, Last>,
 ) -> T {
