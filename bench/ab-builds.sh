@@ -8,7 +8,8 @@
 #   bench/ab-builds.sh -a BIN_A -b BIN_B [options]
 #     -M PROTOCOL    pgbench protocol: simple (default), extended or prepared
 #     -m MODE        pool_mode: session (default) or transaction
-#     -w WORKLOAD    select (default: pgbench -S) or mix (see write_mix in lib.sh)
+#     -w WORKLOAD    select (default: pgbench -S), mix (see write_mix in lib.sh) or tpcb
+#                    (pgbench -N: BEGIN, UPDATE, SELECT, INSERT, END, 5 statements)
 #     -T SECONDS     each run (default 5)
 #     -n PAIRS       pairs of runs (default 8)
 #     -c CLIENTS     pgbench clients (default 8)
@@ -33,7 +34,7 @@ while getopts "a:b:M:m:w:T:n:c:d:o:" opt; do
         c) CLIENTS=$OPTARG ;;
         d) CLUSTER_DIR=$OPTARG ;;
         o) OUTDIR=$OPTARG ;;
-        *) sed -n 2,20p "$0"; exit 2 ;;
+        *) sed -n 2,21p "$0"; exit 2 ;;
     esac
 done
 [ -x "$BIN_A" ] && [ -x "$BIN_B" ] || { echo "name two pgfresh binaries with -a and -b" >&2; exit 2; }
@@ -48,6 +49,9 @@ if [ "$WORKLOAD" = mix ]; then
     write_mix "$OUTDIR/mix.sql"
     SCRIPT=(-f "$OUTDIR/mix.sql")
     PER_TX=10
+elif [ "$WORKLOAD" = tpcb ]; then
+    SCRIPT=(-N)
+    PER_TX=5
 else
     SCRIPT=(-S)
     PER_TX=1

@@ -63,6 +63,42 @@ async fn a_simple_query_destroys_the_unnamed_statement() {
     }
 }
 
+/// A BEGIN pgfresh answered itself opens its transaction before the transaction's first
+/// batch runs, with its modes, when that batch is the extended protocol's (the drivers'
+/// unnamed statements): the batch runs in the transaction, an error in it leaves the
+/// transaction failed, and the next transaction has its own modes, all as on the
+/// client's own connection, in both pool modes.
+#[tokio::test]
+async fn a_deferred_begin_opens_its_transaction_with_the_first_batch() {
+    let batch = |sql: &str| [parse("", sql), bind_execute(""), sync()].concat();
+    for config in [config_text(""), tx_config("")] {
+        let p = start_proxy(&config);
+        let steps = [
+            batch("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+            batch("SELECT current_setting('transaction_isolation')"),
+            batch("SELECT 'second'::text"),
+            query("COMMIT"),
+            query("BEGIN READ ONLY"),
+            batch("SELECT current_setting('transaction_read_only')"),
+            query("ROLLBACK"),
+            batch("BEGIN"),
+            batch("SELEC 1"),
+            batch("SELECT 1"),
+            query("ROLLBACK"),
+            batch("SELECT current_setting('transaction_isolation')"),
+        ];
+        let r = same_as_postgresql(&p, &steps).await;
+        assert!(r[1].contains("row=repeatable read"), "{r:?}");
+        assert!(r[1].ends_with("status=T"), "{r:?}");
+        assert!(r[5].contains("row=on"), "{r:?}");
+        assert!(r[8].contains("error=42601"), "{r:?}");
+        assert!(r[8].ends_with("status=E"), "{r:?}");
+        assert!(r[9].contains("error=25P02"), "{r:?}");
+        assert!(r[11].contains("row=read committed"), "{r:?}");
+        assert!(r[11].ends_with("status=I"), "{r:?}");
+    }
+}
+
 /// SQL-level PREPARE and protocol-level Parse share one namespace, as in PostgreSQL:
 /// each refuses a name the other made (42P05), and DEALLOCATE drops either.
 #[tokio::test]
