@@ -70,7 +70,7 @@ struct Conn {
     replay: Statement,
     driver: JoinHandle<()>,
     /// The login it was opened with; a settings change that alters it reconnects.
-    login: (String, String, String),
+    login: Login,
     /// Encrypted (TLS negotiated with the node's `server_tls_sslmode`).
     tls: bool,
 }
@@ -326,15 +326,14 @@ async fn poll(
     spec: &NodeSpec,
     s: &MonitorSettings,
 ) -> Result<Sample, String> {
-    let login = login(s);
     if conn
         .as_ref()
-        .is_some_and(|c| c.login != login || c.client.is_closed())
+        .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
     {
         *conn = None;
     }
     if conn.is_none() {
-        *conn = Some(connect(spec, s, login).await?);
+        *conn = Some(connect(spec, s).await?);
     }
     let Some(c) = conn.as_ref() else {
         return Err("no monitor connection".to_string());
@@ -363,15 +362,28 @@ pub(crate) fn login_config(spec: &NodeSpec, s: &MonitorSettings) -> tokio_postgr
 
 /// The login a monitor connection was opened with: a settings change that alters it
 /// reconnects.
-pub(crate) fn login(s: &MonitorSettings) -> (String, String, String) {
-    (s.user.clone(), s.password.clone(), s.database.clone())
+pub(crate) struct Login {
+    user: String,
+    password: String,
+    database: String,
 }
 
-async fn connect(
-    spec: &NodeSpec,
-    s: &MonitorSettings,
-    login: (String, String, String),
-) -> Result<Conn, String> {
+impl Login {
+    pub(crate) fn of(s: &MonitorSettings) -> Login {
+        Login {
+            user: s.user.clone(),
+            password: s.password.clone(),
+            database: s.database.clone(),
+        }
+    }
+
+    /// `s` still names this login (compared in place: a poll copies nothing).
+    pub(crate) fn is_of(&self, s: &MonitorSettings) -> bool {
+        self.user == s.user && self.password == s.password && self.database == s.database
+    }
+}
+
+async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<Conn, String> {
     let mut cfg = login_config(spec, s);
     let pgfresh_nodetls::pg::Connected {
         client,
@@ -407,7 +419,7 @@ async fn connect(
         statement,
         replay,
         driver,
-        login,
+        login: Login::of(s),
         tls,
     })
 }
@@ -456,7 +468,7 @@ pub struct LoginCheck {
 /// node's role and version. The error is the text the monitor would record as the node's
 /// `last_error` (the server's message and SQLSTATE, or the I/O error).
 pub async fn check_login(spec: &NodeSpec, s: &MonitorSettings) -> Result<LoginCheck, String> {
-    let conn = connect(spec, s, login(s)).await?;
+    let conn = connect(spec, s).await?;
     let row = timeout(
         s.health_timeout.max(Duration::from_millis(1)),
         conn.client.query_one(

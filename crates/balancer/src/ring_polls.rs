@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fast::{fast_polls, PollSite};
 use crate::monitor::{
-    describe_connect_error, login, login_config, prepare, replay_from, REPLAY_SQL,
+    describe_connect_error, login_config, prepare, replay_from, Login, REPLAY_SQL,
 };
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::Inner;
@@ -125,7 +125,7 @@ async fn serve(
 struct RingConn {
     client: Client,
     replay: Statement,
-    login: (String, String, String),
+    login: Login,
     /// Dropped with the connection: stops its driver task.
     _stop: oneshot::Sender<()>,
 }
@@ -167,17 +167,16 @@ impl PollSite for OnRing {
 
 impl OnRing {
     async fn poll(&mut self, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
-        let login = login(s);
         if self
             .conn
             .as_ref()
-            .is_some_and(|c| c.login != login || c.client.is_closed())
+            .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
         {
             self.conn = None;
         }
         let conn = match &mut self.conn {
             Some(c) => c,
-            None => self.conn.insert(connect(&self.spec, s, login).await?),
+            None => self.conn.insert(connect(&self.spec, s).await?),
         };
         let row = within(s.health_timeout, conn.client.query_one(&conn.replay, &[]))
             .await
@@ -187,11 +186,7 @@ impl OnRing {
 }
 
 /// Opens a monitor connection to `spec` on the ring and prepares the replay poll.
-async fn connect(
-    spec: &NodeSpec,
-    s: &MonitorSettings,
-    login: (String, String, String),
-) -> Result<RingConn, String> {
+async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<RingConn, String> {
     let mut cfg = login_config(spec, s);
     let c = within(
         s.connect_timeout,
@@ -214,7 +209,7 @@ async fn connect(
     Ok(RingConn {
         client: c.client,
         replay,
-        login,
+        login: Login::of(s),
         _stop: stop,
     })
 }
