@@ -21,7 +21,9 @@
 # offload (the share of the time some standby had replayed every commit made before), the
 # offload pgfresh achieved (its own routing counters), the fast replay polls made a second
 # (pgfresh_replay_polls_total), the replay samples taken after reads a second
-# (pgfresh_replay_samples_total) and the proxy's CPU time. Then, still through the same
+# (pgfresh_replay_samples_total), the primary's polls of the standbys' reports a second
+# (pgfresh_standby_report_polls_total) and the proxy's CPU time. $PGFRESH_MONITOR_EXTRA
+# adds [monitor] lines (`replay_from_primary = false`). Then, still through the same
 # pgfresh, a read-your-writes check for half as long: each transaction raises a random
 # account's balance (UPDATE … RETURNING), reads it back 0 to 3 ms later (so that a good
 # share of these reads find a standby that replayed the write, and the routing decides
@@ -83,7 +85,8 @@ counter_sum() {
 
 for period in $PERIODS; do
     port=$(free_port); admin=$(free_port)
-    PGFRESH_MONITOR_EXTRA="replay_check_period_ms = $period" \
+    PGFRESH_MONITOR_EXTRA="replay_check_period_ms = $period
+${PGFRESH_MONITOR_EXTRA:-}" \
         write_pgfresh_conf "$OUTDIR/p$period.toml" "$port" "$admin" true
     start_pgfresh "$OUTDIR/p$period.toml" "$OUTDIR/p$period.log"
     PROXY_PID=$PGFRESH_PID
@@ -93,13 +96,15 @@ for period in $PERIODS; do
     echo "== replay_check_period_ms = $period: $SECS s, $CLIENTS clients"
     polls=$(counter_sum "$admin" pgfresh_replay_polls_total)
     samples=$(counter_sum "$admin" pgfresh_replay_samples_total); ticks=$(cpu_ticks "$PROXY_PID")
+    reports=$(counter_sum "$admin" pgfresh_standby_report_polls_total)
     python3 "$HERE/replay-freshness.py" -d "$CLUSTER_DIR" --port "$port" --admin "$admin" \
         --mix "$OUTDIR/mix.sql" --seconds "$SECS" --clients "$CLIENTS" --rate "$RATE" \
         --label "replay_check_period_ms=$period" --json "$OUTDIR/p$period.json"
     polls=$(( $(counter_sum "$admin" pgfresh_replay_polls_total) - polls ))
     samples=$(( $(counter_sum "$admin" pgfresh_replay_samples_total) - samples ))
+    reports=$(( $(counter_sum "$admin" pgfresh_standby_report_polls_total) - reports ))
     ticks=$(( $(cpu_ticks "$PROXY_PID") - ticks ))
-    echo "   a second, both standbys: $(( polls / SECS )) fast replay polls, $(( samples / SECS )) samples after reads; proxy CPU: $(awk -v t="$ticks" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", t / hz }') s" \
+    echo "   a second, both standbys: $(( polls / SECS )) fast replay polls, $(( samples / SECS )) samples after reads; the primary: $(( reports / SECS )) polls of the standbys' reports; proxy CPU: $(awk -v t="$ticks" -v hz="$CLK_TCK" 'BEGIN { printf "%.2f", t / hz }') s" \
         | tee "$OUTDIR/p$period.polls.txt"
     r0=$(replica_reads "$admin" replica); p0=$(replica_reads "$admin" primary)
     "$PG_BINDIR/pgbench" -n -c "$CLIENTS" -j 2 -T $(( (SECS + 1) / 2 )) -M extended -f "$OUTDIR/check.sql" \

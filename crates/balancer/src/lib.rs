@@ -56,6 +56,7 @@ mod live;
 mod monitor;
 pub mod patroni;
 mod reader;
+mod reports;
 mod ring_polls;
 pub mod select;
 mod settings;
@@ -98,9 +99,11 @@ pub struct WaitTimeout {
 pub(crate) struct Inner {
     pub(crate) settings: Arc<ArcSwap<MonitorSettings>>,
     state: Mutex<State>,
-    view: Arc<ArcSwap<ClusterView>>,
+    pub(crate) view: Arc<ArcSwap<ClusterView>>,
     /// Reads waiting on replay positions: the standbys' monitors poll them faster.
     pub(crate) demand: demand::ReplayDemand,
+    /// The standbys as the primary's walsenders know them ([`reports`]).
+    pub(crate) reports: reports::Reports,
     /// The live facts ([`live`]: outstanding requests, sampled replay positions) of every
     /// node ever configured, indexed by [`NodeId`]. Only ever grows (replaced under the
     /// state lock, before the view that names a new node is published), so a loaded copy
@@ -312,6 +315,7 @@ impl Balancer {
             view: Arc::new(ArcSwap::from_pointee(state::initial_view(nodes))),
             state: Mutex::new(State::new(nodes.to_vec())),
             demand: demand::ReplayDemand::new(),
+            reports: reports::Reports::default(),
             live: Arc::new(ArcSwap::from_pointee(
                 nodes
                     .iter()
@@ -334,6 +338,19 @@ impl Balancer {
             inner,
             _stop_on_drop: Arc::new(cancel.drop_guard()),
         }
+    }
+
+    /// The standbys whose replay positions the primary's walsenders report, as its last
+    /// full poll matched them (`replay_from_primary`; see [`reports`]).
+    pub fn reported_standbys(&self) -> Vec<NodeId> {
+        let Some(primary) = self.primary() else {
+            return Vec::new();
+        };
+        self.inner
+            .reports
+            .map_of(primary)
+            .map(|m| m.by_pid.iter().map(|(_, node)| *node).collect())
+            .unwrap_or_default()
     }
 
     /// The latest snapshot (lock-free).

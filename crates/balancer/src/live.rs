@@ -2,9 +2,11 @@
 //! outstanding on it (for `least_outstanding`), and replay positions newer than the
 //! published view's.
 //!
-//! While reads wait on replay positions ([`crate::demand`]), two sources report a
-//! standby's `pg_last_wal_replay_lsn()`:
+//! While reads wait on replay positions ([`crate::demand`]), three sources report a
+//! standby's replay position:
 //! - its fast polls ([`crate::monitor`]), every `replay_check_period`;
+//! - the primary's monitor, which reads every standby's last report to the primary in one
+//!   query each `replay_check_period` ([`crate::reports`]);
 //! - *samples*: a session that sends a read to a standby asks for it in the same write,
 //!   right after the read, and reports the answer ([`crate::Balancer::learn_replay`]). A
 //!   sample costs no round trip of its own and is as fresh as the read it follows. The
@@ -34,6 +36,8 @@ pub(crate) enum Source {
     Poll,
     /// A sample after a read the standby served.
     Sample,
+    /// The standby's last report to the primary ([`crate::reports`]).
+    Report,
 }
 
 /// One node's lock-free live facts.
@@ -47,13 +51,18 @@ pub(crate) struct NodeLive {
     /// A sample may be taken (granted by the node's fast-poll task, once a period while
     /// reads wait on replay positions).
     sample_granted: AtomicBool,
-    /// When a sample last answered: microseconds since [`EPOCH`] (0: never). The
-    /// node's fast polls wait a period from then (a fresh answer needs no poll).
+    /// When a sample last answered: microseconds since [`EPOCH`] (0: never). The node's
+    /// fast polls wait a period from then (a fresh answer needs no poll).
     sampled_at: AtomicU64,
-    /// The node's name, for `pgfresh_replay_samples_total{node}`.
+    /// When a report to the primary last moved the position, alike: while they move,
+    /// the next one is due within a period of the primary's report polls.
+    reported_at: AtomicU64,
+    /// The node's name, for `pgfresh_replay_samples_total{node}` and
+    /// `pgfresh_replay_reports_total{node}`.
     name: String,
-    /// That counter, registered at the first sample.
+    /// Those counters, registered at the first sample or report.
     samples: std::sync::OnceLock<metrics::Counter>,
+    reports: std::sync::OnceLock<metrics::Counter>,
 }
 
 impl NodeLive {
@@ -63,8 +72,10 @@ impl NodeLive {
             replay: AtomicU64::new(0),
             sample_granted: AtomicBool::new(false),
             sampled_at: AtomicU64::new(0),
+            reported_at: AtomicU64::new(0),
             name: name.to_string(),
             samples: std::sync::OnceLock::new(),
+            reports: std::sync::OnceLock::new(),
         }
     }
 
@@ -90,26 +101,40 @@ impl NodeLive {
 
     /// When a sample last answered, if one has.
     pub(crate) fn sampled_at(&self) -> Option<Instant> {
-        match self.sampled_at.load(Ordering::Relaxed) {
-            0 => None,
-            us => Some(*EPOCH + Duration::from_micros(us)),
-        }
+        since_epoch(&self.sampled_at)
     }
 
-    /// `from` said the node replayed `lsn`: [`NodeLive::advance`], samples counted and
-    /// their time kept.
+    /// When a report to the primary last moved the position, if one has.
+    pub(crate) fn reported_at(&self) -> Option<Instant> {
+        since_epoch(&self.reported_at)
+    }
+
+    /// `from` said the node replayed `lsn`: [`NodeLive::advance`]. A sample is a fresh
+    /// answer from the node; a report to the primary is one when it moved the position
+    /// (one that did not may be a standby that replayed more since, and reports only
+    /// with the next WAL it receives). Either is counted, and its time kept.
     pub(crate) fn learn(&self, lsn: Lsn, from: Source) -> bool {
-        if from == Source::Sample {
-            let us = EPOCH.elapsed().as_micros().max(1);
-            self.sampled_at
-                .fetch_max(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
-            self.samples
-                .get_or_init(|| {
-                    metrics::counter!("pgfresh_replay_samples_total", "node" => self.name.clone())
-                })
-                .increment(1);
-        }
-        self.advance(lsn)
+        let advanced = self.advance(lsn);
+        let (at, counter, name) = match from {
+            Source::Poll => return advanced,
+            Source::Report if !advanced => return advanced,
+            Source::Sample => (
+                &self.sampled_at,
+                &self.samples,
+                "pgfresh_replay_samples_total",
+            ),
+            Source::Report => (
+                &self.reported_at,
+                &self.reports,
+                "pgfresh_replay_reports_total",
+            ),
+        };
+        let us = EPOCH.elapsed().as_micros().max(1);
+        at.fetch_max(u64::try_from(us).unwrap_or(u64::MAX), Ordering::Relaxed);
+        counter
+            .get_or_init(|| metrics::counter!(name, "node" => self.name.clone()))
+            .increment(1);
+        advanced
     }
 
     /// The node replayed `lsn` (positions only move forward); true when it moved.
@@ -120,6 +145,14 @@ impl NodeLive {
     /// A full poll answered (or failed): its answer stands.
     pub(crate) fn clear_replay(&self) {
         self.replay.store(0, Ordering::Release);
+    }
+}
+
+/// An instant kept as microseconds since [`EPOCH`] (0: none).
+fn since_epoch(us: &AtomicU64) -> Option<Instant> {
+    match us.load(Ordering::Relaxed) {
+        0 => None,
+        us => Some(*EPOCH + Duration::from_micros(us)),
     }
 }
 
@@ -151,5 +184,18 @@ mod tests {
         assert_eq!(live.replay(), Some(Lsn(300)));
         live.clear_replay();
         assert_eq!(live.replay(), None);
+    }
+
+    #[test]
+    fn a_report_counts_as_fresh_only_when_it_moves_the_position() {
+        let live = NodeLive::new("n");
+        assert_eq!(live.reported_at(), None);
+        assert!(live.learn(Lsn(100), Source::Poll));
+        assert_eq!(live.reported_at(), None, "a poll is no report");
+        assert!(!live.learn(Lsn(100), Source::Report));
+        assert_eq!(live.reported_at(), None, "a report that moved nothing");
+        assert!(live.learn(Lsn(200), Source::Report));
+        assert!(live.reported_at().is_some());
+        assert_eq!(live.sampled_at(), None, "a report is no sample");
     }
 }

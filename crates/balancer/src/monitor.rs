@@ -12,8 +12,9 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_postgres::{Client, Row, Statement};
 use tokio_util::sync::CancellationToken;
 
-use crate::fast::{fast_polls, PollSite};
+use crate::fast::{run_polls, PollSite, Polls};
 use crate::patroni::PatroniPoller;
+use crate::reports::{ReceiverIdent, Sender};
 use crate::ring_polls::RingPolls;
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::state::Sample;
@@ -55,9 +56,24 @@ SELECT r.rec,
             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END,
        CASE WHEN r.rec AND coalesce(w.received_tli, 0) = 0 THEN
             (SELECT greatest(c.timeline_id, NULLIF(rc.min_recovery_end_timeline, 0))::int8
-             FROM pg_control_checkpoint() c, pg_control_recovery() rc) END
+             FROM pg_control_checkpoint() c, pg_control_recovery() rc) END,
+       w.slot_name::text, w.conninfo, w.sender_host, w.sender_port
 FROM (SELECT pg_is_in_recovery() AS rec) r
 LEFT JOIN pg_stat_wal_receiver w ON true";
+
+/// A primary's walsenders streaming physical replication, for matching them to the
+/// standbys ([`crate::reports`]); with their slot, if any (a logical walsender's slot is
+/// logical: left out).
+const SENDERS_SQL: &str = "\
+SELECT r.pid, r.application_name, s.slot_name::text
+FROM pg_catalog.pg_stat_replication r
+LEFT JOIN pg_catalog.pg_replication_slots s ON s.active_pid = r.pid
+WHERE r.state = 'streaming' AND s.slot_type IS DISTINCT FROM 'logical'";
+
+/// Every walsender's last report of its standby's replay, between the full polls of a
+/// primary while reads wait on replay positions ([`crate::reports`]): one function call.
+pub(crate) const REPORTS_SQL: &str = "\
+SELECT pid, replay_lsn::text FROM pg_catalog.pg_stat_get_wal_senders() WHERE replay_lsn IS NOT NULL";
 
 /// The fast poll between full polls while reads wait on replay positions
 /// ([`crate::demand`]): one function call, no catalog access.
@@ -68,6 +84,8 @@ struct Conn {
     client: Client,
     statement: Statement,
     replay: Statement,
+    senders: Statement,
+    reports: Statement,
     driver: JoinHandle<()>,
     /// The login it was opened with; a settings change that alters it reconnects.
     login: Login,
@@ -97,10 +115,33 @@ impl Source {
         }
     }
 
-    async fn poll(&mut self, spec: &NodeSpec, s: &MonitorSettings) -> Result<Sample, String> {
+    /// The node's facts, and, from a SQL poll of a standby, how its upstream knows it.
+    async fn poll(
+        &mut self,
+        spec: &NodeSpec,
+        s: &MonitorSettings,
+    ) -> Result<(Sample, Option<ReceiverIdent>), String> {
         match self {
             Source::Sql(conn) => poll(conn, spec, s).await,
-            Source::Patroni(p) => p.poll(s).await,
+            Source::Patroni(p) => p.poll(s).await.map(|sample| (sample, None)),
+        }
+    }
+
+    /// A primary's walsenders streaming physical replication; `None` where there is no
+    /// SQL connection.
+    async fn list_senders(&self, s: &MonitorSettings) -> Option<Result<Vec<Sender>, String>> {
+        match self {
+            Source::Sql(Some(conn)) => Some(list_senders(conn, s).await),
+            Source::Sql(None) | Source::Patroni(_) => None,
+        }
+    }
+
+    /// Each walsender's last report of its standby's replay; `None` where there is no SQL
+    /// connection.
+    async fn poll_reports(&self, s: &MonitorSettings) -> Option<Result<Vec<(i32, Lsn)>, String>> {
+        match self {
+            Source::Sql(Some(conn)) => Some(poll_reports(conn, s).await),
+            Source::Sql(None) | Source::Patroni(_) => None,
         }
     }
 
@@ -154,6 +195,11 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
         if outcome.is_err() {
             source.reset();
         }
+        let (outcome, ident) = match outcome {
+            Ok((sample, ident)) => (Ok(sample), ident),
+            Err(e) => (Err(e), None),
+        };
+        inner.reports.note_receiver(id, ident);
         match failures.observe(outcome.as_ref().map(|_| ()).map_err(String::as_str)) {
             Some(Change::Failing(e)) => {
                 tracing::warn!(node = %spec.name, error = %e, "monitor cannot poll node");
@@ -202,9 +248,35 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
                 None => {}
             }
         }
+        let reporting = primary_timeline.is_some()
+            && settings.replay_from_primary
+            && !settings.replay_check_period.is_zero();
+        if reporting {
+            let listed = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = source.list_senders(&settings) => r,
+            };
+            match listed {
+                Some(Ok(senders)) => {
+                    if let Some(map) = inner.reports.remap(id, &spec.host, spec.port, &senders) {
+                        log_map(&inner, &spec.name, &map);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(node = %spec.name, error = %e, "cannot list the primary's walsenders");
+                    inner.reports.forget(id);
+                }
+                None => {
+                    inner.reports.forget(id);
+                }
+            }
+        } else if inner.reports.forget(id) {
+            tracing::info!(node = %spec.name, "standby positions are no longer read from this node's walsenders");
+        }
         next = (next + settings.period()).max(Instant::now());
-        if !standby {
-            // A promoted node keeps no idle fast-poll connection.
+        if !standby && !reporting {
+            // A promoted node keeps no idle fast-poll connection, unless it reports its
+            // standbys' positions.
             ring_polls = None;
         } else if ring_polls.is_none() && !ring_given_up && matches!(source, Source::Sql(_)) {
             ring_polls = inner
@@ -213,16 +285,23 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
                 .map(|r| RingPolls::start(r, &inner, id, &spec, &cancel));
         }
         let until_next = async {
-            if !standby || settings.replay_check_period.is_zero() {
+            let polls = match (standby, reporting) {
+                _ if settings.replay_check_period.is_zero() => None,
+                (true, _) => Some(Polls::Replay),
+                (false, true) => Some(Polls::Reports),
+                (false, false) => None,
+            };
+            let Some(polls) = polls else {
                 sleep_until(next).await;
                 return true;
-            }
+            };
             // On the sessions' ring when there is one; here if it did not run them.
             if let Some(ring) = &ring_polls {
-                return ring.window(&settings, next.into_std()).await;
+                return ring.window(&settings, next.into_std(), polls).await;
             }
             let mut site = OnTokio(&source);
-            fast_polls(
+            run_polls(
+                polls,
                 &inner,
                 id,
                 &spec.name,
@@ -245,6 +324,21 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
     }
 }
 
+/// Logs which standbys' positions the primary `name`'s walsenders now report.
+fn log_map(inner: &Inner, name: &str, map: &crate::reports::SenderMap) {
+    let view = inner.view.load();
+    let standbys: Vec<&str> = map
+        .by_pid
+        .iter()
+        .filter_map(|(_, node)| view.nodes.get(*node).map(|n| n.spec.name.as_str()))
+        .collect();
+    if standbys.is_empty() {
+        tracing::info!(node = %name, "no standby is matched to the primary's walsenders: each standby's replay is polled on the standby itself");
+    } else {
+        tracing::info!(node = %name, standbys = %standbys.join(", "), "standby replay positions are read from the primary's walsenders while the standbys report");
+    }
+}
+
 /// The fast polls on tokio, over the full polls' connection.
 struct OnTokio<'a>(&'a Source);
 
@@ -255,6 +349,13 @@ impl PollSite for OnTokio<'_> {
 
     async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
         self.0.poll_replay(s).await
+    }
+
+    async fn poll_reports(
+        &mut self,
+        s: &MonitorSettings,
+    ) -> Option<Result<Vec<(i32, Lsn)>, String>> {
+        self.0.poll_reports(s).await
     }
 }
 
@@ -325,7 +426,7 @@ async fn poll(
     conn: &mut Option<Conn>,
     spec: &NodeSpec,
     s: &MonitorSettings,
-) -> Result<Sample, String> {
+) -> Result<(Sample, Option<ReceiverIdent>), String> {
     if conn
         .as_ref()
         .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
@@ -344,7 +445,67 @@ async fn poll(
         .map_err(|e| format!("poll failed: {}", describe_pg_error(&e)))?;
     let mut sample = parse_row(&row)?;
     sample.tls = Some(c.tls);
-    Ok(sample)
+    let ident = match sample.in_recovery {
+        true => parse_ident(&row)?,
+        false => None,
+    };
+    Ok((sample, ident))
+}
+
+/// How a standby's upstream knows it (columns 9 to 12 of [`POLL_SQL`]).
+fn parse_ident(row: &Row) -> Result<Option<ReceiverIdent>, String> {
+    let err = |e: tokio_postgres::Error| format!("unexpected poll result: {e}");
+    let conninfo: Option<&str> = row.try_get(10).map_err(err)?;
+    Ok(ReceiverIdent::from_receiver(
+        row.try_get(9).map_err(err)?,
+        conninfo,
+        row.try_get(11).map_err(err)?,
+        row.try_get(12).map_err(err)?,
+    ))
+}
+
+async fn list_senders(c: &Conn, s: &MonitorSettings) -> Result<Vec<Sender>, String> {
+    let rows = timeout(s.health_timeout, c.client.query(&c.senders, &[]))
+        .await
+        .map_err(|_| format!("listing walsenders timed out after {:?}", s.health_timeout))?
+        .map_err(|e| format!("listing walsenders failed: {}", describe_pg_error(&e)))?;
+    let err = |e: tokio_postgres::Error| format!("unexpected walsender list: {e}");
+    let mut senders = Vec::with_capacity(rows.len());
+    for r in &rows {
+        // A row whose name is hidden (a monitor role without pg_read_all_stats) names no
+        // one.
+        let Some(app) = r.try_get::<_, Option<String>>(1).map_err(err)? else {
+            continue;
+        };
+        senders.push(Sender {
+            pid: r.try_get(0).map_err(err)?,
+            app,
+            slot: r.try_get(2).map_err(err)?,
+        });
+    }
+    Ok(senders)
+}
+
+async fn poll_reports(c: &Conn, s: &MonitorSettings) -> Result<Vec<(i32, Lsn)>, String> {
+    let rows = timeout(s.health_timeout, c.client.query(&c.reports, &[]))
+        .await
+        .map_err(|_| format!("report poll timed out after {:?}", s.health_timeout))?;
+    reports_from(rows)
+}
+
+/// The reports a report poll answered: (walsender process id, replay position).
+pub(crate) fn reports_from(
+    rows: Result<Vec<Row>, tokio_postgres::Error>,
+) -> Result<Vec<(i32, Lsn)>, String> {
+    let rows = rows.map_err(|e| format!("report poll failed: {}", describe_pg_error(&e)))?;
+    let err = |e: tokio_postgres::Error| format!("unexpected report poll result: {e}");
+    rows.iter()
+        .map(|r| {
+            let pid: i32 = r.try_get(0).map_err(err)?;
+            let text: &str = r.try_get(1).map_err(err)?;
+            Ok((pid, text.parse::<Lsn>().map_err(|e| e.to_string())?))
+        })
+        .collect()
 }
 
 /// The monitor's login to `spec`.
@@ -404,10 +565,12 @@ async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<Conn, String> {
     let prepared = async {
         let statement = prepare(&client, POLL_SQL, "the poll", s).await?;
         let replay = prepare(&client, REPLAY_SQL, "the replay poll", s).await?;
-        Ok::<_, String>((statement, replay))
+        let senders = prepare(&client, SENDERS_SQL, "the walsender list", s).await?;
+        let reports = prepare(&client, REPORTS_SQL, "the standbys' reports", s).await?;
+        Ok::<_, String>((statement, replay, senders, reports))
     }
     .await;
-    let (statement, replay) = match prepared {
+    let (statement, replay, senders, reports) = match prepared {
         Ok(p) => p,
         Err(e) => {
             driver.abort();
@@ -418,6 +581,8 @@ async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<Conn, String> {
         client,
         statement,
         replay,
+        senders,
+        reports,
         driver,
         login: Login::of(s),
         tls,

@@ -23,9 +23,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
-use crate::fast::{fast_polls, PollSite};
+use crate::fast::{run_polls, PollSite, Polls};
 use crate::monitor::{
-    describe_connect_error, login_config, prepare, replay_from, Login, REPLAY_SQL,
+    describe_connect_error, login_config, prepare, replay_from, reports_from, Login, REPLAY_SQL,
+    REPORTS_SQL,
 };
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::Inner;
@@ -36,6 +37,7 @@ const GRACE: Duration = Duration::from_secs(1);
 
 /// One period's fast polls, handed to the ring.
 struct Window {
+    polls: Polls,
     settings: Arc<MonitorSettings>,
     /// When the next full poll is due.
     until: Instant,
@@ -68,9 +70,15 @@ impl RingPolls {
     /// over a grace after `until` (a connect and a poll, each within its timeout, may
     /// overrun it; a ring that ended or stalls does not answer at all). Then the
     /// caller gives the ring up and polls itself.
-    pub(crate) async fn window(&self, settings: &Arc<MonitorSettings>, until: Instant) -> bool {
+    pub(crate) async fn window(
+        &self,
+        settings: &Arc<MonitorSettings>,
+        until: Instant,
+        polls: Polls,
+    ) -> bool {
         let (done, finished) = oneshot::channel();
         let window = Window {
+            polls,
             settings: settings.clone(),
             until,
             done,
@@ -115,7 +123,7 @@ async fn serve(
             biased;
             _ = cancel.cancelled() => return,
             _ = w.done.closed() => return,
-            _ = fast_polls(&inner, id, &name, &mut site, &w.settings, w.until) => {}
+            _ = run_polls(w.polls, &inner, id, &name, &mut site, &w.settings, w.until) => {}
         }
         let _ = w.done.send(());
     }
@@ -125,6 +133,7 @@ async fn serve(
 struct RingConn {
     client: Client,
     replay: Statement,
+    reports: Statement,
     login: Login,
     /// Dropped with the connection: stops its driver task.
     _stop: oneshot::Sender<()>,
@@ -145,10 +154,68 @@ impl PollSite for OnRing {
     }
 
     async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
-        let answer = self.poll(s).await;
+        let answer = match self.conn(s).await {
+            Ok(conn) => within(s.health_timeout, conn.client.query_one(&conn.replay, &[]))
+                .await
+                .map_or_else(
+                    || {
+                        Err(format!(
+                            "replay poll timed out after {:?}",
+                            s.health_timeout
+                        ))
+                    },
+                    replay_from,
+                ),
+            Err(e) => Err(e),
+        };
+        Some(self.noted(answer))
+    }
+
+    async fn poll_reports(
+        &mut self,
+        s: &MonitorSettings,
+    ) -> Option<Result<Vec<(i32, Lsn)>, String>> {
+        let answer = match self.conn(s).await {
+            Ok(conn) => within(s.health_timeout, conn.client.query(&conn.reports, &[]))
+                .await
+                .map_or_else(
+                    || {
+                        Err(format!(
+                            "report poll timed out after {:?}",
+                            s.health_timeout
+                        ))
+                    },
+                    reports_from,
+                ),
+            Err(e) => Err(e),
+        };
+        Some(self.noted(answer))
+    }
+}
+
+impl OnRing {
+    /// The connection, opened anew when there is none or the login changed.
+    async fn conn(&mut self, s: &MonitorSettings) -> Result<&RingConn, String> {
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
+        {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            self.conn = Some(connect(&self.spec, s).await?);
+        }
+        self.conn
+            .as_ref()
+            .ok_or_else(|| "no fast-poll connection".to_string())
+    }
+
+    /// A poll's `answer`: a failure drops the connection (the next window starts from a
+    /// new one) and is logged once per change, as is the recovery.
+    fn noted<T>(&mut self, answer: Result<T, String>) -> Result<T, String> {
         match &answer {
             Err(e) => {
-                // The next window starts from a new connection.
                 self.conn = None;
                 if self.failing.as_ref() != Some(e) {
                     tracing::warn!(node = %self.spec.name, error = %e, "fast replay polls on the ring failed; they pause until the next full poll");
@@ -161,31 +228,12 @@ impl PollSite for OnRing {
                 }
             }
         }
-        Some(answer)
+        answer
     }
 }
 
-impl OnRing {
-    async fn poll(&mut self, s: &MonitorSettings) -> Result<Option<Lsn>, String> {
-        if self
-            .conn
-            .as_ref()
-            .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
-        {
-            self.conn = None;
-        }
-        let conn = match &mut self.conn {
-            Some(c) => c,
-            None => self.conn.insert(connect(&self.spec, s).await?),
-        };
-        let row = within(s.health_timeout, conn.client.query_one(&conn.replay, &[]))
-            .await
-            .ok_or_else(|| format!("replay poll timed out after {:?}", s.health_timeout))?;
-        replay_from(row)
-    }
-}
-
-/// Opens a monitor connection to `spec` on the ring and prepares the replay poll.
+/// Opens a monitor connection to `spec` on the ring and prepares the replay and report
+/// polls.
 async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<RingConn, String> {
     let mut cfg = login_config(spec, s);
     let c = within(
@@ -206,9 +254,11 @@ async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<RingConn, Strin
         }
     }));
     let replay = prepare(&c.client, REPLAY_SQL, "the replay poll", s).await?;
+    let reports = prepare(&c.client, REPORTS_SQL, "the standbys' reports", s).await?;
     Ok(RingConn {
         client: c.client,
         replay,
+        reports,
         login: Login::of(s),
         _stop: stop,
     })

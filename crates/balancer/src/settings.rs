@@ -59,6 +59,11 @@ pub struct MonitorSettings {
     /// two `pg_last_wal_replay_lsn()` polls of each standby, between the full polls.
     /// Zero: only the full polls.
     pub replay_check_period: Duration,
+    /// While reads wait for replay positions, the primary's monitor reads every
+    /// standby's last report to the primary each `replay_check_period`, in place of the
+    /// standby's own polls while the reports move ([`crate::reports`]); the full poll of
+    /// the primary then also lists its walsenders. False: each standby is polled alone.
+    pub replay_from_primary: bool,
     /// A node is down when no poll has succeeded for this long; a single poll that runs
     /// longer is abandoned and counts as failed.
     pub health_timeout: Duration,
@@ -87,6 +92,7 @@ impl Default for MonitorSettings {
             database: "postgres".to_string(),
             sr_check_period: Duration::from_millis(100),
             replay_check_period: Duration::from_millis(2),
+            replay_from_primary: false,
             health_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             delay_threshold_bytes: None,

@@ -601,6 +601,86 @@ async fn fast_replay_polls_run_on_the_sessions_ring() {
     until_sql(c, 1, monitors, "0").await;
 }
 
+/// With `replay_from_primary`, the primary's full poll matches its walsenders to both
+/// standbys (each streams from the primary's host and port under its own application
+/// name), and while reads wait on a position the primary's monitor reads their reports
+/// on the sessions' ring, over a second connection to the primary. Switched off, nothing
+/// is matched and the primary gets no second connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_reports_its_standbys_replay_on_the_ring() {
+    let _serial = SERIAL.lock().await;
+    let c = LocalCluster::shared();
+    reset(c);
+    let ring = TestRing::start();
+    let mut s = settings(c);
+    s.replay_from_primary = true;
+    let b = Balancer::start_on(specs(c), s.clone(), Some(ring.handle.clone()));
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    until(&b, "initial roles", all_good).await;
+    // Matched at a full poll of the primary once the standbys' own polls named them.
+    common::poll("both standbys matched to the primary's walsenders", || {
+        let matched = b.reported_standbys();
+        if matched == [1, 2] {
+            Ok(())
+        } else {
+            Err(matched)
+        }
+    })
+    .await;
+    // A fast-poll task for each standby and one for the primary's reports.
+    ring.until_tasks(3, "a fast-poll task per node").await;
+
+    // Standby 1 stops replaying: while a read waits on a later write, the reports are
+    // read every period (standby 2 may have it at once; standby 1 not before it resumes).
+    c.pause_replay(1).unwrap();
+    let lsn = write_something(c);
+    let reports = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE application_name = 'pgfresh-monitor' \
+                   AND query LIKE '%pg_stat_get_wal_senders%'";
+    common::poll("the standbys' reports read on the primary", || {
+        drop(b.select_replica(Some(lsn)));
+        let got = c.psql(0, "postgres", reports).unwrap();
+        if got == "1" {
+            Ok(())
+        } else {
+            Err(got)
+        }
+    })
+    .await;
+    c.resume_replay(1).unwrap();
+    let node = b
+        .wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+        .await
+        .unwrap();
+    assert!(node == 1 || node == 2);
+    b.shutdown();
+    ring.until_tasks(0, "the fast polls ended with the balancer")
+        .await;
+
+    // Control: switched off.
+    s.replay_from_primary = false;
+    let b = Balancer::start_on(specs(c), s, Some(ring.handle.clone()));
+    assert!(b.wait_ready(tokio::time::Instant::now() + DEADLINE).await);
+    let v = until(&b, "initial roles", all_good).await;
+    until(&b, "a few more full polls", |now| {
+        now.generation >= v.generation + 6
+    })
+    .await;
+    assert!(b.reported_standbys().is_empty());
+    ring.until_tasks(2, "a fast-poll task per standby only")
+        .await;
+    let lsn = write_something(c);
+    b.wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
+        .await
+        .unwrap();
+    let monitors =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgfresh-monitor'";
+    until_sql(c, 0, monitors, "1").await;
+    b.shutdown();
+    ring.until_tasks(0, "the fast polls ended with the balancer")
+        .await;
+}
+
 /// A ring that ended (or stalls) never runs the windows it is handed: the monitor gives
 /// it up a grace after the window should have ended, and its full polls go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

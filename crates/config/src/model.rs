@@ -328,6 +328,12 @@ pub struct MonitorSection {
     /// newest position asked for or committed through pgfresh, and for a period after a
     /// read's sample of it answered. 0: only the full polls.
     pub replay_check_period_ms: u64,
+    /// While reads wait on replay positions, the primary is asked for every standby's last
+    /// report of its replay (`pg_stat_get_wal_senders()`) in one query each
+    /// `replay_check_period_ms`, and a standby whose reports move is not polled itself.
+    /// Only standbys streaming from the primary's configured host and port under a slot
+    /// or application name no one else has are matched. false: each standby is polled.
+    pub replay_from_primary: bool,
     /// A node whose last successful poll is older than this is down.
     pub health_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -341,6 +347,7 @@ impl Default for MonitorSection {
             database: "postgres".into(),
             sr_check_period_ms: 100,
             replay_check_period_ms: 2,
+            replay_from_primary: false,
             health_timeout_ms: 2_000,
             connect_timeout_ms: 2_000,
         }

@@ -62,6 +62,7 @@ pub fn monitor_settings(c: &Config) -> MonitorSettings {
         database: c.monitor.database.clone(),
         sr_check_period: Duration::from_millis(c.monitor.sr_check_period_ms),
         replay_check_period: Duration::from_millis(c.monitor.replay_check_period_ms),
+        replay_from_primary: c.monitor.replay_from_primary,
         health_timeout: Duration::from_millis(c.monitor.health_timeout_ms),
         connect_timeout: Duration::from_millis(c.monitor.connect_timeout_ms),
         delay_threshold_bytes: c.routing.delay_threshold,
