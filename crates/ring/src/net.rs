@@ -82,9 +82,13 @@ pub(crate) struct Core {
     /// The runtime whose ring runs the stream's operations, on whose thread alone `rx`
     /// and `tx` are touched.
     owner: Arc<Remote>,
+    /// Set when a dropped handle left bytes queued: dropped with the core (the bytes went
+    /// out, or were given up, and the socket closed), which ends the task that would give
+    /// them up after the linger.
+    lingering: RefCell<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
-// SAFETY: `rx` and `tx` (the only parts that are not thread-safe) are borrowed only on the
+// SAFETY: `rx`, `tx` and `lingering` (the only parts that are not thread-safe) are borrowed only on the
 // owner runtime's thread: every entry point of `TcpStream` checks `here()` first, the
 // completions are handled by that runtime's reactor, and a handle dropped elsewhere sends
 // its core back there (`TcpStream::drop`). Other threads only move the `Arc` and read
@@ -118,10 +122,18 @@ impl Core {
         if self.tx.borrow().pending() > 0 {
             let core = Arc::downgrade(self);
             let linger = executor::with(|cx| cx.linger.get());
+            let (closed_tx, closed) = tokio::sync::oneshot::channel::<()>();
+            *self.lingering.borrow_mut() = Some(closed_tx);
             drop(executor::spawn(async move {
-                crate::time::sleep(linger).await;
-                if let Some(core) = core.upgrade() {
-                    core.give_up_sending();
+                tokio::select! {
+                    biased;
+                    // The core is gone: nothing is left to give up.
+                    _ = closed => {}
+                    () = crate::time::sleep(linger) => {
+                        if let Some(core) = core.upgrade() {
+                            core.give_up_sending();
+                        }
+                    }
                 }
             }));
         }
@@ -363,6 +375,7 @@ impl TcpStream {
                     waker: None,
                 }),
                 owner: executor::current_remote(),
+                lingering: RefCell::new(None),
             }),
         }
     }
