@@ -630,9 +630,11 @@ async fn the_primary_reports_its_standbys_replay_on_the_ring() {
     // A fast-poll task for each standby and one for the primary's reports.
     ring.until_tasks(3, "a fast-poll task per node").await;
 
-    // Standby 1 stops replaying: while a read waits on a later write, the reports are
-    // read every period (standby 2 may have it at once; standby 1 not before it resumes).
+    // Both standbys stop replaying: a read waits on a later write that no standby can be
+    // known to have (not even from a full poll), and the reports are read every period
+    // while it waits.
     c.pause_replay(1).unwrap();
+    c.pause_replay(2).unwrap();
     let lsn = write_something(c);
     let reports = "SELECT count(*) FROM pg_stat_activity \
                    WHERE application_name = 'pgfresh-monitor' \
@@ -648,6 +650,7 @@ async fn the_primary_reports_its_standbys_replay_on_the_ring() {
     })
     .await;
     c.resume_replay(1).unwrap();
+    c.resume_replay(2).unwrap();
     let node = b
         .wait_for(lsn, tokio::time::Instant::now() + DEADLINE)
         .await
