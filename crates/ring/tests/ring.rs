@@ -439,3 +439,48 @@ fn a_stream_dropped_unsent_to_a_peer_that_stops_reading_closes_after_the_linger(
         }
     });
 }
+
+/// A stream dropped with bytes still queued, to a peer that reads them all: once they
+/// went out and the socket closed, nothing of it is left on the runtime, however long
+/// the linger.
+#[test]
+fn a_dropped_streams_bytes_going_out_leave_nothing_behind_before_the_linger() {
+    let rt = Runtime::new(64).unwrap();
+    rt.set_linger(Duration::from_secs(3600));
+    let handle = rt.handle();
+    let listener = std::net::TcpListener::bind(local()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.block_on(async {
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        // Queued until the kernel takes no more (the peer does not read yet).
+        let chunk = vec![7u8; 64 * 1024];
+        let mut written = 0;
+        while s.unsent() == 0 {
+            match s.try_write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    sleep(Duration::from_millis(1)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(s);
+        // Only the linger's task is left; the peer now reads everything.
+        assert_eq!(handle.tasks(), 1);
+        let reader = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut peer, &mut all).unwrap();
+            all.len()
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while handle.tasks() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the linger's task outlived the stream"
+            );
+            sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(reader.join().unwrap(), written);
+    });
+}
