@@ -347,12 +347,18 @@ impl Runtime {
             cx.remote.take_into(&mut cx.queue.borrow_mut());
             let busy =
                 ran == BATCH || !cx.queue.borrow().is_empty() || main.woken.load(Ordering::SeqCst);
-            if busy {
-                cx.reactor.turn(Wait::No);
+            // A turn that waited for a deadline and was ended by a completion before it
+            // leaves the timers as they were: the clock is not read for them (a deadline
+            // passed meanwhile is found by the next wait, which then does not wait).
+            let due = if busy {
+                let _ = cx.reactor.turn(Wait::No);
+                true
             } else {
-                cx.park(&main.woken);
+                cx.park(&main.woken)
+            };
+            if due {
+                cx.timers.borrow_mut().fire(Instant::now);
             }
-            cx.timers.borrow_mut().fire(Instant::now);
         }
     }
 }
@@ -374,23 +380,29 @@ impl Context {
     }
 
     /// Waits in the ring for a completion, the next timer, or a wake from another thread.
-    fn park(&self, main_woken: &AtomicBool) {
+    /// Returns whether a timer may be due: the wait ran until the earliest deadline, or
+    /// that had passed already, or the wait was skipped.
+    fn park(&self, main_woken: &AtomicBool) -> bool {
         self.remote.parked.store(true, Ordering::SeqCst);
         if self.remote.has_work() || main_woken.load(Ordering::SeqCst) {
             self.remote.parked.store(false, Ordering::SeqCst);
-            self.reactor.turn(Wait::No);
-            return;
+            let _ = self.reactor.turn(Wait::No);
+            return true;
         }
         let timeout = self
             .timers
             .borrow()
             .next()
             .map(|at| at.saturating_duration_since(Instant::now()));
-        self.reactor.turn(match timeout {
-            Some(d) => Wait::For(d),
-            None => Wait::Forever,
-        });
+        let due = match timeout {
+            Some(d) => self.reactor.turn(Wait::For(d)) || d.is_zero(),
+            None => {
+                let _ = self.reactor.turn(Wait::Forever);
+                false
+            }
+        };
         self.remote.parked.store(false, Ordering::SeqCst);
+        due
     }
 }
 

@@ -152,9 +152,10 @@ impl Reactor {
         }
     }
 
-    /// Submits what was queued, waits as `wait` says, and handles the completions.
-    pub(crate) fn turn(&self, wait: Wait) {
-        {
+    /// Submits what was queued, waits as `wait` says, and handles the completions. True
+    /// when a timed wait ran its whole time (no completion came first).
+    pub(crate) fn turn(&self, wait: Wait) -> bool {
+        let timed_out = {
             let ring = self.ring.borrow();
             let submitter = ring.submitter();
             let r = match wait {
@@ -178,14 +179,17 @@ impl Reactor {
                     submitter.submit_with_args(1, &args)
                 }
             };
-            if let Err(e) = r {
-                match e.raw_os_error() {
-                    Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN) => {}
+            match r {
+                Ok(_) => false,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ETIME) => true,
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN) => false,
                     _ => panic!("pgfresh-ring: io_uring_enter failed: {e}"),
-                }
+                },
             }
-        }
+        };
         self.reap();
+        timed_out
     }
 
     fn reap(&self) {
@@ -255,7 +259,7 @@ impl Reactor {
         while self.slots.borrow().iter().any(|(_, (_, s))| in_flight(s))
             && std::time::Instant::now() < deadline
         {
-            self.turn(Wait::For(Duration::from_millis(10)));
+            let _ = self.turn(Wait::For(Duration::from_millis(10)));
         }
         let leftover = std::mem::take(&mut *self.slots.borrow_mut());
         if leftover.iter().any(|(_, (_, s))| in_flight(s)) {
