@@ -934,7 +934,7 @@ impl Session {
                 if let Some(lsn) = lsn {
                     self.shared.balancer.note_commit(lsn);
                 }
-                self.resolve_probe(probe);
+                self.resolve_probe(*probe);
                 self.report_commit_position(node, lsn, report);
             }
             Injected::ReplaySample(Some(lsn)) if !error => {

@@ -1136,7 +1136,7 @@ impl Session {
         self.out.append(&mut self.due);
         if probe {
             // Sent with the unit, just after it.
-            let probe = Injected::Position(super::unit::Probe::default());
+            let probe = Injected::Position(Box::default());
             self.inflight.push_back(InFlight::injected(probe));
         }
         if sample {
