@@ -1259,6 +1259,52 @@ async fn whole_unnamed_batches_read_their_writes_with_delayed_replicas() {
     );
 }
 
+/// `[monitor] replay_from_primary`: the standbys' replay positions read from the
+/// primary's walsenders while reads wait never let a read reach a standby that has not
+/// replayed the write it depends on. With replay delayed, every read of a row just
+/// written sees it, same session and cross session, while the reports move the standbys'
+/// known positions; the control, with recency routing off, misses.
+#[tokio::test]
+async fn replay_positions_from_the_primary_never_cause_a_stale_read() {
+    let _g = SERIAL.lock().await;
+    let reporting = |routing: &str| {
+        start_proxy(&config_text(routing).replace(
+            "sr_check_period_ms = 50\n",
+            "sr_check_period_ms = 50\nreplay_from_primary = true\n",
+        ))
+    };
+    let p = reporting("");
+    let setup = p.connect().await;
+    let t = unique("reported");
+    setup
+        .batch_execute(&format!("CREATE TABLE {t}(id int primary key)"))
+        .await
+        .unwrap();
+    wait_replicated(&setup).await;
+    let reports = || {
+        metric_value("pgfresh_replay_reports_total{node=\"pg1\"}")
+            + metric_value("pgfresh_replay_reports_total{node=\"pg2\"}")
+    };
+    let before = reports();
+    let delay = ApplyDelay::set(300);
+    let guarded = whole_batch_misses(&p, &t, 0..100).await;
+    let blind = reporting("enable_recent_access_routing = false");
+    let control = whole_batch_misses(&blind, &t, 100..200).await;
+    drop(delay);
+    assert_eq!(
+        guarded, 0,
+        "read-after-write misses with the primary's reports"
+    );
+    assert!(
+        reports() > before,
+        "no report of a standby's replay was read from the primary"
+    );
+    assert!(
+        control > 0,
+        "the control (recency routing off) saw no stale read, so the test proves nothing"
+    );
+}
+
 /// What a standby answers `sql` through a proxy that does not learn the catalog (recency
 /// off, so the read is sent to a standby as soon as one is in the pool): the controls of
 /// the tests of what only the primary can run.
