@@ -91,17 +91,38 @@ pub(crate) async fn fast_polls<P: PollSite>(
         }
         let tick = Instant::now() + settings.replay_check_period;
         polls.increment(1);
-        match site.poll_replay(settings).await {
-            Some(Ok(Some(lsn))) => inner.learn_replay(id, lsn, crate::live::Source::Poll),
-            Some(Ok(None)) => {}
-            Some(Err(e)) => {
-                tracing::debug!(node = %name, error = %e, "fast replay poll failed");
-                return site.sleep_until(next).await;
-            }
-            None => return site.sleep_until(next).await,
+        let answer = site.poll_replay(settings).await;
+        let Some(replayed) = answered(site, answer, next, name, "fast replay poll").await else {
+            return;
+        };
+        if let Some(lsn) = replayed {
+            inner.learn_replay(id, lsn, crate::live::Source::Poll);
         }
         if !next_tick(site, tick, next).await {
             return;
+        }
+    }
+}
+
+/// A poll's answer; `None`, having waited until `next` (the polls end until the full
+/// poll), when it failed (logged) or there was no connection to ask.
+async fn answered<P: PollSite, T>(
+    site: &P,
+    answer: Option<Result<T, String>>,
+    next: Instant,
+    name: &str,
+    what: &str,
+) -> Option<T> {
+    match answer {
+        Some(Ok(v)) => Some(v),
+        Some(Err(e)) => {
+            tracing::debug!(node = %name, error = %e, "{what} failed");
+            site.sleep_until(next).await;
+            None
+        }
+        None => {
+            site.sleep_until(next).await;
+            None
         }
     }
 }
@@ -182,19 +203,14 @@ pub(crate) async fn report_polls<P: PollSite>(
         }
         let tick = Instant::now() + settings.replay_check_period;
         polls.increment(1);
-        match site.poll_reports(settings).await {
-            Some(Ok(reports)) => {
-                for (pid, lsn) in reports {
-                    if let Some(node) = map.node_of(pid) {
-                        inner.learn_replay(node, lsn, crate::live::Source::Report);
-                    }
-                }
+        let answer = site.poll_reports(settings).await;
+        let Some(reports) = answered(site, answer, next, name, "standby report poll").await else {
+            return;
+        };
+        for (pid, lsn) in reports {
+            if let Some(node) = map.node_of(pid) {
+                inner.learn_replay(node, lsn, crate::live::Source::Report);
             }
-            Some(Err(e)) => {
-                tracing::debug!(node = %name, error = %e, "standby report poll failed");
-                return site.sleep_until(next).await;
-            }
-            None => return site.sleep_until(next).await,
         }
         if !next_tick(site, tick, next).await {
             return;
