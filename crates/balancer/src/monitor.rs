@@ -252,23 +252,9 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             && settings.replay_from_primary
             && !settings.replay_check_period.is_zero();
         if reporting {
-            let listed = tokio::select! {
+            tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = source.list_senders(&settings) => r,
-            };
-            match listed {
-                Some(Ok(senders)) => {
-                    if let Some(map) = inner.reports.remap(id, &spec.host, spec.port, &senders) {
-                        log_map(&inner, &spec.name, &map);
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(node = %spec.name, error = %e, "cannot list the primary's walsenders");
-                    inner.reports.forget(id);
-                }
-                None => {
-                    inner.reports.forget(id);
-                }
+                () = match_senders(&inner, id, &spec, &source, &settings) => {}
             }
         } else if inner.reports.forget(id) {
             tracing::info!(node = %spec.name, "standby positions are no longer read from this node's walsenders");
@@ -320,6 +306,31 @@ pub(crate) async fn run(inner: Arc<Inner>, id: NodeId, spec: NodeSpec, cancel: C
             tracing::warn!(node = %spec.name, "the fast replay polls did not run on the sessions' ring in time; they run on tokio from now on");
             ring_given_up = true;
             ring_polls = None;
+        }
+    }
+}
+
+/// The primary `id` lists its walsenders, and they are matched to the standbys again
+/// ([`crate::reports`]); a primary that cannot list them keeps no map.
+async fn match_senders(
+    inner: &Inner,
+    id: NodeId,
+    spec: &NodeSpec,
+    source: &Source,
+    settings: &MonitorSettings,
+) {
+    match source.list_senders(settings).await {
+        Some(Ok(senders)) => {
+            if let Some(map) = inner.reports.remap(id, &spec.host, spec.port, &senders) {
+                log_map(inner, &spec.name, &map);
+            }
+        }
+        Some(Err(e)) => {
+            tracing::debug!(node = %spec.name, error = %e, "cannot list the primary's walsenders");
+            inner.reports.forget(id);
+        }
+        None => {
+            inner.reports.forget(id);
         }
     }
 }
