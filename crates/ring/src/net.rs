@@ -168,6 +168,7 @@ impl Core {
         executor::with(|cx| {
             let key = cx.reactor.insert(Slot::Recv(self.clone()));
             let e = opcode::Recv::new(self.fd(), ptr, cap as u32)
+                .ioprio(cx.reactor.recv_ioprio())
                 .build()
                 .user_data(key);
             // SAFETY: the buffer belongs to this core, which the slot keeps alive; it is

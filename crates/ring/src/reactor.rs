@@ -49,6 +49,9 @@ pub(crate) struct Oneshot {
     pub(crate) _keep: Option<Box<dyn Any>>,
 }
 
+/// `IORING_RECVSEND_POLL_FIRST` (linux/io_uring.h).
+const RECVSEND_POLL_FIRST: u16 = 1;
+
 pub(crate) struct Reactor {
     ring: RefCell<IoUring>,
     /// Each slot with the tag its token carries: a completion or a cancel that names a
@@ -60,17 +63,22 @@ pub(crate) struct Reactor {
     eventfd: i32,
     /// Set by `shutdown`: the eventfd read is not posted again.
     closing: Cell<bool>,
+    /// The kernel takes `IORING_RECVSEND_POLL_FIRST` (5.19; known from deferred task
+    /// work, 6.1, having been set up).
+    poll_first: bool,
 }
 
 impl Reactor {
     pub(crate) fn new(entries: u32, eventfd: i32) -> io::Result<Reactor> {
         // Deferred task work (6.1+) keeps the kernel from interrupting the thread to post
         // completions: they are posted when it next enters the ring to wait.
-        let ring = IoUring::builder()
+        let deferred = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .setup_taskrun_flag()
-            .build(entries)
+            .build(entries);
+        let poll_first = deferred.is_ok();
+        let ring = deferred
             .or_else(|_| IoUring::builder().setup_coop_taskrun().build(entries))
             .or_else(|_| IoUring::new(entries))?;
         let r = Reactor {
@@ -80,6 +88,7 @@ impl Reactor {
             wake_buf: Box::new(Cell::new(0)),
             eventfd,
             closing: Cell::new(false),
+            poll_first,
         };
         r.post_wake_read(None);
         Ok(r)
@@ -93,6 +102,17 @@ impl Reactor {
         // SAFETY: the buffer is the reactor's boxed u64, which outlives the ring (the
         // ring is dropped first, in field order, after `shutdown` reaped everything).
         unsafe { self.push(&e) };
+    }
+
+    /// The `ioprio` of a receive posted when the socket is most likely empty (every byte
+    /// it had was read): wait for data before trying to read, which skips a receive
+    /// attempt that would find nothing.
+    pub(crate) fn recv_ioprio(&self) -> u16 {
+        if self.poll_first {
+            RECVSEND_POLL_FIRST
+        } else {
+            0
+        }
     }
 
     /// Takes a slot and returns its token, for an entry to carry as its user data.
