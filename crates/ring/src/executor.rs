@@ -319,6 +319,12 @@ impl Runtime {
         self.cx.linger.set(linger);
     }
 
+    /// How many sockets are in the ring's table of registered sockets now (those that
+    /// operations name by index rather than by descriptor; see the crate's `fixed`).
+    pub fn registered_sockets(&self) -> usize {
+        self.cx.reactor.registered()
+    }
+
     /// How other threads reach this runtime.
     pub fn handle(&self) -> Handle {
         Handle {

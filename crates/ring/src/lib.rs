@@ -36,6 +36,7 @@
 #![allow(unsafe_code)]
 
 mod executor;
+mod fixed;
 mod net;
 mod reactor;
 mod time;

@@ -86,6 +86,21 @@ pub(crate) struct Core {
     /// out, or were given up, and the socket closed), which ends the task that would give
     /// them up after the linger.
     lingering: RefCell<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// The socket's index in the ring's table of registered sockets ([`crate::fixed`]),
+    /// which operations name it by; `None`: by its descriptor.
+    fixed: Option<u32>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // The table's reference would keep the socket open: take it out. (Off the owner's
+        // thread the runtime is gone, and its table with it.)
+        if let Some(index) = self.fixed {
+            if executor::is_current(&self.owner) {
+                let _ = executor::try_with(|cx| cx.reactor.unregister(index));
+            }
+        }
+    }
 }
 
 // SAFETY: `rx`, `tx` and `lingering` (the only parts that are not thread-safe) are borrowed only on the
@@ -167,10 +182,16 @@ impl Core {
         let (ptr, cap) = (rx.buf.as_mut_ptr(), rx.buf.capacity());
         executor::with(|cx| {
             let key = cx.reactor.insert(Slot::Recv(self.clone()));
-            let e = opcode::Recv::new(self.fd(), ptr, cap as u32)
-                .ioprio(cx.reactor.recv_ioprio())
-                .build()
-                .user_data(key);
+            let ioprio = cx.reactor.recv_ioprio();
+            let e = match self.fixed {
+                Some(i) => opcode::Recv::new(types::Fixed(i), ptr, cap as u32)
+                    .ioprio(ioprio)
+                    .build(),
+                None => opcode::Recv::new(self.fd(), ptr, cap as u32)
+                    .ioprio(ioprio)
+                    .build(),
+            }
+            .user_data(key);
             // SAFETY: the buffer belongs to this core, which the slot keeps alive; it is
             // neither read nor resized while `rx.op` is set.
             unsafe { cx.reactor.push(&e) };
@@ -256,10 +277,15 @@ impl Core {
         let (ptr, len) = (rest.as_ptr(), rest.len());
         executor::with(|cx| {
             let key = cx.reactor.insert(Slot::Send(self.clone()));
-            let e = opcode::Send::new(self.fd(), ptr, len as u32)
-                .flags(libc::MSG_NOSIGNAL)
-                .build()
-                .user_data(key);
+            let e = match self.fixed {
+                Some(i) => opcode::Send::new(types::Fixed(i), ptr, len as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build(),
+                None => opcode::Send::new(self.fd(), ptr, len as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build(),
+            }
+            .user_data(key);
             // SAFETY: `inflight` belongs to this core, which the slot keeps alive; it is
             // not changed while `tx.op` is set (new bytes go to `queued`).
             unsafe { cx.reactor.push(&e) };
@@ -356,6 +382,7 @@ impl TcpStream {
     /// # Panics
     /// Outside a runtime.
     pub fn from_std(sock: std::net::TcpStream) -> TcpStream {
+        let fixed = executor::with(|cx| cx.reactor.register(sock.as_raw_fd()));
         TcpStream {
             core: Arc::new(Core {
                 sock,
@@ -377,6 +404,7 @@ impl TcpStream {
                 }),
                 owner: executor::current_remote(),
                 lingering: RefCell::new(None),
+                fixed,
             }),
         }
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use io_uring::{opcode, squeue, types, IoUring};
 use slab::Slab;
 
+use crate::fixed::Indexes;
 use crate::net::Core;
 
 /// How long a turn may wait for a completion.
@@ -66,7 +67,12 @@ pub(crate) struct Reactor {
     /// The kernel takes `IORING_RECVSEND_POLL_FIRST` (5.19; known from deferred task
     /// work, 6.1, having been set up).
     poll_first: bool,
+    /// The registered sockets' table ([`crate::fixed`]).
+    fixed: RefCell<Indexes>,
 }
+
+/// The most sockets the table holds (its kernel memory is about 16 bytes an entry).
+const FIXED_MAX: u32 = 1 << 16;
 
 impl Reactor {
     pub(crate) fn new(entries: u32, eventfd: i32) -> io::Result<Reactor> {
@@ -81,6 +87,13 @@ impl Reactor {
         let ring = deferred
             .or_else(|_| IoUring::builder().setup_coop_taskrun().build(entries))
             .or_else(|_| IoUring::new(entries))?;
+        // A sparse table (5.19); without one every socket is named by its descriptor.
+        let size = crate::fixed::table_size(FIXED_MAX);
+        let size = if size > 0 && ring.submitter().register_files_sparse(size).is_ok() {
+            size
+        } else {
+            0
+        };
         let r = Reactor {
             ring: RefCell::new(ring),
             slots: RefCell::new(Slab::with_capacity(256)),
@@ -89,6 +102,7 @@ impl Reactor {
             eventfd,
             closing: Cell::new(false),
             poll_first,
+            fixed: RefCell::new(Indexes::new(size)),
         };
         r.post_wake_read(None);
         Ok(r)
@@ -112,6 +126,59 @@ impl Reactor {
             RECVSEND_POLL_FIRST
         } else {
             0
+        }
+    }
+
+    /// Puts the socket `fd` in the table; its index, or `None` when the table has no
+    /// room (or the kernel refused it): then the socket is named by `fd`.
+    pub(crate) fn register(&self, fd: std::os::fd::RawFd) -> Option<u32> {
+        let index = self.fixed.borrow_mut().take()?;
+        let done = self
+            .ring
+            .try_borrow()
+            .ok()
+            .and_then(|ring| ring.submitter().register_files_update(index, &[fd]).ok());
+        if done == Some(1) {
+            Some(index)
+        } else {
+            self.fixed.borrow_mut().give_back(index);
+            None
+        }
+    }
+
+    /// Takes the socket at `index` out of the table (no operation of it is in flight),
+    /// now, or at the next turn if the ring is in use.
+    pub(crate) fn unregister(&self, index: u32) {
+        let done = self
+            .ring
+            .try_borrow()
+            .ok()
+            .is_some_and(|ring| ring.submitter().register_files_update(index, &[-1]).is_ok());
+        let mut fixed = self.fixed.borrow_mut();
+        if done {
+            fixed.give_back(index);
+        } else {
+            fixed.defer_close(index);
+        }
+    }
+
+    /// How many sockets are in the table.
+    pub(crate) fn registered(&self) -> usize {
+        self.fixed.borrow().in_table()
+    }
+
+    /// Takes out of the table the sockets whose removal had to wait. One that the
+    /// kernel does not let go is kept out of use.
+    fn unregister_deferred(&self) {
+        if !self.fixed.borrow().has_closing() {
+            return;
+        }
+        let closing = self.fixed.borrow_mut().take_closing();
+        let ring = self.ring.borrow();
+        for index in closing {
+            if ring.submitter().register_files_update(index, &[-1]).is_ok() {
+                self.fixed.borrow_mut().give_back(index);
+            }
         }
     }
 
@@ -175,6 +242,7 @@ impl Reactor {
     /// Submits what was queued, waits as `wait` says, and handles the completions. True
     /// when a timed wait ran its whole time (no completion came first).
     pub(crate) fn turn(&self, wait: Wait) -> bool {
+        self.unregister_deferred();
         let timed_out = {
             let ring = self.ring.borrow();
             let submitter = ring.submitter();

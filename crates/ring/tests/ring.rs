@@ -484,3 +484,48 @@ fn a_dropped_streams_bytes_going_out_leave_nothing_behind_before_the_linger() {
         assert_eq!(reader.join().unwrap(), written);
     });
 }
+
+#[test]
+fn streams_are_named_by_their_index_in_the_ring_and_leave_it_when_dropped() {
+    let rt = Runtime::new(64).unwrap();
+    let before = rt.registered_sockets();
+    let peers = rt.block_on(async {
+        let listener = TcpListener::bind(local()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut peers = Vec::new();
+        // More rounds than a table of the smallest usual open-files limit (1 024) has
+        // entries: indexes are given back and used again.
+        for round in 0..1500u32 {
+            let (accepted, connected) = tokio::join!(listener.accept(), TcpStream::connect(addr));
+            let (mut peer, mut s) = (accepted.unwrap().0, connected.unwrap());
+            let msg = format!("round {round}");
+            s.write_all(msg.as_bytes()).await.unwrap();
+            let mut back = vec![0u8; msg.len()];
+            peer.read_exact(&mut back).await.unwrap();
+            assert_eq!(back, msg.as_bytes());
+            drop(s);
+            // The table's reference does not keep the socket open: the peer sees the end.
+            let mut rest = Vec::new();
+            tokio::select! {
+                r = peer.read_to_end(&mut rest) => r.unwrap(),
+                () = sleep(Duration::from_secs(10)) => panic!("round {round}: the dropped stream's socket stayed open"),
+            };
+            assert!(rest.is_empty());
+            if round < 3 {
+                peers.push(peer);
+            }
+        }
+        peers
+    });
+    // The three streams kept are in the table (unless the kernel gave the ring none).
+    let kept = rt.registered_sockets() - before;
+    assert!(kept == 3 || before == 0 && kept == 0, "{kept} in the table");
+    rt.block_on(async {
+        drop(peers);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while rt.registered_sockets() > before && Instant::now() < deadline {
+            sleep(Duration::from_millis(1)).await;
+        }
+    });
+    assert_eq!(rt.registered_sockets(), before);
+}
