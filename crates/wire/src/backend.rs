@@ -325,3 +325,69 @@ impl BackendMessage<'_> {
         matches!(self, BackendMessage::ReadyForQuery(_))
     }
 }
+
+/// Column `index` of a DataRow's body (`None`: SQL NULL); [`FrameError::Malformed`]
+/// when the row has no such column or its lengths do not fit the body.
+pub fn data_row_column(body: &[u8], index: usize) -> Result<Option<&[u8]>, FrameError> {
+    let mut cur = Cursor::new(b'D', body);
+    let columns = cur.count(4, "column count")?;
+    if index >= columns {
+        return Err(cur.malformed(format!("no column {index} in a row of {columns}")));
+    }
+    for i in 0..=index {
+        let len = cur.i32("column length")?;
+        let value = match usize::try_from(len) {
+            Ok(n) => Some(cur.bytes(n, "column value")?),
+            Err(_) if len == -1 => None,
+            Err(_) => return Err(cur.malformed(format!("column length {len}"))),
+        };
+        if i == index {
+            return Ok(value);
+        }
+    }
+    unreachable!("the loop returns at `index`")
+}
+
+#[cfg(test)]
+mod data_row_tests {
+    use super::*;
+
+    fn row(columns: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut b = (columns.len() as i16).to_be_bytes().to_vec();
+        for c in columns {
+            match c {
+                Some(v) => {
+                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    b.extend_from_slice(v);
+                }
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn a_rows_columns_are_read_by_index_with_null_apart() {
+        let r = row(&[Some(b"4242"), None, Some(b"0/16B3748")]);
+        assert_eq!(data_row_column(&r, 0).unwrap(), Some(&b"4242"[..]));
+        assert_eq!(data_row_column(&r, 1).unwrap(), None);
+        assert_eq!(data_row_column(&r, 2).unwrap(), Some(&b"0/16B3748"[..]));
+        assert!(data_row_column(&r, 3).is_err(), "no fourth column");
+    }
+
+    #[test]
+    fn a_row_whose_lengths_do_not_fit_is_malformed() {
+        let mut r = row(&[Some(b"abc")]);
+        r.truncate(r.len() - 1);
+        assert!(data_row_column(&r, 0).is_err());
+        let r = row(&[Some(b"abc")]);
+        let mut bad = r.clone();
+        bad[2..6].copy_from_slice(&(-2i32).to_be_bytes());
+        assert!(
+            data_row_column(&bad, 0).is_err(),
+            "a negative length other than -1"
+        );
+        assert!(data_row_column(&[0], 0).is_err(), "a count cut short");
+        assert!(data_row_column(&(-1i16).to_be_bytes(), 0).is_err());
+    }
+}
