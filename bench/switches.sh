@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where the kernel's share of a statement goes, pgfresh beside PgBouncer: context switches
-# (voluntary: the proxy found nothing to do and slept in epoll_wait; involuntary: a
-# process its send woke took the CPU from it), user and system time a statement, and
-# optionally the kernel functions that time was spent in.
+# (voluntary: the proxy found nothing to do and slept in epoll_wait or io_uring_enter;
+# involuntary: a process its send woke took the CPU from it), user and system time a
+# statement, and optionally the kernel functions that time was spent in. pgfresh's engine
+# is PGFRESH_IO_ENGINE's (epoll unless set; io_uring for the ring).
 #
 #   bench/switches.sh [options]
 #     -M PROTOCOL    pgbench protocol: simple (default), extended or prepared
@@ -48,9 +49,11 @@ fi
 SCALE=1
 bench_pgbench_init
 
-# voluntary, involuntary context switches, user and system ticks of PID.
+# voluntary, involuntary context switches (of all PID's threads: with io_engine =
+# "io_uring" the sessions run on a thread of their own), user and system ticks of PID.
 counters() {
-    awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { printf "%s %s ", v, n }' "/proc/$1/status"
+    cat "/proc/$1"/task/*/status |
+        awk '/^voluntary_ctxt_switches/ { v += $2 } /^nonvoluntary_ctxt_switches/ { n += $2 } END { printf "%s %s ", v, n }'
     awk '{ print $14, $15 }' "/proc/$1/stat"
 }
 
