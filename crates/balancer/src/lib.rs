@@ -55,6 +55,7 @@ pub mod lag;
 mod live;
 mod monitor;
 pub mod patroni;
+mod poll_conn;
 mod reader;
 mod reports;
 mod ring_polls;

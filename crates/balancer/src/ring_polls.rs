@@ -20,14 +20,11 @@ use std::time::{Duration, Instant};
 
 use pgfresh_lsn::Lsn;
 use tokio::sync::{mpsc, oneshot};
-use tokio_postgres::{Client, Statement};
 use tokio_util::sync::CancellationToken;
 
 use crate::fast::{run_polls, PollSite, Polls};
-use crate::monitor::{
-    describe_connect_error, login_config, prepare, replay_from, reports_from, Login, REPLAY_SQL,
-    REPORTS_SQL,
-};
+use crate::monitor::{REPLAY_SQL, REPORTS_SQL};
+use crate::poll_conn::PollConn;
 use crate::settings::{MonitorSettings, NodeId, NodeSpec};
 use crate::Inner;
 
@@ -129,20 +126,10 @@ async fn serve(
     }
 }
 
-/// The fast polls' connection on the ring, with the replay poll prepared.
-struct RingConn {
-    client: Client,
-    replay: Statement,
-    reports: Statement,
-    login: Login,
-    /// Dropped with the connection: stops its driver task.
-    _stop: oneshot::Sender<()>,
-}
-
 /// The fast polls on the ring: its timers, its connection to the standby.
 struct OnRing {
     spec: NodeSpec,
-    conn: Option<RingConn>,
+    conn: Option<PollConn>,
     /// The last failure, logged once per change: the full polls run over another
     /// connection and would not report this one's.
     failing: Option<String>,
@@ -155,17 +142,14 @@ impl PollSite for OnRing {
 
     async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
         let answer = match self.conn(s).await {
-            Ok(conn) => within(s.health_timeout, conn.client.query_one(&conn.replay, &[]))
+            Ok(conn) => within(s.health_timeout, conn.replay())
                 .await
-                .map_or_else(
-                    || {
-                        Err(format!(
-                            "replay poll timed out after {:?}",
-                            s.health_timeout
-                        ))
-                    },
-                    replay_from,
-                ),
+                .unwrap_or_else(|| {
+                    Err(format!(
+                        "replay poll timed out after {:?}",
+                        s.health_timeout
+                    ))
+                }),
             Err(e) => Err(e),
         };
         Some(self.noted(answer))
@@ -176,17 +160,14 @@ impl PollSite for OnRing {
         s: &MonitorSettings,
     ) -> Option<Result<Vec<(i32, Lsn)>, String>> {
         let answer = match self.conn(s).await {
-            Ok(conn) => within(s.health_timeout, conn.client.query(&conn.reports, &[]))
+            Ok(conn) => within(s.health_timeout, conn.reports())
                 .await
-                .map_or_else(
-                    || {
-                        Err(format!(
-                            "report poll timed out after {:?}",
-                            s.health_timeout
-                        ))
-                    },
-                    reports_from,
-                ),
+                .unwrap_or_else(|| {
+                    Err(format!(
+                        "report poll timed out after {:?}",
+                        s.health_timeout
+                    ))
+                }),
             Err(e) => Err(e),
         };
         Some(self.noted(answer))
@@ -194,20 +175,17 @@ impl PollSite for OnRing {
 }
 
 impl OnRing {
-    /// The connection, opened anew when there is none or the login changed.
-    async fn conn(&mut self, s: &MonitorSettings) -> Result<&RingConn, String> {
-        if self
-            .conn
-            .as_ref()
-            .is_some_and(|c| !c.login.is_of(s) || c.client.is_closed())
-        {
+    /// The connection, opened anew when there is none or the login changed (one that
+    /// failed was dropped: see `noted`).
+    async fn conn(&mut self, s: &MonitorSettings) -> Result<&mut PollConn, String> {
+        if self.conn.as_ref().is_some_and(|c| !c.login.is_of(s)) {
             self.conn = None;
         }
         if self.conn.is_none() {
             self.conn = Some(connect(&self.spec, s).await?);
         }
         self.conn
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| "no fast-poll connection".to_string())
     }
 
@@ -234,34 +212,14 @@ impl OnRing {
 
 /// Opens a monitor connection to `spec` on the ring and prepares the replay and report
 /// polls.
-async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<RingConn, String> {
-    let mut cfg = login_config(spec, s);
-    let c = within(
+async fn connect(spec: &NodeSpec, s: &MonitorSettings) -> Result<PollConn, String> {
+    within(
         s.connect_timeout,
-        pgfresh_nodetls::pg::connect_tcp(&mut cfg, &spec.tls, &spec.host, spec.port),
+        PollConn::open(spec, s, REPLAY_SQL, REPORTS_SQL),
     )
     .await
     .ok_or_else(|| format!("connect timed out after {:?}", s.connect_timeout))?
-    .map_err(|e| format!("connect failed: {}", describe_connect_error(&e)))?;
-    // Ends with the `RingConn` (`_stop`), even with a poll still unanswered (the client
-    // alone would keep it waiting for that answer), or when the server goes away.
-    let connection = c.connection;
-    let (stop, stopped) = oneshot::channel::<()>();
-    drop(pgfresh_ring::spawn(async move {
-        tokio::select! {
-            _ = connection => {}
-            _ = stopped => {}
-        }
-    }));
-    let replay = prepare(&c.client, REPLAY_SQL, "the replay poll", s).await?;
-    let reports = prepare(&c.client, REPORTS_SQL, "the standbys' reports", s).await?;
-    Ok(RingConn {
-        client: c.client,
-        replay,
-        reports,
-        login: Login::of(s),
-        _stop: stop,
-    })
+    .map_err(|e| format!("connect failed: {e}"))
 }
 
 /// `future`'s output, or `None` once `limit` has passed (on the ring's timers).
