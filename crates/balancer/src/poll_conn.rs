@@ -64,6 +64,13 @@ impl PollConn {
         Ok(conn)
     }
 
+    /// Neither closed by the node nor sent anything since its last answer (a node sends
+    /// an idle connection nothing but a FATAL before it closes it: a restart,
+    /// `idle_session_timeout`, a terminated backend).
+    pub(crate) fn is_open(&mut self) -> bool {
+        self.rbuf.is_empty() && self.stream.still_open()
+    }
+
     /// The standby's `pg_last_wal_replay_lsn()` (`None` on a primary).
     pub(crate) async fn replay(&mut self) -> Result<Option<Lsn>, String> {
         let query = self.replay.clone();
@@ -425,8 +432,17 @@ mod tests {
         b.freeze()
     }
 
-    /// A node on a local port that logs one client in as `method` and answers its polls.
+    /// A node on a local port that logs one client in as `method` and answers its polls
+    /// (`failing`: the replay poll fails), or with `close` closes it after the login.
     async fn node(method: Method, failing: bool) -> (NodeSpec, tokio::task::JoinHandle<bool>) {
+        node_then(method, failing, false).await
+    }
+
+    async fn node_then(
+        method: Method,
+        failing: bool,
+        close: bool,
+    ) -> (NodeSpec, tokio::task::JoinHandle<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let served = tokio::spawn(async move {
@@ -437,6 +453,22 @@ mod tests {
             };
             if !s.log_in(method).await {
                 return false;
+            }
+            if close {
+                // The prepare's answer, then a FATAL and the end, as an idle session
+                // timing out gets.
+                let _ = s.frame().await;
+                let _ = s.frame().await;
+                let _ = s.frame().await;
+                let ready = build::ready_for_query(TxStatus::Idle);
+                s.send(&[build::parse_complete(), build::parse_complete(), ready])
+                    .await;
+                let e = ErrorResponse::fatal(
+                    "57P05",
+                    "terminating connection due to idle-session timeout",
+                );
+                s.send(&[build::error_response(&e)]).await;
+                return true;
             }
             s.serve(failing).await;
             true
@@ -486,6 +518,27 @@ mod tests {
             drop(c);
             // The connection said goodbye: the node's loop ended at the Terminate.
             assert!(served.await.unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_node_closed_while_idle_is_not_open() {
+        let (spec, served) = node(Method::Scram, false).await;
+        let mut c = open(&spec, PASSWORD).await.unwrap();
+        assert!(c.is_open());
+        drop(c);
+        assert!(served.await.unwrap());
+
+        let (spec, served) = node_then(Method::Md5, false, true).await;
+        let mut c = open(&spec, PASSWORD).await.unwrap();
+        assert!(served.await.unwrap());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while c.is_open() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the closed connection still looks open"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
 

@@ -175,10 +175,14 @@ impl PollSite for OnRing {
 }
 
 impl OnRing {
-    /// The connection, opened anew when there is none or the login changed (one that
-    /// failed was dropped: see `noted`).
+    /// The connection, opened anew when there is none, the login changed or the node
+    /// closed it while it was idle (one that failed was dropped: see `noted`).
     async fn conn(&mut self, s: &MonitorSettings) -> Result<&mut PollConn, String> {
-        if self.conn.as_ref().is_some_and(|c| !c.login.is_of(s)) {
+        if self
+            .conn
+            .as_mut()
+            .is_some_and(|c| !c.login.is_of(s) || !c.is_open())
+        {
             self.conn = None;
         }
         if self.conn.is_none() {
