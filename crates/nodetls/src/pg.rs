@@ -12,7 +12,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::{Mode, Settings, Tcp};
+use crate::{Mode, Settings};
 
 type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 type Connect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
@@ -27,8 +27,6 @@ pub enum ConnectError {
     Settings(String),
     /// What tokio-postgres reported (the server's error, I/O or TLS).
     Postgres(tokio_postgres::Error),
-    /// The socket did not connect ([`connect_tcp`]).
-    Io(std::io::Error),
 }
 
 /// An open connection and whether it is encrypted.
@@ -46,45 +44,6 @@ pub async fn connect(
     let (tls, used) = tracked(config, settings)?;
     let (client, connection) = config.connect(tls).await.map_err(ConnectError::Postgres)?;
     Ok(Connected {
-        client,
-        connection,
-        tls: used.load(Ordering::Acquire),
-    })
-}
-
-/// The connection half of [`connect_tcp`], over a socket of the connecting thread's
-/// engine.
-pub type TcpConnection =
-    tokio_postgres::Connection<Tcp, <MakeRustlsConnect as MakeTlsConnect<Tcp>>::Stream>;
-
-/// An open connection made by [`connect_tcp`] and whether it is encrypted.
-pub struct ConnectedTcp {
-    pub client: tokio_postgres::Client,
-    pub connection: TcpConnection,
-    pub tls: bool,
-}
-
-/// Connect to `host:port` as [`connect`] does (the login and options from `config`, its
-/// hosts ignored), over a socket of the calling thread's engine ([`Tcp::connect`]): on a
-/// pgfresh-ring thread the connection is that ring's to drive. No connect timeout is
-/// applied here (nor per address); the caller bounds the whole call. A host name rustls
-/// cannot take as a server name is a [`ConnectError::Settings`]; the socket gets no
-/// keepalive (its user bounds each query instead).
-pub async fn connect_tcp(
-    config: &mut tokio_postgres::Config,
-    settings: &Settings,
-    host: &str,
-    port: u16,
-) -> Result<ConnectedTcp, ConnectError> {
-    let (mut make, used) = tracked(config, settings)?;
-    let tls = <Tracked as MakeTlsConnect<Tcp>>::make_tls_connect(&mut make, host)
-        .map_err(|e| ConnectError::Settings(format!("server name {host:?}: {e}")))?;
-    let tcp = Tcp::connect(host, port).await.map_err(ConnectError::Io)?;
-    let (client, connection) = config
-        .connect_raw(tcp, tls)
-        .await
-        .map_err(ConnectError::Postgres)?;
-    Ok(ConnectedTcp {
         client,
         connection,
         tls: used.load(Ordering::Acquire),
@@ -196,7 +155,6 @@ impl std::fmt::Display for ConnectError {
         match self {
             ConnectError::Settings(s) => write!(f, "server TLS: {s}"),
             ConnectError::Postgres(e) => write!(f, "{e}"),
-            ConnectError::Io(e) => write!(f, "error connecting to server: {e}"),
         }
     }
 }
