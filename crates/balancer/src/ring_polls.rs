@@ -141,40 +141,38 @@ impl PollSite for OnRing {
     }
 
     async fn poll_replay(&mut self, s: &MonitorSettings) -> Option<Result<Option<Lsn>, String>> {
-        let answer = match self.conn(s).await {
-            Ok(conn) => within(s.health_timeout, conn.replay())
-                .await
-                .unwrap_or_else(|| {
-                    Err(format!(
-                        "replay poll timed out after {:?}",
-                        s.health_timeout
-                    ))
-                }),
-            Err(e) => Err(e),
-        };
-        Some(self.noted(answer))
+        Some(self.ask(s, "replay poll", async |c| c.replay().await).await)
     }
 
     async fn poll_reports(
         &mut self,
         s: &MonitorSettings,
     ) -> Option<Result<Vec<(i32, Lsn)>, String>> {
-        let answer = match self.conn(s).await {
-            Ok(conn) => within(s.health_timeout, conn.reports())
-                .await
-                .unwrap_or_else(|| {
-                    Err(format!(
-                        "report poll timed out after {:?}",
-                        s.health_timeout
-                    ))
-                }),
-            Err(e) => Err(e),
-        };
-        Some(self.noted(answer))
+        Some(
+            self.ask(s, "report poll", async |c| c.reports().await)
+                .await,
+        )
     }
 }
 
 impl OnRing {
+    /// One poll over the connection (opened if need be), within `health_timeout`;
+    /// `what` names it in a timeout's message. The answer goes through `noted`.
+    async fn ask<T>(
+        &mut self,
+        s: &MonitorSettings,
+        what: &str,
+        poll: impl AsyncFnOnce(&mut PollConn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let answer = match self.conn(s).await {
+            Ok(conn) => within(s.health_timeout, poll(conn))
+                .await
+                .unwrap_or_else(|| Err(format!("{what} timed out after {:?}", s.health_timeout))),
+            Err(e) => Err(e),
+        };
+        self.noted(answer)
+    }
+
     /// The connection, opened anew when there is none, the login changed or the node
     /// closed it while it was idle (one that failed was dropped: see `noted`).
     async fn conn(&mut self, s: &MonitorSettings) -> Result<&mut PollConn, String> {
