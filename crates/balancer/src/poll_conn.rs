@@ -11,9 +11,8 @@
 use bytes::{Bytes, BytesMut};
 use pgfresh_lsn::Lsn;
 use pgfresh_nodetls::{ServerStream, Tcp};
-use pgfresh_wire::{
-    build, parse_backend, Auth, BackendMessage, Decoded, Frame, Limits, ScramClient,
-};
+use pgfresh_wire::auth::{ClientLogin, LoginStep, Secret};
+use pgfresh_wire::{build, parse_backend, BackendMessage, Decoded, Frame, Limits};
 
 use crate::monitor::Login;
 use crate::settings::{MonitorSettings, NodeSpec};
@@ -112,64 +111,14 @@ impl PollConn {
             ("application_name", "pgfresh-monitor"),
         ]);
         self.send(&startup).await?;
-        let mut scram: Option<ScramClient> = None;
+        let mut login = ClientLogin::new(&s.user, Secret::Password(&s.password));
         loop {
             let frame = self.next_frame().await?;
-            let reply = match parse_backend(&frame).map_err(|e| e.to_string())? {
-                BackendMessage::Authentication(auth) => match auth {
-                    Auth::Ok => None,
-                    Auth::CleartextPassword => Some(build::password_message(
-                        &[s.password.as_bytes(), b"\0"].concat(),
-                    )),
-                    Auth::Md5Password { salt } => {
-                        let hash = postgres_protocol::authentication::md5_hash(
-                            s.user.as_bytes(),
-                            s.password.as_bytes(),
-                            salt,
-                        );
-                        Some(build::password_message(&[hash.as_bytes(), b"\0"].concat()))
-                    }
-                    Auth::Sasl { mechanisms } => {
-                        let client = ScramClient::new(&s.password);
-                        if !mechanisms.contains(&client.mechanism()) {
-                            return Err(format!("no supported SASL mechanism in {mechanisms:?}"));
-                        }
-                        let first = client.initial_response();
-                        scram = Some(client);
-                        Some(first)
-                    }
-                    Auth::SaslContinue(data) => {
-                        let client = scram
-                            .as_mut()
-                            .ok_or("the node sent SASL data out of turn")?;
-                        let last = client.update(data).map_err(|e| e.to_string())?;
-                        Some(build::sasl_response(last))
-                    }
-                    Auth::SaslFinal(data) => {
-                        scram
-                            .take()
-                            .ok_or("the node sent SASL data out of turn")?
-                            .finish(data)
-                            .map_err(|e| format!("the node's SCRAM signature: {e}"))?;
-                        None
-                    }
-                    Auth::Other(code) => {
-                        return Err(format!("unsupported authentication request {code}"))
-                    }
-                },
-                BackendMessage::ErrorResponse(fields) => {
-                    return Err(format!(
-                        "{} (SQLSTATE {})",
-                        fields.message.unwrap_or("the node refused the login"),
-                        fields.code.unwrap_or("08000")
-                    ))
-                }
-                BackendMessage::ReadyForQuery(_) => return Ok(()),
-                // ParameterStatus, BackendKeyData, notices.
-                _ => None,
-            };
-            if let Some(reply) = reply {
-                self.send(&reply).await?;
+            let msg = parse_backend(&frame).map_err(|e| e.to_string())?;
+            match login.on_message(msg).map_err(|e| e.to_string())? {
+                LoginStep::Send(reply) => self.send(&reply).await?,
+                LoginStep::Ready(_) => return Ok(()),
+                LoginStep::Parameter { .. } | LoginStep::Key(_) | LoginStep::Read => {}
             }
         }
     }
@@ -336,11 +285,7 @@ mod tests {
                     let salt = [1, 2, 3, 4];
                     self.send(&[build::auth_md5(salt)]).await;
                     let f = self.frame().await.unwrap();
-                    let want = postgres_protocol::authentication::md5_hash(
-                        USER.as_bytes(),
-                        PASSWORD.as_bytes(),
-                        salt,
-                    );
+                    let want = pgfresh_wire::auth::md5_password_hash(USER, PASSWORD, salt);
                     f.body() == [want.as_bytes(), b"\0"].concat()
                 }
                 Method::Scram => {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pgfresh_nodetls::ServerStream;
-use pgfresh_wire::{build, parse_backend, Auth, BackendMessage, CancelKey, Limits, TxStatus};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use pgfresh_wire::auth::{ClientLogin, LoginError, LoginStep, Secret};
+use pgfresh_wire::{build, parse_backend, BackendMessage, CancelKey, Limits, TxStatus};
 
 use crate::error::ProxyError;
 use crate::io::{try_frame, ReadError, Side};
@@ -69,39 +69,6 @@ pub struct ServerConn {
     pub tx: TxStatus,
     /// Counted in `pgfresh_tls_connections{side="server"}` while open, when encrypted.
     _tls_count: Option<crate::tls::TlsCount>,
-}
-
-/// A SCRAM login to a server: with the configured password, or with the keys a client's
-/// own login proved (pass-through).
-enum ScramLogin {
-    Password(ScramSha256),
-    Keys(pgfresh_wire::auth::ScramPassthrough),
-}
-
-impl ScramLogin {
-    fn first(&self) -> Vec<u8> {
-        match self {
-            ScramLogin::Password(s) => s.message().to_vec(),
-            ScramLogin::Keys(k) => k.initial_message(),
-        }
-    }
-
-    fn update(&mut self, server_first: &[u8]) -> Result<Vec<u8>, String> {
-        match self {
-            ScramLogin::Password(s) => {
-                s.update(server_first).map_err(|e| e.to_string())?;
-                Ok(s.message().to_vec())
-            }
-            ScramLogin::Keys(k) => k.update(server_first).map_err(|e| e.to_string()),
-        }
-    }
-
-    fn finish(&mut self, server_final: &[u8]) -> Result<(), String> {
-        match self {
-            ScramLogin::Password(s) => s.finish(server_final).map_err(|e| e.to_string()),
-            ScramLogin::Keys(k) => k.finish(server_final).map_err(|e| e.to_string()),
-        }
-    }
 }
 
 /// Limits for server traffic: servers are trusted more than clients, but a corrupted
@@ -229,121 +196,53 @@ impl ServerConn {
         }
         let startup = build::startup(&params);
         self.send(&startup).await?;
-        let mut scram: Option<ScramLogin> = None;
+        // (Its own handle on the user and password: the loop borrows the connection.)
+        let (user, password) = (self.target.user.clone(), self.target.password.clone());
+        let secret = match (&password, self.target.passthrough) {
+            (Some(pw), _) => Secret::Password(pw),
+            (None, Some(keys)) => Secret::ScramKeys(keys),
+            (None, None) => Secret::None,
+        };
+        let mut login = ClientLogin::new(&user, secret);
         loop {
             let frame = self.read().await?;
-            match parse_backend(&frame).map_err(|e| self.protocol(e.to_string()))? {
-                BackendMessage::Authentication(auth) => match auth {
-                    Auth::Ok => {}
-                    Auth::CleartextPassword => {
-                        let pw = self.password()?;
-                        let msg = build::password_message(&[pw.as_bytes(), b"\0"].concat());
-                        self.send(&msg).await?;
-                    }
-                    Auth::Md5Password { salt } => {
-                        let pw = self.password()?;
-                        // A stored md5 hash (auth_file) answers as well as the password.
-                        let hash = pgfresh_wire::auth::md5_response_from_stored(&pw, salt)
-                            .unwrap_or_else(|| {
-                                postgres_protocol::authentication::md5_hash(
-                                    self.target.user.as_bytes(),
-                                    pw.as_bytes(),
-                                    salt,
-                                )
-                            });
-                        let msg = build::password_message(&[hash.as_bytes(), b"\0"].concat());
-                        self.send(&msg).await?;
-                    }
-                    Auth::Sasl { mechanisms } => {
-                        if !mechanisms.contains(&"SCRAM-SHA-256") {
-                            return Err(self.protocol(format!(
-                                "no supported SASL mechanism in {mechanisms:?}"
-                            )));
-                        }
-                        let login = match (&self.target.password, self.target.passthrough) {
-                            (None, Some(keys)) => {
-                                ScramLogin::Keys(pgfresh_wire::auth::ScramPassthrough::new(keys))
-                            }
-                            (Some(pw), _) if pgfresh_config::is_md5_hash(pw) => {
-                                return Err(ProxyError::ServerConnect {
-                                    node: self.target.node_name.to_string(),
-                                    reason: format!(
-                                        "the node asks for SCRAM-SHA-256 and only an md5 hash is known for user {} (auth_file); give its SCRAM verifier or password instead",
-                                        self.target.user
-                                    ),
-                                });
-                            }
-                            _ => ScramLogin::Password(ScramSha256::new(
-                                self.password()?.as_bytes(),
-                                ChannelBinding::unsupported(),
-                            )),
-                        };
-                        let msg = build::sasl_initial_response("SCRAM-SHA-256", &login.first());
-                        scram = Some(login);
-                        self.send(&msg).await?;
-                    }
-                    Auth::SaslContinue(data) => {
-                        let data = data.to_vec();
-                        let s = scram
-                            .as_mut()
-                            .ok_or_else(|| self.protocol("unexpected SASL continue".into()))?;
-                        let reply = s.update(&data).map_err(|e| self.protocol(e))?;
-                        let msg = build::sasl_response(&reply);
-                        self.send(&msg).await?;
-                    }
-                    Auth::SaslFinal(data) => {
-                        let data = data.to_vec();
-                        let mut s = scram
-                            .take()
-                            .ok_or_else(|| self.protocol("unexpected SASL final".into()))?;
-                        s.finish(&data)
-                            .map_err(|e| self.protocol(format!("server signature: {e}")))?;
-                    }
-                    other => {
-                        return Err(
-                            self.protocol(format!("unsupported authentication request {other:?}"))
-                        )
-                    }
-                },
-                BackendMessage::ParameterStatus { name, value } => {
+            let msg = parse_backend(&frame).map_err(|e| self.protocol(e.to_string()))?;
+            match login.on_message(msg).map_err(|e| self.login_error(e))? {
+                LoginStep::Send(reply) => self.send(&reply).await?,
+                LoginStep::Parameter { name, value } => {
                     self.params.insert(name.to_string(), value.to_string());
                 }
-                BackendMessage::BackendKeyData(key) => self.key = key,
-                BackendMessage::ReadyForQuery(tx) => {
+                LoginStep::Key(key) => self.key = key,
+                LoginStep::Ready(tx) => {
                     self.tx = tx;
                     return Ok(());
                 }
-                BackendMessage::ErrorResponse(fields) => {
-                    return Err(ProxyError::ServerLogin {
-                        code: fields.code.unwrap_or("08000").to_string(),
-                        message: fields
-                            .message
-                            .unwrap_or("server refused the connection")
-                            .to_string(),
-                    });
-                }
-                BackendMessage::NoticeResponse(_) | BackendMessage::NegotiateProtocolVersion => {}
-                _ => {
-                    return Err(self.protocol(format!(
-                        "unexpected message {:?} during login",
-                        frame.tag as char
-                    )))
-                }
+                LoginStep::Read => {}
             }
         }
     }
 
-    fn password(&self) -> Result<Arc<str>, ProxyError> {
-        self.target
-            .password
-            .clone()
-            .ok_or_else(|| ProxyError::ServerConnect {
-                node: self.target.node_name.to_string(),
+    /// A failed login as the client is told of it: the server's refusal in its words,
+    /// what pgfresh lacks to answer as a failure to connect, the rest as the node's
+    /// protocol.
+    fn login_error(&self, e: LoginError) -> ProxyError {
+        let node = self.target.node_name.to_string();
+        match e {
+            LoginError::Refused { code, message } => ProxyError::ServerLogin { code, message },
+            LoginError::NoPassword { .. } => ProxyError::ServerConnect {
+                node,
+                reason: e.to_string(),
+            },
+            LoginError::Md5HashOnly { user } => ProxyError::ServerConnect {
+                node,
                 reason: format!(
-                    "server asks for a password and none is configured for user {}",
-                    self.target.user
+                    "the node asks for SCRAM-SHA-256 and only an md5 hash is known for user {user} (auth_file); give its SCRAM verifier or password instead"
                 ),
-            })
+            },
+            LoginError::Unsupported(reason) | LoginError::Protocol(reason) => {
+                self.protocol(reason)
+            }
+        }
     }
 
     fn protocol(&self, reason: String) -> ProxyError {

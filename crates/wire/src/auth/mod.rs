@@ -4,17 +4,19 @@
 //!   of SCRAM-SHA-256 against a [`ScramVerifier`] (stored in PostgreSQL's
 //!   `SCRAM-SHA-256$...` format or derived from a plain password);
 //!   [`md5_verify`] and [`md5_verify_password`] check an md5 response.
-//! * pgfresh authenticating to PostgreSQL: [`ScramClient`] wraps the client
-//!   implementation of the `postgres-protocol` crate; [`md5_password_hash`]
-//!   answers an md5 challenge.
+//! * pgfresh authenticating to PostgreSQL: [`ClientLogin`] answers what the server
+//!   asks for, with [`ScramClient`] (a wrapper of the `postgres-protocol` crate's client
+//!   side), [`ScramPassthrough`] or [`md5_password_hash`].
 //!
 //! Secrets are compared in constant time.
 
 mod client;
+mod login;
 mod passthrough;
 mod scram;
 
 pub use client::ScramClient;
+pub use login::{ClientLogin, LoginError, LoginStep, Secret};
 pub use passthrough::{ScramKeys, ScramPassthrough};
 pub use scram::{ScramServer, ScramVerifier, DEFAULT_ITERATIONS, SCRAM_SHA_256};
 
