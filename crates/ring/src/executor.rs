@@ -111,6 +111,11 @@ pub(crate) fn try_with<R>(f: impl FnOnce(&Context) -> R) -> Option<R> {
         .flatten()
 }
 
+/// This thread is running a ring runtime.
+pub(crate) fn in_runtime() -> bool {
+    CURRENT_ID.try_with(Cell::get).unwrap_or(0) != 0
+}
+
 fn schedule(remote: &Arc<Remote>, r: Runnable) {
     let r = CURRENT.with(|c| match c.borrow().as_ref() {
         Some(cx) if Arc::ptr_eq(&cx.remote, remote) => {
@@ -344,6 +349,7 @@ impl Runtime {
         let mut future = pin!(future);
         let cx = &self.cx;
         loop {
+            crate::time::new_turn();
             if main.woken.swap(false, Ordering::SeqCst) {
                 if let Poll::Ready(v) = future.as_mut().poll(&mut tcx) {
                     return v;
@@ -355,14 +361,13 @@ impl Runtime {
                 ran == BATCH || !cx.queue.borrow().is_empty() || main.woken.load(Ordering::SeqCst);
             // A turn that waited for a deadline and was ended by a completion before it
             // leaves the timers as they were: the clock is not read for them (a deadline
-            // passed meanwhile is found by the next wait, which then does not wait).
-            let due = if busy {
+            // passed meanwhile is found by the next wait, which then does not wait). A
+            // turn that did not wait fires them by the turn's clock: late by at most the
+            // time its tasks ran, never early.
+            if busy {
                 let _ = cx.reactor.turn(Wait::No);
-                true
-            } else {
-                cx.park(&main.woken)
-            };
-            if due {
+                cx.timers.borrow_mut().fire(crate::time::turn_now);
+            } else if cx.park(&main.woken) {
                 cx.timers.borrow_mut().fire(Instant::now);
             }
         }
@@ -395,11 +400,13 @@ impl Context {
             let _ = self.reactor.turn(Wait::No);
             return true;
         }
+        // The turn's clock (read once a turn): a timer then ends late by at most the time
+        // this turn's tasks ran, never early.
         let timeout = self
             .timers
             .borrow()
             .next()
-            .map(|at| at.saturating_duration_since(Instant::now()));
+            .map(|at| at.saturating_duration_since(crate::time::turn_now()));
         let due = match timeout {
             Some(d) => self.reactor.turn(Wait::For(d)) || d.is_zero(),
             None => {
@@ -432,6 +439,7 @@ impl Enter {
 
 impl Drop for Enter {
     fn drop(&mut self) {
+        crate::time::new_turn();
         let previous = self.previous.take();
         CURRENT_ID.with(|c| c.set(self.previous_id));
         let _ = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), previous));

@@ -43,4 +43,4 @@ mod time;
 
 pub use executor::{spawn, Handle, JoinHandle, Runtime};
 pub use net::{TcpListener, TcpStream, LINGER, SEND_LIMIT};
-pub use time::{sleep, sleep_until, Sleep};
+pub use time::{sleep, sleep_until, turn_now, Sleep};

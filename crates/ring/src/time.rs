@@ -1,5 +1,6 @@
 //! Timers: the loop waits in the ring no longer than the earliest deadline.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -7,6 +8,34 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::executor;
+
+thread_local! {
+    /// The time [`turn_now`] read in this turn of the thread's ring, once it has.
+    static TURN_NOW: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// The time, read at most once a turn of this thread's ring: the first call in a turn
+/// reads the clock, the others that turn are given the same instant. For stamps taken
+/// many times a turn where being a turn late does not matter (when a pooled connection
+/// was returned or lent; a turn runs for microseconds, at worst for as long as the
+/// slowest task it runs), not for measuring. Off a ring's thread, `Instant::now()`.
+pub fn turn_now() -> Instant {
+    if !executor::in_runtime() {
+        return Instant::now();
+    }
+    TURN_NOW.with(|t| {
+        t.get().unwrap_or_else(|| {
+            let now = Instant::now();
+            t.set(Some(now));
+            now
+        })
+    })
+}
+
+/// A new turn (or the runtime left): the next [`turn_now`] reads the clock.
+pub(crate) fn new_turn() {
+    let _ = TURN_NOW.try_with(|t| t.set(None));
+}
 
 /// The deadlines tasks wait for, earliest first.
 #[derive(Default)]

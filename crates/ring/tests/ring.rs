@@ -7,7 +7,7 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use pgfresh_ring::{sleep, spawn, Runtime, TcpListener, TcpStream};
+use pgfresh_ring::{sleep, spawn, turn_now, Runtime, TcpListener, TcpStream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn local() -> SocketAddr {
@@ -268,6 +268,40 @@ fn timers_end_in_deadline_order_and_not_early() {
         }
         assert_eq!(order, vec![10, 20, 30]);
     });
+}
+
+/// Spins (no await, so within one turn of the ring) until `d` has passed.
+fn spin(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn the_turn_clock_is_read_once_a_turn_and_afresh_the_next() {
+    let ms = Duration::from_millis(2);
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async move {
+        let first = turn_now();
+        spin(ms);
+        assert_eq!(turn_now(), first, "the same turn gives the same instant");
+        // A task spawned now runs in this turn's batch.
+        let other = spawn(async { turn_now() }).await;
+        assert_eq!(other, first, "another task in the same turn");
+        sleep(ms).await;
+        let after_sleep = turn_now();
+        assert!(
+            after_sleep >= first + 2 * ms,
+            "a later turn reads the clock again"
+        );
+        spin(ms);
+        assert_eq!(turn_now(), after_sleep);
+    });
+    // Off the ring: the clock itself.
+    let a = turn_now();
+    spin(ms);
+    assert!(turn_now() >= a + ms);
 }
 
 #[test]

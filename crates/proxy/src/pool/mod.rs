@@ -479,7 +479,9 @@ impl Pools {
     ) -> Result<Leased, OwnedSemaphorePermit> {
         let pool = &pool.0;
         let generation = pool.generation.load(Ordering::Acquire);
-        let now = Instant::now();
+        // Taken and returned at every unit in transaction mode: one clock read a turn
+        // of the ring serves them all.
+        let now = pgfresh_ring::turn_now();
         let mut unfit = Vec::new();
         let taken = {
             let mut conns = pool.lock();
@@ -784,7 +786,7 @@ impl Leased {
             permit,
             mut lent,
         } = self;
-        let idle = Idle::new(conn, s, Instant::now());
+        let idle = Idle::new(conn, s, pgfresh_ring::turn_now());
         {
             let mut conns = lent.pool.lock();
             conns.idle.push(idle);
