@@ -9,6 +9,7 @@ mod client_side;
 mod cold_read;
 mod fast;
 pub mod lost_commit;
+mod out;
 mod phase;
 mod pooling;
 mod relay;
@@ -149,9 +150,9 @@ pub struct Session {
     replica_guard: Option<pgfresh_balancer::Selection>,
     fallback_slot: Option<FallbackSlot>,
     /// Output to the client, flushed once per loop turn.
-    out: Vec<Bytes>,
+    out: out::ClientOut,
     /// While a commit's relations wait for its position ([`unit::DeferredMarks`]): the
-    /// chunks of `out` from this index on are held back, in order, until it arrives.
+    /// bytes of `out` from this offset on are held back, in order, until it arrives.
     hold_from: Option<usize>,
     /// Replies pgfresh made for the client (transaction mode) that are due after the
     /// server reply being relayed.
@@ -280,7 +281,7 @@ impl Session {
             wire: WirePhase::Units,
             replica_guard: None,
             fallback_slot: None,
-            out: Vec::new(),
+            out: out::ClientOut::default(),
             hold_from: None,
             terminating: false,
             parser_enabled: true,
@@ -839,10 +840,7 @@ impl Session {
     /// never costs more memory than that.
     fn bound_held_output(&mut self) {
         let Some(h) = self.hold_from else { return };
-        let held: usize = self.out[h.min(self.out.len())..]
-            .iter()
-            .map(Bytes::len)
-            .sum();
+        let held = self.out.len().saturating_sub(h);
         if held <= HOLD_LIMIT {
             return;
         }
@@ -871,26 +869,11 @@ impl Session {
         if let Some(h) = self.hold_from.as_mut() {
             *h = 0;
         }
-        let total: usize = self.out[..ready].iter().map(Bytes::len).sum();
-        if ready > 1 && total <= 64 * 1024 {
-            // Several small replies (a synthesized CommandComplete + ReadyForQuery, an
-            // error + ReadyForQuery): one write.
-            let mut buf = BytesMut::with_capacity(total);
-            for chunk in self.out.drain(..ready) {
-                buf.extend_from_slice(&chunk);
-            }
-            self.client
-                .write_all_now(&buf)
-                .await
-                .map_err(ProxyError::ClientIo)?;
-        } else {
-            for chunk in self.out.drain(..ready) {
-                self.client
-                    .write_all_now(&chunk)
-                    .await
-                    .map_err(ProxyError::ClientIo)?;
-            }
-        }
+        self.client
+            .write_all_now(self.out.first(ready))
+            .await
+            .map_err(ProxyError::ClientIo)?;
+        self.out.written(ready);
         // TLS keeps what the socket did not take yet until flushed (plain TCP: nothing).
         self.client.flush_tls().await.map_err(ProxyError::ClientIo)
     }

@@ -1,11 +1,13 @@
 //! Server replies → client. Complete frames are scanned in place; the ones the
 //! session must act on are inspected, replies to injected work are cut out, and the
-//! rest is forwarded as contiguous chunks without copying.
+//! rest is queued for the client in contiguous runs (`out::ClientOut`).
 //!
 //! Recency marks are made here, while scanning, so a write's relations are marked
 //! before its CommandComplete or ReadyForQuery reaches the client.
 
 use std::sync::Arc;
+
+use bytes::Buf;
 
 use pgfresh_recency::RelKey;
 use pgfresh_wire::{frame_at, ErrorFields, TxStatus};
@@ -129,10 +131,11 @@ impl Session {
                 return Ok(());
             };
             if pos > 0 {
-                self.out.push(leased.conn.rbuf.split_to(pos).freeze());
+                self.out.push(&leased.conn.rbuf[..pos]);
+                leased.conn.rbuf.advance(pos);
             }
             if let Some((_, len)) = swallow_at {
-                let _ = leased.conn.rbuf.split_to(len);
+                leased.conn.rbuf.advance(len);
             }
             let due = !self.due.is_empty();
             self.out.append(&mut self.due);

@@ -128,7 +128,7 @@ impl Session {
                 if unit.ready_hidden && matches!(local, Local::Answered) {
                     // The first part of a Query sent as two (`Session::take_split_query`):
                     // the client's ReadyForQuery is the second part's.
-                    self.out.pop();
+                    self.out.pop_ready_for_query();
                 }
                 local
             }
