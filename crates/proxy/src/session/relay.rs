@@ -893,8 +893,7 @@ impl Session {
             .front()
             .is_some_and(|u| matches!(u.injected, Some(Injected::ChainModes(_))))
         {
-            let cols = super::lost_commit::columns(body);
-            let col = |i: usize| cols.get(i).copied().flatten();
+            let col = |i: usize| super::lost_commit::text_column(body, i);
             let answered = super::phase::chain_modes(col(0), col(1));
             if let Some(Injected::ChainModes(modes)) =
                 self.inflight.front_mut().and_then(|u| u.injected.as_mut())
@@ -904,9 +903,7 @@ impl Session {
             return;
         }
         // The position probe and the replay sample answer one text column, `X/Y`.
-        let lsn = body
-            .get(6..)
-            .and_then(|v| std::str::from_utf8(v).ok())
+        let lsn = super::lost_commit::text_column(body, 0)
             .and_then(|t| t.parse::<pgfresh_lsn::Lsn>().ok());
         match self.inflight.front_mut().and_then(|u| u.injected.as_mut()) {
             Some(Injected::Position(p)) => p.lsn = lsn,

@@ -161,11 +161,9 @@ impl<'a> ClientLogin<'a> {
                 let first = k.initial_message();
                 Ok((Scram::Keys(k), first))
             }
-            Secret::Password(pw) if md5_response_from_stored(pw, [0; 4]).is_some() => {
-                Err(LoginError::Md5HashOnly {
-                    user: self.user.to_string(),
-                })
-            }
+            Secret::Password(pw) if super::is_md5_secret(pw) => Err(LoginError::Md5HashOnly {
+                user: self.user.to_string(),
+            }),
             Secret::Password(pw) => {
                 let c = ScramClient::new(pw);
                 let first = c.initial_message().to_vec();

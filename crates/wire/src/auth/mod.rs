@@ -126,14 +126,20 @@ pub fn md5_verify(stored: &str, salt: [u8; 4], response: &[u8]) -> bool {
 /// The answer to an md5 challenge from a stored md5 secret (`"md5"` + 32 hex digits)
 /// instead of the password: `"md5" + md5(hex + salt)`. `None` for a malformed secret.
 pub fn md5_response_from_stored(stored: &str, salt: [u8; 4]) -> Option<String> {
-    let inner = stored.strip_prefix("md5")?;
-    if inner.len() != 32 || !inner.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !is_md5_secret(stored) {
         return None;
     }
+    let inner = &stored[3..];
     let mut md5 = Md5::new();
     md5.update(inner.to_ascii_lowercase().as_bytes());
     md5.update(salt);
     Some(format!("md5{}", hex(&md5.finalize())))
+}
+
+/// `s` has the form of a stored md5 secret: `"md5"` and 32 hex digits.
+pub fn is_md5_secret(s: &str) -> bool {
+    s.strip_prefix("md5")
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Checks a client's md5 `response` against a plain password.

@@ -62,7 +62,7 @@ mod probe;
 
 pub use fault::{Fault, Faults};
 use plan::{ask, Answer, XidAt};
-pub(in crate::session) use probe::{columns, parse_probe, ProbeRow};
+pub(in crate::session) use probe::{parse_probe, text_column, ProbeRow};
 pub use probe::{xid_probe, XID_PROBE};
 
 use std::time::Duration;

@@ -67,42 +67,19 @@ pub(in crate::session) struct ProbeRow {
     pub logged: bool,
 }
 
-/// The text columns of a DataRow body (`None` for NULL); stops at the first malformed one.
-pub(in crate::session) fn columns(body: &[u8]) -> Vec<Option<&str>> {
-    let mut out = Vec::new();
-    let Some(n) = body.get(0..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
-        return out;
-    };
-    let mut pos = 2usize;
-    for _ in 0..n.max(0) {
-        let Some(len) = body
-            .get(pos..pos + 4)
-            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        else {
-            break;
-        };
-        pos += 4;
-        if len < 0 {
-            out.push(None);
-            continue;
-        }
-        let Some(v) = body.get(pos..pos + len as usize) else {
-            break;
-        };
-        pos += len as usize;
-        match std::str::from_utf8(v) {
-            Ok(t) => out.push(Some(t)),
-            Err(_) => break,
-        }
-    }
-    out
+/// Column `i` of a DataRow body as text: `None` for NULL, and for a column that is
+/// missing, malformed or not UTF-8.
+pub(in crate::session) fn text_column(body: &[u8], i: usize) -> Option<&str> {
+    pgfresh_wire::backend::data_row_column(body, i)
+        .ok()
+        .flatten()
+        .and_then(|v| std::str::from_utf8(v).ok())
 }
 
 /// The probe's DataRow body: id (NULL when none is assigned), insert position, whether a
 /// logged write proves the id. What is missing or unreadable is `None` / false.
 pub(in crate::session) fn parse_probe(body: &[u8]) -> ProbeRow {
-    let cols = columns(body);
-    let col = |i: usize| cols.get(i).copied().flatten();
+    let col = |i: usize| text_column(body, i);
     ProbeRow {
         xid: col(0).and_then(|t| t.parse().ok()),
         insert_lsn: col(1).and_then(|t| t.parse().ok()),
