@@ -149,11 +149,9 @@ pub struct Session {
     /// while a unit runs.
     replica_guard: Option<pgfresh_balancer::Selection>,
     fallback_slot: Option<FallbackSlot>,
-    /// Output to the client, flushed once per loop turn.
+    /// Output to the client, flushed once per loop turn (held back from a commit on
+    /// while its relations wait for its position).
     out: out::ClientOut,
-    /// While a commit's relations wait for its position ([`unit::DeferredMarks`]): the
-    /// bytes of `out` from this offset on are held back, in order, until it arrives.
-    hold_from: Option<usize>,
     /// Replies pgfresh made for the client (transaction mode) that are due after the
     /// server reply being relayed.
     due: Vec<Bytes>,
@@ -282,7 +280,6 @@ impl Session {
             replica_guard: None,
             fallback_slot: None,
             out: out::ClientOut::default(),
-            hold_from: None,
             terminating: false,
             parser_enabled: true,
             lost: Default::default(),
@@ -831,7 +828,7 @@ impl Session {
 
     /// From now on, what is queued for the client waits for [`Session::release_held_ready`].
     pub(super) fn hold_client_output(&mut self) {
-        self.hold_from.get_or_insert(self.out.len());
+        self.out.hold();
     }
 
     /// More than [`HOLD_LIMIT`] bytes held for a commit's position (a large result after
@@ -839,13 +836,11 @@ impl Session {
     /// position now (primary only for the TTL) and the output flows again, so holding
     /// never costs more memory than that.
     fn bound_held_output(&mut self) {
-        let Some(h) = self.hold_from else { return };
-        let held = self.out.len().saturating_sub(h);
-        if held <= HOLD_LIMIT {
+        if self.out.held() <= HOLD_LIMIT {
             return;
         }
         self.give_up_deferred_marks();
-        self.hold_from = None;
+        self.out.release();
     }
 
     /// The relations waiting for a position probe in flight are marked without one
@@ -860,20 +855,16 @@ impl Session {
 
     async fn flush_client(&mut self) -> Result<(), ProxyError> {
         self.bound_held_output();
-        let ready = self
-            .hold_from
-            .map_or(self.out.len(), |h| h.min(self.out.len()));
-        if ready == 0 {
+        let ready = self.out.ready();
+        if ready.is_empty() {
             return Ok(());
         }
-        if let Some(h) = self.hold_from.as_mut() {
-            *h = 0;
-        }
+        let n = ready.len();
         self.client
-            .write_all_now(self.out.first(ready))
+            .write_all_now(ready)
             .await
             .map_err(ProxyError::ClientIo)?;
-        self.out.written(ready);
+        self.out.written(n);
         // TLS keeps what the socket did not take yet until flushed (plain TCP: nothing).
         self.client.flush_tls().await.map_err(ProxyError::ClientIo)
     }

@@ -8,6 +8,10 @@
 //! lowered for every piece, an allocation when it starts to be shared), and lets
 //! several replies go out in one write with nothing to gather. A large result passes
 //! through in pieces no larger than a read from the server.
+//!
+//! While a commit's relations wait for its position, what is queued from the commit's
+//! replies on is held back ([`ClientOut::hold`]) until the position is known
+//! ([`ClientOut::release`]).
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -21,6 +25,9 @@ const KEEP_CAPACITY: usize = 4 * 1024;
 #[derive(Default)]
 pub(super) struct ClientOut {
     buf: BytesMut,
+    /// While a commit's relations wait for its position ([`super::unit::DeferredMarks`]):
+    /// the bytes from this offset on are held back, in order, until it arrives.
+    hold_from: Option<usize>,
 }
 
 impl ClientOut {
@@ -37,11 +44,6 @@ impl ClientOut {
     /// Everything in `queue`, in order, leaving it empty.
     pub(super) fn append(&mut self, queue: &mut Vec<Bytes>) {
         self.extend(queue.drain(..));
-    }
-
-    /// Bytes queued.
-    pub(super) fn len(&self) -> usize {
-        self.buf.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -62,14 +64,36 @@ impl ClientOut {
         }
     }
 
-    /// The first `n` bytes, to write.
-    pub(super) fn first(&self, n: usize) -> &[u8] {
-        &self.buf[..n]
+    /// From now on, what is queued is held back until [`ClientOut::release`].
+    pub(super) fn hold(&mut self) {
+        self.hold_from.get_or_insert(self.buf.len());
     }
 
-    /// The first `n` bytes were written.
+    /// What was held may go.
+    pub(super) fn release(&mut self) {
+        self.hold_from = None;
+    }
+
+    /// Bytes held back now.
+    pub(super) fn held(&self) -> usize {
+        self.hold_from
+            .map_or(0, |h| self.buf.len().saturating_sub(h))
+    }
+
+    /// The bytes that may be written now: all of them, or those ahead of a hold.
+    pub(super) fn ready(&self) -> &[u8] {
+        let end = self
+            .hold_from
+            .map_or(self.buf.len(), |h| h.min(self.buf.len()));
+        &self.buf[..end]
+    }
+
+    /// The first `n` bytes of [`ClientOut::ready`] were written.
     pub(super) fn written(&mut self, n: usize) {
         self.buf.advance(n);
+        if let Some(h) = self.hold_from.as_mut() {
+            *h = h.saturating_sub(n);
+        }
         if self.buf.is_empty() {
             // (Back at its start first: until then its capacity is what is left past
             // the bytes written.)
@@ -106,11 +130,10 @@ mod tests {
         ] {
             want.extend_from_slice(&b);
         }
-        assert_eq!(out.len(), want.len());
-        assert_eq!(out.first(out.len()), &want[..]);
+        assert_eq!(out.ready(), &want[..]);
         out.written(4);
-        assert_eq!(out.first(out.len()), &want[4..]);
-        out.written(out.len());
+        assert_eq!(out.ready(), &want[4..]);
+        out.written(out.ready().len());
         assert!(out.is_empty());
     }
 
@@ -120,17 +143,38 @@ mod tests {
         out.push(build::command_complete("BEGIN"));
         out.push(build::ready_for_query(TxStatus::InTransaction));
         out.pop_ready_for_query();
-        assert_eq!(out.first(out.len()), &build::command_complete("BEGIN")[..]);
+        assert_eq!(out.ready(), &build::command_complete("BEGIN")[..]);
+    }
+
+    #[test]
+    fn what_is_queued_after_a_hold_waits_for_its_release_in_order() {
+        let rows = build::command_complete("SELECT 1");
+        let commit = build::command_complete("COMMIT");
+        let ready = build::ready_for_query(TxStatus::Idle);
+        let mut out = ClientOut::default();
+        out.push(&rows);
+        out.hold();
+        out.push(&commit);
+        out.hold(); // (a second hold keeps the first offset)
+        assert_eq!(out.ready(), &rows[..]);
+        assert_eq!(out.held(), commit.len());
+        out.written(rows.len());
+        assert!(out.ready().is_empty(), "the commit is still held");
+        out.push(&ready);
+        assert_eq!(out.held(), commit.len() + ready.len());
+        out.release();
+        assert_eq!(out.ready(), &[&commit[..], &ready[..]].concat()[..]);
+        assert_eq!(out.held(), 0);
     }
 
     #[test]
     fn a_large_buffer_is_let_go_once_written() {
         let mut out = ClientOut::default();
         out.push(vec![b'D'; 4 * KEEP_CAPACITY]);
-        out.written(out.len());
+        out.written(out.ready().len());
         assert!(out.buf.capacity() <= KEEP_CAPACITY);
         out.push([1, 2, 3]);
-        out.written(3);
+        out.written(out.ready().len());
         assert!(out.buf.capacity() > 0, "a small one is kept");
     }
 }

@@ -206,7 +206,7 @@ impl Session {
     /// commit's CommandComplete on and its ReadyForQuery — once the probe answered (also
     /// when it failed or its connection was lost).
     pub(super) fn release_held_ready(&mut self) {
-        self.hold_from = None;
+        self.out.release();
         if let Some(status) = self.tokens.held_ready.take() {
             self.out.push(build::ready_for_query(status));
         }
@@ -220,6 +220,6 @@ impl Session {
         crate::console::data_row(&mut out, &[value]);
         out.extend_from_slice(&build::command_complete("SHOW"));
         out.extend_from_slice(&build::ready_for_query(self.tx.status()));
-        self.out.push(out.freeze());
+        self.out.push(&out);
     }
 }
