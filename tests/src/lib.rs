@@ -19,6 +19,7 @@ pub use pgfresh_localcluster;
 
 pub mod admin;
 pub mod exchange;
+pub mod gate;
 pub mod pki;
 
 /// Password of the cluster's `app` role (see `LocalCluster::shared`).

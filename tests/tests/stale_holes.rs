@@ -2975,3 +2975,141 @@ async fn a_held_prepared_statement_s_hidden_write_is_read_fresh() {
     }
     assert!(stale.is_empty(), "stale reads (round, n, port): {stale:?}");
 }
+
+/// How long the writer is given to receive an acknowledgement the relay's stop should
+/// keep from it. Only a broken build's failure depends on it: with the acknowledgement
+/// held, nothing arrives and the round goes on once it has passed.
+const ACK_GRACE: Duration = Duration::from_secs(1);
+
+/// A commit's acknowledgement is the client's to act on the moment it arrives: a client
+/// that pipelines (libpq's pipeline mode) has the CommandComplete of its commit before the
+/// ReadyForQuery. pgfresh marks the relations a commit wrote once the position probe it
+/// pipelines after the commit answers, so it must keep the acknowledgement back until
+/// then (DESIGN §1 rule 6). Here a relay in front of the primary keeps the probe's answer
+/// back (`gate::Gate`: it stops the server connection right after the commit's
+/// ReadyForQuery), the standbys apply commits a minute late, and as soon as the writer
+/// has its CommandComplete another session reads the table: it must see the write.
+/// Three commits, each to a table of its own that the standbys serve until then: an
+/// UPDATE sent as the extended protocol's batch, one sent as a Query, and the COMMIT of
+/// a transaction. (With the acknowledgement passed on at once, the writer has it while
+/// the table is unmarked, and the read goes to a standby that has not applied the
+/// write.)
+#[tokio::test]
+async fn a_commit_is_acknowledged_only_once_what_it_wrote_is_marked() {
+    acknowledged_once_marked("session").await;
+}
+
+/// The same in transaction mode, where the connection goes back to the pool only once the
+/// probe has answered.
+#[tokio::test]
+async fn a_commit_is_acknowledged_only_once_marked_in_transaction_mode() {
+    acknowledged_once_marked("transaction").await;
+}
+
+async fn acknowledged_once_marked(pool_mode: &str) {
+    use pgfresh_tests::gate::Gate;
+    use tokio::io::AsyncWriteExt;
+    let _serial = SERIAL.lock().await;
+    let t = unique("ack_after_mark");
+    let rounds = ["extended", "simple", "transaction"];
+    for how in rounds {
+        setup(&format!(
+            "CREATE TABLE {t}_{how}(id int PRIMARY KEY, v int); INSERT INTO {t}_{how} VALUES (1, 0)"
+        ))
+        .await;
+    }
+    let gate = Gate::in_front_of(node_port(0));
+    // The standbys stay in the read pool however far behind they apply.
+    let text = config_text("delay_threshold_by_time = 600000").replacen(
+        &format!("port = {}\n", node_port(0)),
+        &format!("port = {}\n", gate.port()),
+        1,
+    ) + &format!("\n[pool]\npool_mode = \"{pool_mode}\"\n");
+    let p = start_proxy(&text);
+    let read = |how: &str| format!("SELECT inet_server_port(), v FROM {t}_{how} WHERE id = 1");
+    for how in rounds {
+        wait_replica_read(&p, &read(how)).await;
+    }
+    let reader = p.connect().await;
+    let (mut from_writer, mut writer) = raw::connect(p.addr).await.into_split();
+    // The writer's messages, each as soon as it arrives.
+    let (tx, mut replies) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut header = [0u8; 5];
+        while from_writer.read_exact(&mut header).await.is_ok() {
+            let len = u32::from_be_bytes(header[1..5].try_into().unwrap()) as usize;
+            let mut body = vec![0u8; len - 4];
+            if from_writer.read_exact(&mut body).await.is_err()
+                || tx.send((header[0], body)).is_err()
+            {
+                return;
+            }
+        }
+    });
+    // Long enough that no standby applies a commit of the test before it ends.
+    let _delay = ApplyDelay::set(60_000);
+    let mut stale = Vec::new();
+    for how in rounds {
+        let update = format!("UPDATE {t}_{how} SET v = 1 WHERE id = 1");
+        let (word, commit) = match how {
+            "extended" => ("UPDATE", raw::exec_params(&update, &[])),
+            "simple" => ("UPDATE", raw::msg(b'Q', &raw::cstr(&update))),
+            _ => {
+                for sql in ["BEGIN", &update] {
+                    writer
+                        .write_all(&raw::msg(b'Q', &raw::cstr(sql)))
+                        .await
+                        .unwrap();
+                    next_reply(&mut replies, b'Z').await;
+                }
+                ("COMMIT", raw::msg(b'Q', &raw::cstr("COMMIT")))
+            }
+        };
+        gate.close_after(word);
+        writer.write_all(&commit).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(60), gate.stopped())
+            .await
+            .expect("the relay stopped after the commit's ReadyForQuery");
+        // The probe's answer is held in the relay: is the commit acknowledged anyway?
+        let early = tokio::time::timeout(ACK_GRACE, next_reply(&mut replies, b'C'))
+            .await
+            .is_ok();
+        let during_stop = if early {
+            Some(reader.query_one(&read(how), &[]).await.unwrap())
+        } else {
+            None
+        };
+        gate.open();
+        if !early {
+            next_reply(&mut replies, b'C').await;
+        }
+        let after = reader.query_one(&read(how), &[]).await.unwrap();
+        next_reply(&mut replies, b'Z').await;
+        for (when, row) in [
+            ("while the probe waited", during_stop),
+            ("after", Some(after)),
+        ] {
+            let Some(row) = row else { continue };
+            let (port, v): (i32, i32) = (row.get(0), row.get(1));
+            if v != 1 {
+                stale.push(format!("{how} {when}: {v} on port {port}"));
+            }
+        }
+    }
+    assert!(stale.is_empty(), "stale reads: {stale:?}");
+}
+
+/// Waits (60 s at most) for the writer's next message with `tag`, passing over others.
+async fn next_reply(replies: &mut tokio::sync::mpsc::UnboundedReceiver<(u8, Vec<u8>)>, tag: u8) {
+    loop {
+        let (got, body) = tokio::time::timeout(Duration::from_secs(60), replies.recv())
+            .await
+            .expect("the writer's reply")
+            .expect("the writer's connection");
+        assert_ne!(got, b'E', "{}", String::from_utf8_lossy(&body));
+        if got == tag {
+            return;
+        }
+    }
+}
