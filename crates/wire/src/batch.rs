@@ -31,37 +31,52 @@ pub struct UnnamedBatch {
     pub parse_len: usize,
     /// The query text (not yet checked as UTF-8): `buf[sql]`.
     pub sql: Range<usize>,
+    /// Where each message ends: Parse, Bind, the Describe if there is one, Execute, Sync.
+    pub ends: [usize; 5],
+    /// How many of `ends` there are (4 without a Describe, else 5).
+    pub messages: usize,
 }
 
 /// The batch at the start of `buf`, when it is the unnamed one-statement batch complete
 /// and well formed (see the module comment).
 pub fn unnamed_batch(buf: &[u8], limits: &Limits) -> Option<UnnamedBatch> {
     let mut pos = 0;
+    let mut ends = [0; 5];
     let parse = message(buf, &mut pos, b'P', limits)?;
     let parse_len = pos;
+    ends[0] = pos;
     let sql = parse_body(buf, parse)?;
     let bind = message(buf, &mut pos, b'B', limits)?;
     bind_body(&buf[bind])?;
+    ends[1] = pos;
+    let mut n = 2;
     if buf.get(pos) == Some(&b'D') {
         let describe = message(buf, &mut pos, b'D', limits)?;
         // The unnamed portal.
         if buf[describe] != [b'P', 0] {
             return None;
         }
+        ends[n] = pos;
+        n += 1;
     }
     let execute = message(buf, &mut pos, b'E', limits)?;
     // The unnamed portal and a row limit.
     if buf[execute.clone()].len() != 5 || buf[execute.start] != 0 {
         return None;
     }
+    ends[n] = pos;
+    n += 1;
     let sync = message(buf, &mut pos, b'S', limits)?;
     if !sync.is_empty() {
         return None;
     }
+    ends[n] = pos;
     Some(UnnamedBatch {
         len: pos,
         parse_len,
         sql,
+        ends,
+        messages: n + 1,
     })
 }
 
@@ -251,16 +266,25 @@ mod tests {
         assert_eq!(b.len, buf.len());
         assert_eq!(b.parse_len, parts[0].len());
         assert_eq!(&buf[b.sql.clone()], sql.as_bytes());
+        let ends = |parts: &[Bytes]| {
+            parts
+                .iter()
+                .scan(0, |end, p| {
+                    *end += p.len();
+                    Some(*end)
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(b.ends[..b.messages], ends(&parts));
         // Without Describe too, and followed by more bytes (the next batch).
         let mut short = parts.clone();
         short.remove(2);
         let mut buf2 = batch(&short);
         let len = buf2.len();
         buf2.extend_from_slice(&build::query("SELECT 1"));
-        assert_eq!(
-            unnamed_batch(&buf2, &Limits::default()).map(|b| b.len),
-            Some(len)
-        );
+        let b2 = unnamed_batch(&buf2, &Limits::default()).expect("found");
+        assert_eq!(b2.len, len);
+        assert_eq!(b2.ends[..b2.messages], ends(&short));
         // Incomplete: not yet.
         buf.pop();
         assert_eq!(unnamed_batch(&buf, &Limits::default()), None);

@@ -48,6 +48,21 @@ fn portal_event(p: &Prepared) -> StmtEvent {
     event_of(stmt, text)
 }
 
+/// What [`portal_event`] finds for a statement parsed from `sql` (its Parse's query text,
+/// UTF-8 already checked by the analysis), without reading the Parse again.
+fn text_event(analysis: &Analysis, sql: &[u8]) -> StmtEvent {
+    let [stmt] = analysis.statements.as_slice() else {
+        return StmtEvent::Other;
+    };
+    if stmt.session.is_none() && stmt.tx.is_none() {
+        return StmtEvent::Other;
+    }
+    let text = std::str::from_utf8(sql)
+        .ok()
+        .and_then(|t| t.get(stmt.text_range.0..stmt.text_range.1));
+    event_of(stmt, text)
+}
+
 /// The analysis of what a SQL `EXECUTE` of a statement pgfresh never saw prepared runs,
 /// and of a text pgfresh cannot read (not UTF-8): it may write anything.
 static UNKNOWN_PREPARED: LazyLock<Arc<Analysis>> =
@@ -514,7 +529,10 @@ impl Session {
     /// Describe, Execute, Sync: see `pgfresh_wire::batch`), taken whole as one chunk
     /// when the client has sent all of it, and nothing is open that it would continue.
     /// The unit is the one its frames would make one by one; a batch whose statement
-    /// changes the session's settings or transaction state goes frame by frame.
+    /// changes the session's settings goes frame by frame. One of the transaction's
+    /// statements (BEGIN, COMMIT, SAVEPOINT ...) keeps its messages as frames of their
+    /// own, as the frame-by-frame reader leaves them (pgfresh may answer it message by
+    /// message: a deferred BEGIN), with its event recorded for the portal.
     pub(super) fn take_unnamed_batch(&mut self) -> Option<Box<ClientUnit>> {
         if !self.batch_starts_here() || !self.parse_stands() {
             return None;
@@ -530,13 +548,15 @@ impl Session {
             std::str::from_utf8(sql).ok()?;
             self.shared.not_analyzed.clone()
         };
-        if analysis
-            .statements
-            .iter()
-            .any(|s| s.session.is_some() || s.tx.is_some())
-        {
+        if analysis.statements.iter().any(|s| s.session.is_some()) {
             return None;
         }
+        let tx = analysis.statements.iter().any(|s| s.tx.is_some());
+        let event = if tx {
+            text_event(&analysis, sql)
+        } else {
+            StmtEvent::Other
+        };
         let chunk = self.cbuf.split_to(found.len).freeze();
         let parse = chunk.slice(..found.parse_len);
         match self.state.prepared.get_mut("") {
@@ -551,15 +571,25 @@ impl Session {
                 self.state.prepared.insert(String::new(), p);
             }
         }
-        if !self.portal_events.is_empty() {
+        if event != StmtEvent::Other {
+            self.portal_events.insert(String::new(), event.clone());
+        } else if !self.portal_events.is_empty() {
             self.portal_events.remove("");
         }
         let mut unit = self.fresh_unit();
-        unit.frames.push(chunk);
+        if !tx {
+            unit.frames.push(chunk);
+        } else {
+            let mut start = 0;
+            for &end in &found.ends[..found.messages] {
+                unit.frames.push(chunk.slice(start..end));
+                start = end;
+            }
+        }
         unit.parts.push(analysis);
         unit.parses.push(String::new());
         unit.unnamed_first = true;
-        unit.events.push(StmtEvent::Other);
+        unit.events.push(event);
         unit.synced = true;
         Some(unit)
     }
