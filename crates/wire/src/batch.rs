@@ -157,6 +157,62 @@ pub fn lone_query(buf: &[u8], limits: &Limits) -> Option<Range<usize>> {
     Some(body.start..body.end - 1)
 }
 
+/// The text of the one statement `frames` run, and the kind of its Describe (`P` or `S`)
+/// if it has one, when they are exactly: an unnamed Parse with no parameter types, a
+/// Bind of it to the unnamed portal with no parameters (and at most one parameter format
+/// code, which the server then ignores), an optional Describe of that portal or
+/// statement, an Execute of the portal and a Sync, one message a frame (a BEGIN as
+/// drivers send it, which a proxy may answer itself). Each frame must be a whole message
+/// that [`crate::parse_frontend`] accepted when it was read: what is checked here is
+/// the shape, with plain slices (this runs for every such transaction).
+pub fn lone_statement(frames: &[bytes::Bytes]) -> Option<(&str, Option<u8>)> {
+    let mut sql = None;
+    let mut described = None;
+    let mut expected = [b'P', b'B', b'D', b'E', b'S'].into_iter();
+    for raw in frames {
+        let (&tag, rest) = raw.split_first()?;
+        let (len, body) = rest.split_first_chunk::<4>()?;
+        if u32::from_be_bytes(*len) as usize != rest.len() {
+            return None;
+        }
+        // The optional Describe may be skipped.
+        if expected.find(|&t| t == tag || t != b'D')? != tag {
+            return None;
+        }
+        match tag {
+            b'P' => {
+                // The unnamed statement, the text, no parameter types.
+                let text = body.strip_prefix(&[0])?.strip_suffix(&[0, 0, 0])?;
+                if memchr::memchr(0, text).is_some() {
+                    return None;
+                }
+                sql = Some(std::str::from_utf8(text).ok()?);
+            }
+            b'B' => {
+                // The unnamed portal and statement, at most one format code, no parameters.
+                let rest = body.strip_prefix(&[0, 0])?;
+                let (formats, rest) = rest.split_first_chunk::<2>()?;
+                let formats = u16::from_be_bytes(*formats) as usize;
+                if formats > 1 || rest.get(2 * formats..2 * formats + 2)? != [0, 0] {
+                    return None;
+                }
+            }
+            b'D' => match body {
+                [kind @ (b'P' | b'S'), 0] => described = Some(*kind),
+                _ => return None,
+            },
+            // The unnamed portal, any row limit.
+            b'E' if body.len() == 5 && body[0] == 0 => {}
+            b'S' if body.is_empty() => {}
+            _ => return None,
+        }
+    }
+    if expected.next().is_some() {
+        return None;
+    }
+    Some((sql?, described))
+}
+
 fn message(buf: &[u8], pos: &mut usize, tag: u8, limits: &Limits) -> Option<Range<usize>> {
     let (found, end) = frame_at(buf, *pos, limits.max_message).ok()??;
     if found != tag {
@@ -288,6 +344,81 @@ mod tests {
         // Incomplete: not yet.
         buf.pop();
         assert_eq!(unnamed_batch(&buf, &Limits::default()), None);
+    }
+
+    #[test]
+    fn a_lone_statement_is_told_by_its_frames() {
+        let frames = |sql: &str, describe: Option<u8>| {
+            let mut f = vec![
+                build::parse("", sql, &[]),
+                build::bind("", "", &[], &[], &[]),
+            ];
+            f.extend(describe.map(|k| build::describe(k, "")));
+            f.extend([build::execute("", 0), build::sync()]);
+            f
+        };
+        assert_eq!(
+            lone_statement(&frames("BEGIN", None)),
+            Some(("BEGIN", None))
+        );
+        for kind in [b'P', b'S'] {
+            assert_eq!(
+                lone_statement(&frames("BEGIN ISOLATION LEVEL SERIALIZABLE", Some(kind))),
+                Some(("BEGIN ISOLATION LEVEL SERIALIZABLE", Some(kind)))
+            );
+        }
+        // One parameter format code (ignored without parameters) and result formats.
+        let mut f = frames("COMMIT", Some(b'P'));
+        f[1] = build::bind("", "", &[1], &[], &[1, 0]);
+        assert_eq!(lone_statement(&f), Some(("COMMIT", Some(b'P'))));
+        // Not that shape: each is left to the server.
+        let mut unlike = Vec::new();
+        let mut typed = frames("BEGIN", None);
+        typed[0] = build::parse("", "BEGIN", &[23]);
+        unlike.push(typed);
+        let mut named = frames("BEGIN", None);
+        named[0] = build::parse("s1", "BEGIN", &[]);
+        unlike.push(named);
+        let mut with_param = frames("BEGIN", None);
+        with_param[1] = build::bind("", "", &[0], &[Some(b"1".as_slice())], &[]);
+        unlike.push(with_param);
+        let mut two_formats = frames("BEGIN", None);
+        two_formats[1] = build::bind("", "", &[0, 0], &[], &[]);
+        unlike.push(two_formats);
+        let mut portal = frames("BEGIN", None);
+        portal[1] = build::bind("p", "", &[], &[], &[]);
+        portal[2] = build::execute("p", 0);
+        unlike.push(portal);
+        let mut statement = frames("BEGIN", None);
+        statement[1] = build::bind("", "s1", &[], &[], &[]);
+        unlike.push(statement);
+        let mut described_named = frames("BEGIN", Some(b'P'));
+        described_named[2] = build::describe(b'P', "p");
+        unlike.push(described_named);
+        let mut no_sync = frames("BEGIN", None);
+        no_sync.pop();
+        unlike.push(no_sync);
+        let mut flushed = frames("BEGIN", None);
+        flushed.insert(2, build::flush());
+        unlike.push(flushed);
+        let mut twice = frames("BEGIN", None);
+        twice.extend(frames("BEGIN", None));
+        unlike.push(twice);
+        let mut whole = BytesMut::new();
+        for f in frames("BEGIN", None) {
+            whole.extend_from_slice(&f);
+        }
+        unlike.push(vec![whole.freeze()]);
+        let mut not_utf8 = frames("BEGIN", None);
+        not_utf8[0] = {
+            let mut p = BytesMut::from(&build::parse("", "BEGIN", &[])[..]);
+            p[7] = 0xff;
+            p.freeze()
+        };
+        unlike.push(not_utf8);
+        for f in &unlike {
+            assert_eq!(lone_statement(f), None, "{f:?}");
+        }
     }
 
     #[test]

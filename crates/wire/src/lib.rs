@@ -36,7 +36,7 @@ mod startup;
 
 pub use auth::{AuthError, ScramClient, ScramServer, ScramVerifier};
 pub use backend::{parse_backend, Auth, BackendMessage, ErrorFields, TxStatus};
-pub use batch::{lone_query, named_batch, unnamed_batch, NamedBatch, UnnamedBatch};
+pub use batch::{lone_query, lone_statement, named_batch, unnamed_batch, NamedBatch, UnnamedBatch};
 pub use error::{ErrorResponse, Severity};
 pub use framing::{
     decode_backend, decode_frame, decode_frontend, decode_startup, frame_at, CancelKey, Decoded,

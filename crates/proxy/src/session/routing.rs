@@ -168,13 +168,14 @@ impl Session {
     }
 
     /// Answers a unit as `answer` says: `prefix` holds the replies its messages get
-    /// ahead of the CommandComplete (none for a Query), `sql` is the statement's text.
+    /// ahead of the CommandComplete, in pieces (none for a Query), `sql` is the
+    /// statement's text.
     fn answer_transaction<'a>(
         &mut self,
         answer: TxAnswer,
         analysis: &Arc<Analysis>,
         sql: impl FnOnce() -> &'a str,
-        prefix: &[bytes::Bytes],
+        prefix: &[&[bytes::Bytes]],
     ) -> Local {
         let (tag, status) = match answer {
             TxAnswer::Wait => return Local::Wait,
@@ -194,7 +195,7 @@ impl Session {
                 (tag, TxStatus::Idle)
             }
         };
-        self.out.extend(prefix.iter().cloned());
+        self.out.extend(prefix.iter().copied().flatten());
         self.out.push(build::command_complete(tag));
         self.out.push(build::ready_for_query(status));
         Local::Answered
@@ -224,16 +225,19 @@ impl Session {
         let Some(answer) = self.transaction_answer(stmt) else {
             return Local::No;
         };
-        let Some((sql, described)) = lone_unnamed_statement(&unit.frames) else {
+        let Some((sql, described)) = pgfresh_wire::lone_statement(&unit.frames) else {
             return Local::No;
         };
-        let mut prefix = vec![build::parse_complete(), build::bind_complete()];
-        match described {
-            Some(b'S') => prefix.extend([build::no_parameters(), build::no_data()]),
-            Some(_) => prefix.push(build::no_data()),
-            None => {}
-        }
-        self.answer_transaction(answer, analysis, || sql, &prefix)
+        let (parsed, bound) = (build::parse_complete(), build::bind_complete());
+        let (no_parameters, no_data) = (build::no_parameters(), build::no_data());
+        let statement = [parsed, bound, no_parameters, no_data];
+        let portal = [&statement[..2], &statement[3..]];
+        let prefix: &[&[bytes::Bytes]] = match described {
+            Some(b'S') => &[&statement],
+            Some(_) => &portal,
+            None => &[&statement[..2]],
+        };
+        self.answer_transaction(answer, analysis, || sql, prefix)
     }
 
     /// Transaction mode: `DEALLOCATE name` of a protocol-level statement sent with the
@@ -746,61 +750,6 @@ impl Session {
         c.increment(1);
         self.routed.push((primary, reason, c));
     }
-}
-
-/// The text of the one statement `frames` run, when they are exactly an unnamed Parse
-/// with no parameter types, a Bind of it to the unnamed portal with no parameters (and at
-/// most one parameter format code, which the server then ignores), an optional Describe of
-/// that portal or statement (its kind, `P` or `S`), an Execute of the portal and a Sync,
-/// one message a frame.
-fn lone_unnamed_statement(frames: &[bytes::Bytes]) -> Option<(&str, Option<u8>)> {
-    use pgfresh_wire::{parse_frontend, Frame, FrontendMessage as M};
-    let mut sql = None;
-    let mut described = None;
-    let mut expected = [b'P', b'B', b'D', b'E', b'S'].into_iter();
-    for raw in frames {
-        let tag = *raw.first()?;
-        let len = u32::from_be_bytes(raw.get(1..5)?.try_into().ok()?) as usize;
-        if raw.len() != 1 + len {
-            return None;
-        }
-        // The optional Describe may be skipped.
-        let want = expected.find(|&t| t == tag || t != b'D')?;
-        if want != tag {
-            return None;
-        }
-        let frame = Frame {
-            tag,
-            raw: raw.clone(),
-        };
-        match parse_frontend(&frame).ok()? {
-            M::Parse {
-                name: "",
-                param_types,
-                ..
-            } if param_types.is_empty() => {
-                // The text follows the empty name's terminator (checked just now).
-                let body = raw.get(6..)?;
-                let end = memchr::memchr(0, body)?;
-                sql = std::str::from_utf8(&body[..end]).ok();
-            }
-            M::Bind {
-                portal: "",
-                statement: "",
-                params,
-            } if params.is_empty() && params.param_formats().len() <= 1 => {}
-            M::Describe {
-                kind: kind @ (b'P' | b'S'),
-                name: "",
-            } => described = Some(kind),
-            M::Execute { portal: "", .. } | M::Sync => {}
-            _ => return None,
-        }
-    }
-    if expected.next().is_some() {
-        return None;
-    }
-    Some((sql?, described))
 }
 
 /// A session's cache of [`Shared::policy`] (see [`PolicyCache::load`]).
