@@ -31,36 +31,36 @@ const MAX_SPARE_ITEMS: usize = 64;
 
 /// What executing the statement prepared as `p` means for the session's settings.
 fn portal_event(p: &Prepared) -> StmtEvent {
-    let [stmt] = p.analysis.statements.as_slice() else {
+    let Some(stmt) = state_statement(&p.analysis) else {
         return StmtEvent::Other;
     };
-    if stmt.session.is_none() && stmt.tx.is_none() {
-        return StmtEvent::Other;
-    }
     let frame = pgfresh_wire::Frame {
         tag: b'P',
         raw: p.parse.clone(),
     };
-    let text = match parse_frontend(&frame) {
-        Ok(FrontendMessage::Parse { sql, .. }) => sql.get(stmt.text_range.0..stmt.text_range.1),
+    let sql = match parse_frontend(&frame) {
+        Ok(FrontendMessage::Parse { sql, .. }) => Some(sql),
         _ => None,
     };
-    event_of(stmt, text)
+    statement_event(stmt, sql)
 }
 
-/// What [`portal_event`] finds for a statement parsed from `sql` (its Parse's query text,
-/// UTF-8 already checked by the analysis), without reading the Parse again.
-fn text_event(analysis: &Analysis, sql: &[u8]) -> StmtEvent {
+/// The one statement of `analysis`, when it changes the session's settings or the
+/// transaction (only such a statement has an event).
+fn state_statement(analysis: &Analysis) -> Option<&pgfresh_sql::Statement> {
     let [stmt] = analysis.statements.as_slice() else {
-        return StmtEvent::Other;
+        return None;
     };
-    if stmt.session.is_none() && stmt.tx.is_none() {
-        return StmtEvent::Other;
-    }
-    let text = std::str::from_utf8(sql)
-        .ok()
-        .and_then(|t| t.get(stmt.text_range.0..stmt.text_range.1));
-    event_of(stmt, text)
+    (stmt.session.is_some() || stmt.tx.is_some()).then_some(stmt)
+}
+
+/// The event of `stmt` (see [`state_statement`]), `sql` the text it was parsed from when
+/// that is readable.
+fn statement_event(stmt: &pgfresh_sql::Statement, sql: Option<&str>) -> StmtEvent {
+    event_of(
+        stmt,
+        sql.and_then(|t| t.get(stmt.text_range.0..stmt.text_range.1)),
+    )
 }
 
 /// The analysis of what a SQL `EXECUTE` of a statement pgfresh never saw prepared runs,
@@ -552,10 +552,9 @@ impl Session {
             return None;
         }
         let tx = analysis.statements.iter().any(|s| s.tx.is_some());
-        let event = if tx {
-            text_event(&analysis, sql)
-        } else {
-            StmtEvent::Other
+        let event = match state_statement(&analysis) {
+            Some(stmt) => statement_event(stmt, std::str::from_utf8(sql).ok()),
+            None => StmtEvent::Other,
         };
         let chunk = self.cbuf.split_to(found.len).freeze();
         let parse = chunk.slice(..found.parse_len);
