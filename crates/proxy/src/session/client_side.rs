@@ -576,14 +576,14 @@ impl Session {
             self.portal_events.remove("");
         }
         let mut unit = self.fresh_unit();
-        if !tx {
-            unit.frames.push(chunk);
-        } else {
+        if tx {
             let mut start = 0;
             for &end in &found.ends[..found.messages] {
                 unit.frames.push(chunk.slice(start..end));
                 start = end;
             }
+        } else {
+            unit.frames.push(chunk);
         }
         unit.parts.push(analysis);
         unit.parses.push(String::new());

@@ -123,7 +123,7 @@ impl Session {
                     answer,
                     analysis,
                     || unit.simple_sql().unwrap_or_default(),
-                    &[],
+                    [],
                 );
                 if unit.ready_hidden && matches!(local, Local::Answered) {
                     // The first part of a Query sent as two (`Session::take_split_query`):
@@ -167,15 +167,14 @@ impl Session {
         }
     }
 
-    /// Answers a unit as `answer` says: `prefix` holds the replies its messages get
-    /// ahead of the CommandComplete, in pieces (none for a Query), `sql` is the
-    /// statement's text.
+    /// Answers a unit as `answer` says: `prefix` gives the replies its messages get
+    /// ahead of the CommandComplete (none for a Query), `sql` is the statement's text.
     fn answer_transaction<'a>(
         &mut self,
         answer: TxAnswer,
         analysis: &Arc<Analysis>,
         sql: impl FnOnce() -> &'a str,
-        prefix: &[&[bytes::Bytes]],
+        prefix: impl IntoIterator<Item = bytes::Bytes>,
     ) -> Local {
         let (tag, status) = match answer {
             TxAnswer::Wait => return Local::Wait,
@@ -195,7 +194,7 @@ impl Session {
                 (tag, TxStatus::Idle)
             }
         };
-        self.out.extend(prefix.iter().copied().flatten());
+        self.out.extend(prefix);
         self.out.push(build::command_complete(tag));
         self.out.push(build::ready_for_query(status));
         Local::Answered
@@ -228,15 +227,12 @@ impl Session {
         let Some((sql, described)) = pgfresh_wire::lone_statement(&unit.frames) else {
             return Local::No;
         };
-        let (parsed, bound) = (build::parse_complete(), build::bind_complete());
-        let (no_parameters, no_data) = (build::no_parameters(), build::no_data());
-        let statement = [parsed, bound, no_parameters, no_data];
-        let portal = [&statement[..2], &statement[3..]];
-        let prefix: &[&[bytes::Bytes]] = match described {
-            Some(b'S') => &[&statement],
-            Some(_) => &portal,
-            None => &[&statement[..2]],
-        };
+        // ParseComplete and BindComplete; a Describe gets NoData, after a
+        // ParameterDescription of no parameters when it describes the statement.
+        let prefix = [build::parse_complete(), build::bind_complete()]
+            .into_iter()
+            .chain((described == Some(b'S')).then(build::no_parameters))
+            .chain(described.is_some().then(build::no_data));
         self.answer_transaction(answer, analysis, || sql, prefix)
     }
 
