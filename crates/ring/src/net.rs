@@ -54,7 +54,7 @@ struct Rx {
     op: Option<u64>,
     end: RxEnd,
     size: usize,
-    waker: Option<Waker>,
+    waiter: Waiter,
 }
 
 struct Tx {
@@ -65,7 +65,7 @@ struct Tx {
     /// Bytes written since that send started, sent when it completes.
     queued: Vec<u8>,
     failed: Option<i32>,
-    waker: Option<Waker>,
+    waiter: Waiter,
 }
 
 impl Tx {
@@ -216,10 +216,11 @@ impl Core {
             } else {
                 rx.end = RxEnd::Failed(-res);
             }
-            rx.waker.take()
+            rx.waiter.take()
         };
         if let Some(w) = waker {
-            w.wake();
+            w.wake_by_ref();
+            self.rx.borrow_mut().waiter.keep(w);
         }
     }
 
@@ -229,7 +230,7 @@ impl Core {
             if rx.pos < rx.buf.len() || rx.end != RxEnd::Open {
                 return Poll::Ready(());
             }
-            keep_waker(&mut rx.waker, cx.waker());
+            rx.waiter.wait(cx.waker());
         }
         self.arm_recv();
         Poll::Pending
@@ -313,11 +314,12 @@ impl Core {
                     tx.sent = 0;
                 }
             }
-            tx.waker.take()
+            tx.waiter.take()
         };
         self.start_send();
         if let Some(w) = waker {
-            w.wake();
+            w.wake_by_ref();
+            self.tx.borrow_mut().waiter.keep(w);
         }
     }
 
@@ -350,16 +352,45 @@ impl Core {
         if done(&tx) {
             return Poll::Ready(Ok(()));
         }
-        keep_waker(&mut tx.waker, cx.waker());
+        tx.waiter.wait(cx.waker());
         Poll::Pending
     }
 }
 
-/// Stores `waker` as the one to wake, reusing the stored one when it wakes the same task.
-fn keep_waker(slot: &mut Option<Waker>, waker: &Waker) {
-    match slot {
-        Some(w) => w.clone_from(waker),
-        None => *slot = Some(waker.clone()),
+/// The task waiting on one side of a stream. Its waker stays stored after a wake, so the
+/// task's next wait there finds it in place instead of cloning it again: that saves a waker
+/// clone and drop a completion, each an atomic change of the task's reference count.
+/// `waiting` says whether the task waits now, so that a completion nobody waits for wakes
+/// nothing.
+#[derive(Default)]
+struct Waiter {
+    waker: Option<Waker>,
+    waiting: bool,
+}
+
+impl Waiter {
+    /// The task of `waker` waits; the stored waker is reused when it wakes the same task.
+    fn wait(&mut self, waker: &Waker) {
+        match &mut self.waker {
+            Some(w) => w.clone_from(waker),
+            None => self.waker = Some(waker.clone()),
+        }
+        self.waiting = true;
+    }
+
+    /// The waker to wake, if a task waits: woken outside the side's borrow, then given back
+    /// with [`Waiter::keep`].
+    fn take(&mut self) -> Option<Waker> {
+        if std::mem::take(&mut self.waiting) {
+            self.waker.take()
+        } else {
+            None
+        }
+    }
+
+    /// Stores a woken waker again, unless another was stored meanwhile.
+    fn keep(&mut self, waker: Waker) {
+        self.waker.get_or_insert(waker);
     }
 }
 
@@ -392,7 +423,7 @@ impl TcpStream {
                     op: None,
                     end: RxEnd::Open,
                     size: RECV_MIN,
-                    waker: None,
+                    waiter: Waiter::default(),
                 }),
                 tx: RefCell::new(Tx {
                     inflight: Vec::new(),
@@ -400,7 +431,7 @@ impl TcpStream {
                     op: None,
                     queued: Vec::new(),
                     failed: None,
-                    waker: None,
+                    waiter: Waiter::default(),
                 }),
                 owner: executor::current_remote(),
                 lingering: RefCell::new(None),
