@@ -82,7 +82,14 @@ pub(crate) struct Context {
     pub(crate) timers: RefCell<Timers>,
     /// How long a dropped stream's unsent bytes may take ([`Runtime::set_linger`]).
     pub(crate) linger: Cell<Duration>,
+    /// Waits for a deadline ended by a completion since the timers were last fired by
+    /// the clock (see `park`).
+    waits_since_check: Cell<u32>,
 }
+
+/// A wait for the next deadline that a completion ended fires the timers by the clock
+/// once in this many (see `Context::park`).
+const CLOCK_CHECK: u32 = 64;
 
 thread_local! {
     static CURRENT: RefCell<Option<Rc<Context>>> = const { RefCell::new(None) };
@@ -313,6 +320,7 @@ impl Runtime {
                 reactor,
                 timers: RefCell::new(Timers::default()),
                 linger: Cell::new(crate::net::LINGER),
+                waits_since_check: Cell::new(0),
             }),
         })
     }
@@ -391,8 +399,8 @@ impl Context {
     }
 
     /// Waits in the ring for a completion, the next timer, or a wake from another thread.
-    /// Returns whether a timer may be due: the wait ran until the earliest deadline, or
-    /// that had passed already, or the wait was skipped.
+    /// Returns whether a timer may be due: the wait ran until the earliest deadline (or
+    /// that had passed already), the wait was skipped, or the timers' clock check is due.
     fn park(&self, main_woken: &AtomicBool) -> bool {
         self.remote.parked.store(true, Ordering::SeqCst);
         if self.remote.has_work() || main_woken.load(Ordering::SeqCst) {
@@ -400,15 +408,18 @@ impl Context {
             let _ = self.reactor.turn(Wait::No);
             return true;
         }
-        // The turn's clock (read once a turn): a timer then ends late by at most the time
-        // this turn's tasks ran, never early.
-        let timeout = self
-            .timers
-            .borrow()
-            .next()
-            .map(|at| at.saturating_duration_since(crate::time::turn_now()));
-        let due = match timeout {
-            Some(d) => self.reactor.turn(Wait::For(d)) || d.is_zero(),
+        let next = self.timers.borrow().next();
+        let due = match next {
+            // The wait ends at the deadline, or at a completion before it. One that came
+            // first leaves the timers as they were (the clock is not read for them: a
+            // deadline passed meanwhile ends the next wait at once), except every
+            // `CLOCK_CHECK`th time: under a load that always has a completion waiting, a
+            // passed deadline is found that many waits late at most.
+            Some(at) => {
+                let checks = self.waits_since_check.get() + 1;
+                self.waits_since_check.set(checks % CLOCK_CHECK);
+                self.reactor.turn(Wait::Until(at)) || checks == CLOCK_CHECK
+            }
             None => {
                 let _ = self.reactor.turn(Wait::Forever);
                 false

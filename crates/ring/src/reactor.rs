@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::sync::Arc;
 use std::task::Waker;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 use slab::Slab;
@@ -18,8 +18,8 @@ use crate::net::Core;
 pub(crate) enum Wait {
     /// Submit and reap what is there.
     No,
-    /// Up to this long.
-    For(Duration),
+    /// Until this deadline.
+    Until(Instant),
     /// Until a completion comes.
     Forever,
 }
@@ -69,6 +69,10 @@ pub(crate) struct Reactor {
     poll_first: bool,
     /// The registered sockets' table ([`crate::fixed`]).
     fixed: RefCell<Indexes>,
+    /// Where `CLOCK_MONOTONIC` (the clock of `Instant`) stood at an `Instant`, when the
+    /// kernel takes a wait's deadline as an absolute time (`IORING_ENTER_ABS_TIMER`,
+    /// 6.12): a wait for the next timer then reads no clock.
+    monotonic: Option<(Instant, Duration)>,
 }
 
 /// The most sockets the table holds (its kernel memory is about 16 bytes an entry).
@@ -94,6 +98,7 @@ impl Reactor {
         } else {
             0
         };
+        let monotonic = monotonic_base(&ring);
         let r = Reactor {
             ring: RefCell::new(ring),
             slots: RefCell::new(Slab::with_capacity(256)),
@@ -103,6 +108,7 @@ impl Reactor {
             closing: Cell::new(false),
             poll_first,
             fixed: RefCell::new(Indexes::new(size)),
+            monotonic,
         };
         r.post_wake_read(None);
         Ok(r)
@@ -261,11 +267,24 @@ impl Reactor {
                     }
                 }
                 Wait::Forever => submitter.submit_and_wait(1),
-                Wait::For(d) => {
-                    let ts = types::Timespec::from(d);
-                    let args = types::SubmitArgs::new().timespec(&ts);
-                    submitter.submit_with_args(1, &args)
-                }
+                Wait::Until(at) => match self.monotonic {
+                    Some((base, on_clock)) => {
+                        let ts =
+                            types::Timespec::from(on_clock + at.saturating_duration_since(base));
+                        let args = types::SubmitArgs::new().timespec(&ts);
+                        submitter.submit_with_args_and_flags(
+                            1,
+                            &args,
+                            io_uring::EnterFlags::ABS_TIMER,
+                        )
+                    }
+                    None => {
+                        let d = at.saturating_duration_since(crate::time::turn_now());
+                        let ts = types::Timespec::from(d);
+                        let args = types::SubmitArgs::new().timespec(&ts);
+                        submitter.submit_with_args(1, &args)
+                    }
+                },
             };
             match r {
                 Ok(_) => false,
@@ -347,7 +366,7 @@ impl Reactor {
         while self.slots.borrow().iter().any(|(_, (_, s))| in_flight(s))
             && std::time::Instant::now() < deadline
         {
-            let _ = self.turn(Wait::For(Duration::from_millis(10)));
+            let _ = self.turn(Wait::Until(Instant::now() + Duration::from_millis(10)));
         }
         let leftover = std::mem::take(&mut *self.slots.borrow_mut());
         if leftover.iter().any(|(_, (_, s))| in_flight(s)) {
@@ -377,4 +396,30 @@ fn tag_of(token: u64) -> u32 {
 fn ring_pending(ring: &IoUring) -> u32 {
     // SAFETY: reading the queue's length; the ring is borrowed, nothing pushes meanwhile.
     unsafe { ring.submission_shared().len() as u32 }
+}
+
+/// `(at, on_clock)`: `CLOCK_MONOTONIC` read `on_clock` at the instant `at` or after, when
+/// the kernel takes absolute deadlines for a wait; None when it does not (before 6.12: the
+/// probe, a wait for a deadline long past, fails with `EINVAL` instead of `ETIME`). A
+/// deadline put on the clock this way is late by the few nanoseconds between the two
+/// reads, never early. (`Instant` reads `CLOCK_MONOTONIC` on Linux.)
+fn monotonic_base(ring: &IoUring) -> Option<(Instant, Duration)> {
+    let past = types::Timespec::new();
+    let args = types::SubmitArgs::new().timespec(&past);
+    let probe =
+        ring.submitter()
+            .submit_with_args_and_flags(1, &args, io_uring::EnterFlags::ABS_TIMER);
+    if probe.err()?.raw_os_error() != Some(libc::ETIME) {
+        return None;
+    }
+    let at = Instant::now();
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write into.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return None;
+    }
+    Some((at, Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)))
 }

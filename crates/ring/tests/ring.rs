@@ -270,6 +270,34 @@ fn timers_end_in_deadline_order_and_not_early() {
     });
 }
 
+#[test]
+fn a_timer_fires_while_every_wait_is_ended_by_a_completion() {
+    // A ping-pong with an echo server keeps a completion ready for (nearly) every wait of
+    // the loop, before the timer's deadline and long after it: the timer must still fire.
+    let rt = Runtime::new(64).unwrap();
+    rt.block_on(async {
+        let addr = echo_server();
+        let fired = std::rc::Rc::new(std::cell::Cell::new(false));
+        let f = fired.clone();
+        spawn(async move {
+            sleep(Duration::from_millis(5)).await;
+            f.set(true);
+        });
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let mut rounds = 0u64;
+        while !fired.get() {
+            s.write_all(b"x").await.unwrap();
+            s.read_exact(&mut buf).await.unwrap();
+            rounds += 1;
+            assert!(
+                rounds < 2_000_000,
+                "the timer did not fire in {rounds} rounds"
+            );
+        }
+    });
+}
+
 /// Spins (no await, so within one turn of the ring) until `d` has passed.
 fn spin(d: Duration) {
     let start = Instant::now();
