@@ -277,17 +277,37 @@ impl Dependencies {
         db: &str,
         entry: &mut DbEntry,
     ) -> Option<Arc<DepGraph>> {
+        let mut held = None;
+        self.refresh_graph(shared, db, entry, &mut held);
+        held
+    }
+
+    /// [`Self::graph_of`] into `held`, the graph a caller keeps between calls: replaced
+    /// only when the current one is another (a session asks once a turn, and a clone and
+    /// drop of the graph's `Arc` would be two locked changes of a count all sessions share).
+    pub fn refresh_graph(
+        &self,
+        shared: &Arc<Shared>,
+        db: &str,
+        entry: &mut DbEntry,
+        held: &mut Option<Arc<DepGraph>>,
+    ) {
         if !self.learning() {
-            return self.rules.load().rules_only.clone();
+            keep_graph(held, self.rules.load().rules_only.as_ref());
+            return;
         }
         self.attach(shared);
-        let (entry, graph) = entry
+        let Some((entry, graph)) = entry
             .0
             .get_or_insert_with(|| {
                 self.entry(db)
                     .map(|e| (e.clone(), arc_swap::Cache::new(EntryGraph(e))))
             })
-            .as_mut()?;
+            .as_mut()
+        else {
+            *held = None;
+            return;
+        };
         entry.watch.used();
         if entry.due.load(Ordering::Relaxed) {
             // One caller per period starts the load; the worker arms the next timer.
@@ -302,7 +322,7 @@ impl Dependencies {
                 self.schedule(entry, false, None);
             }
         }
-        graph.load().clone()
+        keep_graph(held, graph.load().as_ref());
     }
 
     /// Waits, [`FIRST_LOAD_WAIT`] and `budget` at most, for the first load of `db` to end
@@ -793,6 +813,18 @@ async fn query_all(client: &mut tokio_postgres::Client) -> Result<(CatalogRows, 
     let fingerprint = crate::schema_watch::fingerprint(&tx).await?;
     tx.commit().await.map_err(|e| pg_error(&e))?;
     Ok((rows, fingerprint))
+}
+
+/// Makes `held` the graph `current`, cloning it only when it is another.
+fn keep_graph(held: &mut Option<Arc<DepGraph>>, current: Option<&Arc<DepGraph>>) {
+    let same = match (&*held, current) {
+        (Some(h), Some(c)) => Arc::ptr_eq(h, c),
+        (None, None) => true,
+        _ => false,
+    };
+    if !same {
+        *held = current.cloned();
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,9 @@ pub mod unit;
 mod watchdog;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::tls::ClientStream;
@@ -98,8 +100,10 @@ pub struct Session {
     /// atomic read while it stays the same) instead of loaded per use.
     config: Arc<pgfresh_config::Config>,
     config_cache: pgfresh_config::ConfigCache,
-    /// This turn's dependency graph once looked up (see `dep_graph`), emptied at each turn.
-    graph: Option<Option<Arc<pgfresh_deps::DepGraph>>>,
+    /// The dependency graph (see `refresh_graph`), kept between turns and brought up to
+    /// date once a turn, when `graph_turn` is still false.
+    graph: Option<Arc<pgfresh_deps::DepGraph>>,
+    graph_turn: bool,
     /// The session database's entry in the shared dependency graphs, once looked up.
     deps_entry: crate::deps::DbEntry,
     /// Connection targets by node and their pools, with the node-set generation
@@ -247,7 +251,8 @@ impl Session {
                 max_startup: 10 * 1024,
             },
             config_cache: shared.config.cache(),
-            graph: Default::default(),
+            graph: None,
+            graph_turn: false,
             deps_entry: Default::default(),
             balancer: shared.balancer.reader(),
             policy: routing::PolicyCache::new(&shared),
@@ -529,7 +534,7 @@ impl Session {
     /// A new turn of the loop: the config in force now (if it changed), and the
     /// dependency graph looked up afresh when next needed.
     fn start_turn(&mut self) {
-        self.graph = None;
+        self.graph_turn = false;
         let current = self.config_cache.load();
         if !Arc::ptr_eq(current, &self.config) {
             self.config = current.clone();
@@ -545,8 +550,8 @@ impl Session {
         let mut stop = shutdown::ShutdownWait::new(&self.shared.shutdown);
         // Armed while something is in flight, to give up on a node that stopped
         // answering (see `watchdog`); reset only when it fires or is re-armed, not per
-        // turn, and polled only while something is in flight (one that fired meanwhile
-        // is handled at the next such turn).
+        // turn, and looked at only while something is in flight (one that fired
+        // meanwhile is handled at the next such turn).
         let watchdog = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(watchdog);
         let mut watching = false;
@@ -610,6 +615,10 @@ impl Session {
                     .as_mut()
                     .reset(tokio::time::Instant::now() + interval);
                 watching = true;
+                // The session's waker goes to the timer here, once an arming; the turns
+                // after only look whether it fired (polling it each turn would hand the
+                // timer the same waker again, an atomic exchange a statement).
+                let _ = std::future::poll_fn(|cx| Poll::Ready(watchdog.as_mut().poll(cx))).await;
             }
             // Polled in this order (no random start: that costs a random number per
             // turn): replies first, then what the client sends, then the timers.
@@ -646,7 +655,7 @@ impl Session {
                         Err(e) => return Err(ProxyError::ClientIo(e)),
                     }
                 }
-                () = &mut watchdog, if watching && !self.inflight.is_empty() => {
+                () = std::future::poll_fn(|_| fired(&watchdog)), if watching && !self.inflight.is_empty() => {
                     watching = false;
                     self.check_active_node()?;
                 }
@@ -1054,5 +1063,15 @@ fn in_failover(err: &ProxyError) -> bool {
         ProxyError::ServerConnect { .. } | ProxyError::NoPrimary(_) => true,
         ProxyError::ServerLogin { code, .. } => code.starts_with("57P"),
         _ => false,
+    }
+}
+
+/// Ready once `timer` has fired, without handing it a waker: the session loop's watchdog,
+/// given the session's waker once when armed.
+fn fired(timer: &tokio::time::Sleep) -> Poll<()> {
+    if timer.is_elapsed() {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
     }
 }

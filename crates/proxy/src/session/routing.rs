@@ -351,7 +351,8 @@ impl Session {
                 reason: Reason::StandbyRefused,
             };
         }
-        let deps = self.dep_graph();
+        self.refresh_graph();
+        let deps = &self.graph;
         // Only units that call functions need the catalog.
         let functions = if unit.parts.iter().any(|a| !a.functions.is_empty()) {
             self.shared
@@ -370,7 +371,7 @@ impl Session {
         let (config, policy) = (&self.config, self.policy.load());
         let inputs = changes.map(|changes| cold_read::RouteInputs {
             analysis: &unit.parts[0],
-            graph: &deps,
+            graph: deps,
             config,
             policy,
             functions: &functions,
@@ -546,19 +547,20 @@ impl Session {
         }
     }
 
-    /// The dependency graph of the session's database, when learned (or configured),
-    /// looked up once per turn of the session loop
-    /// (routing and marking both ask for it).
-    pub(super) fn dep_graph(&mut self) -> Option<Arc<pgfresh_deps::DepGraph>> {
-        if let Some(g) = &self.graph {
-            return g.clone();
+    /// Brings `graph` up to the dependency graph of the session's database, when learned
+    /// (or configured), once per turn of the session loop (routing and marking both read
+    /// it).
+    pub(super) fn refresh_graph(&mut self) {
+        if self.graph_turn {
+            return;
         }
-        let g = self
-            .shared
-            .deps
-            .graph_of(&self.shared, &self.login.database, &mut self.deps_entry);
-        self.graph = Some(g.clone());
-        g
+        self.graph_turn = true;
+        self.shared.deps.refresh_graph(
+            &self.shared,
+            &self.login.database,
+            &mut self.deps_entry,
+            &mut self.graph,
+        );
     }
 
     /// A write analysed at `stamp` ([`crate::schema_window::SchemaWindow::stamp`])

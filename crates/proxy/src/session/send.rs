@@ -1221,7 +1221,8 @@ impl Session {
                 return out;
             }
         }
-        let graph = self.dep_graph();
+        self.refresh_graph();
+        let graph = &self.graph;
         if let Some(window) = self.shared.deps.window(&self.deps_entry) {
             // A schema change that moves effects makes what was written before it reach
             // further; while one is open or not yet learned, the graph may miss what this
@@ -1232,8 +1233,8 @@ impl Session {
                 out.schema_change = self.shared.deps.begin_change(&self.deps_entry);
             }
         }
-        if let Some(g) = graph.filter(|g| !g.is_empty()) {
-            let whole = expand(&g, unit, flags.event_ddl, &mut out.writes);
+        if let Some(g) = graph.as_ref().filter(|g| !g.is_empty()) {
+            let whole = expand(g, unit, flags.event_ddl, &mut out.writes);
             out.whole_db |= whole;
             out.elsewhere |= whole && g.may_write_elsewhere();
         }
@@ -1244,7 +1245,8 @@ impl Session {
     /// applies runs a user function that writes (only then does the graph know a node of
     /// its name), or what it reads runs one (a view's query, a row-security policy).
     pub(super) fn read_writes_behind(&mut self, unit: &ClientUnit) -> bool {
-        self.dep_graph().is_some_and(|g| {
+        self.refresh_graph();
+        self.graph.as_ref().is_some_and(|g| {
             (!g.everywhere_calls().is_empty() && g.calls_writer(g.everywhere_calls()))
                 || unit.parts.iter().any(|a| {
                     (!a.implicit_calls.is_empty() && g.calls_writer(&a.implicit_calls))
