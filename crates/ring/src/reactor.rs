@@ -75,6 +75,9 @@ pub(crate) struct Reactor {
     monotonic: Option<(Instant, Duration)>,
 }
 
+/// Completions taken out of the queue at a time (see `Reactor::reap`).
+const REAP_BATCH: usize = 32;
+
 /// The most sockets the table holds (its kernel memory is about 16 bytes an entry).
 const FIXED_MAX: u32 = 1 << 16;
 
@@ -300,19 +303,27 @@ impl Reactor {
     }
 
     fn reap(&self) {
-        // One at a time: handling a completion can push entries, which needs the ring
-        // that the completion queue borrows.
+        // Taken out of the queue a batch at a time, then handled: handling a completion can
+        // push entries, which needs the ring that the completion queue borrows. (One
+        // queue view a batch, not one a completion: each reads the kernel's tail and
+        // writes the head back.)
+        let mut batch = [(0u64, 0i32); REAP_BATCH];
         loop {
-            let next = self
-                .ring
-                .borrow_mut()
-                .completion()
-                .next()
-                .map(|c| (c.user_data(), c.result()));
-            let Some((token, res)) = next else {
-                return;
+            let n = {
+                let mut ring = self.ring.borrow_mut();
+                let mut n = 0;
+                for (slot, c) in batch.iter_mut().zip(ring.completion()) {
+                    *slot = (c.user_data(), c.result());
+                    n += 1;
+                }
+                n
             };
-            self.complete(token, res);
+            for &(token, res) in &batch[..n] {
+                self.complete(token, res);
+            }
+            if n < REAP_BATCH {
+                return;
+            }
         }
     }
 
