@@ -397,18 +397,16 @@ impl ServerConn {
 
     /// Where a cancel of this connection's query goes (once logged in), built once:
     /// a session names it each time this connection becomes its active one.
-    pub fn cancel_target(&mut self) -> Arc<crate::cancel::CancelTarget> {
+    pub fn cancel_target(&mut self) -> &Arc<crate::cancel::CancelTarget> {
         let (target, key) = (&self.target, self.key);
-        self.cancel_target
-            .get_or_insert_with(|| {
-                Arc::new(crate::cancel::CancelTarget {
-                    host: target.host.clone(),
-                    port: target.port,
-                    tls: target.tls.clone(),
-                    key,
-                })
+        self.cancel_target.get_or_insert_with(|| {
+            Arc::new(crate::cancel::CancelTarget {
+                host: target.host.clone(),
+                port: target.port,
+                tls: target.tls.clone(),
+                key,
             })
-            .clone()
+        })
     }
 
     /// The client's SQL-level prepared statements were deallocated.

@@ -128,6 +128,9 @@ pub struct Session {
     cbuf: BytesMut,
     limits: Limits,
     cancel_slot: CancelSlot,
+    /// The address of the target `cancel_slot` holds, 0 when it holds none: the slot's
+    /// `Arc` keeps that target alive, so no other can have the address meanwhile.
+    cancel_shown: usize,
     /// Server connections by node index.
     backends: Vec<Option<Leased>>,
     active: Option<usize>,
@@ -267,6 +270,7 @@ impl Session {
             cbuf,
             login,
             cancel_slot,
+            cancel_shown: 0,
             backends: (0..nodes).map(|_| None).collect(),
             active: None,
             inflight: VecDeque::new(),
@@ -1008,12 +1012,19 @@ impl Session {
         self.active = Some(node);
         if let Some(l) = self.backends[node].as_mut() {
             let target = l.conn.cancel_target();
+            // Named already (the same connection as the last unit's): nothing to change,
+            // no lock to take.
+            let shown = Arc::as_ptr(target) as usize;
+            if shown == self.cancel_shown {
+                return;
+            }
             let old = self
                 .cancel_slot
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .target
-                .replace(target);
+                .replace(target.clone());
+            self.cancel_shown = shown;
             // Released outside the lock.
             drop(old);
         }
@@ -1035,6 +1046,7 @@ impl Session {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .target = None;
+        self.cancel_shown = 0;
         self.pin_gauge.clear();
     }
 

@@ -193,6 +193,7 @@ impl Session {
             slot.target = None;
             slot.forwarding > 0
         };
+        self.cancel_shown = 0;
         self.active = None;
         for slot in self.backends.iter_mut() {
             let Some(leased) = slot.take() else { continue };
