@@ -621,8 +621,11 @@ impl Session {
                 watching = true;
                 // The session's waker goes to the timer here, once an arming; the turns
                 // after only look whether it fired (polling it each turn would hand the
-                // timer the same waker again, an atomic exchange a statement).
-                let _ = std::future::poll_fn(|cx| Poll::Ready(watchdog.as_mut().poll(cx))).await;
+                // timer the same waker again, an atomic exchange a statement). Polled
+                // outside tokio's task budget: a spent budget would answer Pending without
+                // handing the timer the waker, and nothing would poll it again.
+                let register = std::future::poll_fn(|cx| Poll::Ready(watchdog.as_mut().poll(cx)));
+                let _ = tokio::task::unconstrained(register).await;
             }
             // Polled in this order (no random start: that costs a random number per
             // turn): replies first, then what the client sends, then the timers.
