@@ -268,6 +268,31 @@ async fn running_on_primary(text: &str) {
 }
 
 #[tokio::test]
+async fn a_cancel_reaches_the_query_on_a_connection_the_client_had_before() {
+    // One connection on the primary: the client's second unit runs on the connection its
+    // first gave back, and the cancel slot, cleared at that check-in, must name it again.
+    let p = start_proxy(&tx_config(1, ""));
+    let c = p.connect().await;
+    c.batch_execute("/* pgfresh:primary */ SELECT 1")
+        .await
+        .unwrap();
+    let cancel = c.cancel_token();
+    let sleep = tokio::spawn(async move {
+        c.simple_query("/* pgfresh:primary */ SELECT pg_sleep(30.5)")
+            .await
+            .map(|_| ())
+    });
+    running_on_primary("pg_sleep(30.5)").await;
+    cancel.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let err = sleep.await.unwrap().expect_err("cancelled");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn a_cancel_after_check_in_reaches_no_other_client() {
     let p = start_proxy(&tx_config(1, ""));
     let a = p.connect().await;
