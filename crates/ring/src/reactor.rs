@@ -270,24 +270,22 @@ impl Reactor {
                     }
                 }
                 Wait::Forever => submitter.submit_and_wait(1),
-                Wait::Until(at) => match self.monotonic {
-                    Some((base, on_clock)) => {
-                        let ts =
-                            types::Timespec::from(on_clock + at.saturating_duration_since(base));
-                        let args = types::SubmitArgs::new().timespec(&ts);
-                        submitter.submit_with_args_and_flags(
-                            1,
-                            &args,
+                Wait::Until(at) => {
+                    // An absolute time where the kernel takes one, else the time left.
+                    let (deadline, flags) = match self.monotonic {
+                        Some((base, on_clock)) => (
+                            on_clock + at.saturating_duration_since(base),
                             io_uring::EnterFlags::ABS_TIMER,
-                        )
-                    }
-                    None => {
-                        let d = at.saturating_duration_since(crate::time::turn_now());
-                        let ts = types::Timespec::from(d);
-                        let args = types::SubmitArgs::new().timespec(&ts);
-                        submitter.submit_with_args(1, &args)
-                    }
-                },
+                        ),
+                        None => (
+                            at.saturating_duration_since(crate::time::turn_now()),
+                            io_uring::EnterFlags::empty(),
+                        ),
+                    };
+                    let ts = types::Timespec::from(deadline);
+                    let args = types::SubmitArgs::new().timespec(&ts);
+                    submitter.submit_with_args_and_flags(1, &args, flags)
+                }
             };
             match r {
                 Ok(_) => false,
